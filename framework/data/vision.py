@@ -1,0 +1,100 @@
+"""Fashion-MNIST, MNIST and CIFAR-10 from local files first, torchvision's download second."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from framework.data.idx import read_idx
+from framework.data.splits import Splits
+from framework.errors import ConfigError
+
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+# name -> (torchvision class, well-known local folders, mean, std)
+_IDX_DATASETS = {
+    "fashion_mnist": ("FashionMNIST", ["/usr/share/datasets/fashion-mnist"], (0.2860,), (0.3530,)),
+    "mnist": ("MNIST", ["/usr/share/datasets/mnist"], (0.1307,), (0.3081,)),
+}
+
+
+def default_download_dir() -> Path:
+    return Path(os.environ.get("HYDRA_DIST_DATA", Path.home() / ".cache" / "hydra-dist" / "datasets"))
+
+
+def _idx_file(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _idx_candidates(root: str | None, tv_name: str, well_known: list[str], download_dir: Path) -> list[Path]:
+    folders: list[Path] = []
+    if root:
+        folders += [Path(root), Path(root) / tv_name / "raw"]
+    folders += [Path(p) for p in well_known]
+    folders.append(download_dir / tv_name / "raw")
+    return folders
+
+
+def _no_data_error(name: str, tried: list[str], download_note: str) -> ConfigError:
+    return ConfigError(
+        f"dataset={name}: no usable files found. Tried: {'; '.join(tried)}. {download_note} "
+        f"Set dataset.root to a folder with the files, or use dataset=synthetic to train on random data."
+    )
+
+
+def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> Splits:
+    tv_name, well_known, mean, std = _IDX_DATASETS[name]
+    target = Path(download_dir) if download_dir else default_download_dir()
+    tried = []
+    for folder in _idx_candidates(root, tv_name, well_known, target):
+        files = [_idx_file(folder, stem) for stem in _IDX_FILES]
+        if all(files):
+            return _splits_from_idx(files, mean, std)
+        tried.append(str(folder))
+    if not download:
+        raise _no_data_error(name, tried, "dataset.download=false, so nothing was downloaded.")
+    try:
+        import torchvision.datasets as tvd
+
+        for train in (True, False):
+            getattr(tvd, tv_name)(str(target), train=train, download=True)
+    except Exception as exc:  # no network, proxy, disk full: the user needs the summary, not the stack
+        raise _no_data_error(name, tried, f"torchvision's download into {target} failed: {exc}.") from exc
+    files = [_idx_file(target / tv_name / "raw", stem) for stem in _IDX_FILES]
+    return _splits_from_idx(files, mean, std)
+
+
+def _splits_from_idx(files: list[Path], mean, std) -> Splits:
+    train_x, train_y, test_x, test_y = (torch.from_numpy(read_idx(f).copy()) for f in files)
+    if len(train_x) != len(train_y) or len(test_x) != len(test_y):
+        raise ConfigError(f"dataset files in {files[0].parent} disagree: images and labels counts differ")
+    return Splits(
+        train_x.unsqueeze(1), train_y.long(), test_x.unsqueeze(1), test_y.long(),
+        num_classes=10, mean=mean, std=std, scale=1 / 255,
+    )
+
+
+def load_cifar10(root: str | None, download: bool, download_dir: str | None) -> Splits:
+    import torchvision.datasets as tvd
+
+    folder = Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
+    try:
+        train = tvd.CIFAR10(str(folder), train=True, download=download)
+        test = tvd.CIFAR10(str(folder), train=False, download=download)
+    except Exception as exc:
+        note = "dataset.download=false, so nothing was downloaded." if not download else f"Download failed: {exc}."
+        raise _no_data_error("cifar10", [str(folder / "cifar-10-batches-py")], note) from exc
+
+    def to_tensors(ds):
+        return torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))), torch.tensor(ds.targets)
+
+    (train_x, train_y), (test_x, test_y) = to_tensors(train), to_tensors(test)
+    return Splits(
+        train_x, train_y, test_x, test_y, num_classes=10,
+        mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), scale=1 / 255,
+    )

@@ -1,0 +1,52 @@
+"""Start workers with torch's elastic agent: the machinery behind torchrun, called from Python."""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Callable
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from framework.errors import ConfigError
+from framework.launch.environment import threads_per_worker
+
+
+class WorkersFailed(RuntimeError):
+    """A worker process exited with an error; the message carries the root cause."""
+
+
+def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
+                   rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
+                   run_id: str | None, use_cuda: bool) -> Any:
+    """Run entry(payload) in nproc_per_node fresh processes per node; return global rank 0's result
+    (None on nodes that do not hold rank 0)."""
+    if not use_cuda and "OMP_NUM_THREADS" not in os.environ:
+        # Without this, each of N CPU workers starts one thread per core and they thrash (torchrun does the same).
+        os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(nproc_per_node))
+    if nnodes == 1 and not rdzv_endpoint:
+        # Like torchrun --standalone: a private store on a free port, so parallel jobs never collide.
+        rdzv_backend, rdzv_endpoint = "c10d", "localhost:0"
+    rdzv_configs: dict[str, Any] = {}
+    if rdzv_backend == "static":
+        rdzv_configs["rank"] = node_rank
+    config = LaunchConfig(
+        min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
+        run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+        rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+    )
+    try:
+        results = elastic_launch(config, entry)(payload)
+    except ChildFailedError as exc:
+        raise WorkersFailed(_root_cause(exc)) from exc
+    except ValueError as exc:  # malformed endpoint and similar rendezvous problems
+        raise ConfigError(f"strategy rendezvous settings are not usable: {exc}") from exc
+    return next((r for r in results.values() if r is not None), None)
+
+
+def _root_cause(exc: ChildFailedError) -> str:
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    return f"worker rank {rank} failed (exit code {failure.exitcode}): {message}"

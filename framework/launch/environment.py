@@ -1,0 +1,25 @@
+"""Facts about how this process was started, read from the environment a launcher leaves."""
+from __future__ import annotations
+
+import os
+
+
+def launched_externally() -> bool:
+    """True when torchrun (or another torch.distributed launcher) already started us as one of many workers."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(local_workers: int) -> int:
+    """CPU threads each local worker may use so that workers do not fight over cores."""
+    return max(1, cpu_cores() // max(1, local_workers))

@@ -1,0 +1,98 @@
+"""Per-slot training meters kept on the device between log boundaries: adding a step never syncs.
+
+A slot is one GPU's share (a ddp rank, or a dp replica). At a log boundary every process
+contributes one row per slot; rows are gathered in rank order, so row r is `rank{r}` in TensorBoard.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib")
+SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM = range(len(COLUMNS))
+
+
+class IntervalMeter:
+    def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device]):
+        self.slot_sizes = slot_sizes
+        self.device = device
+        self.memory_devices = memory_devices
+        self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.samples = 0
+        self.steps = 0
+        self.data_seconds = 0.0
+        self.start = time.perf_counter()
+
+    def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
+        if len(self.slot_sizes) == 1:
+            self.loss_sum += per_sample_loss.detach().sum()
+        else:
+            self.loss_sum += torch.stack([c.sum() for c in per_sample_loss.detach().split(self.slot_sizes)])
+        self.samples += per_sample_loss.numel()
+
+    def add_data_time(self, seconds: float) -> None:
+        self.data_seconds += seconds
+
+    def add_step(self) -> None:
+        self.steps += 1
+
+    def rows(self) -> torch.Tensor:
+        """One row per local slot (see COLUMNS). Synchronizes the device once, so seconds are real."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self.start
+        n = len(self.slot_sizes)
+        rows = torch.zeros(n, len(COLUMNS), dtype=torch.float64)
+        micro_batches = self.samples / max(1, sum(self.slot_sizes))
+        rows[:, SAMPLES] = torch.tensor(self.slot_sizes, dtype=torch.float64) * micro_batches
+        rows[:, SECONDS] = seconds
+        rows[:, STEPS] = self.steps
+        rows[:, DATA_SECONDS] = self.data_seconds
+        for i, dev in enumerate(self.memory_devices[:n]):
+            rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
+        rows = rows.to(self.device)
+        rows[:, LOSS_SUM] = self.loss_sum
+        return rows
+
+
+@dataclass
+class IntervalSummary:
+    """What one log boundary reports, computed on rank 0 from the gathered rows."""
+
+    steps: int
+    samples: float
+    seconds: float
+    loss: float
+    per_slot_samples_per_sec: list[float]
+    per_slot_loss: list[float]
+    per_slot_max_mem_gib: list[float]
+    step_ms: float
+    data_ms: float
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @staticmethod
+    def from_rows(rows: torch.Tensor) -> "IntervalSummary":
+        rows = rows.double().cpu()
+        samples = rows[:, SAMPLES]
+        seconds = rows[:, SECONDS].clamp_min(1e-12)
+        steps = int(rows[0, STEPS])
+        return IntervalSummary(
+            steps=steps,
+            samples=float(samples.sum()),
+            seconds=float(seconds.max()),
+            loss=float(rows[:, LOSS_SUM].sum() / samples.sum().clamp_min(1)),
+            per_slot_samples_per_sec=(samples / seconds).tolist(),
+            per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
+            per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
+            step_ms=float(seconds.mean()) * 1000 / max(1, steps),
+            data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
+        )

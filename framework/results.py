@@ -1,0 +1,30 @@
+"""A finished run's result.json: written atomically by the driver, read by the sweep summary."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+RESULT_FILE = "result.json"
+
+
+def write_result(run_dir: Path, result: dict) -> Path:
+    path = run_dir / RESULT_FILE
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_result(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def format_rate(value: float) -> str:
+    return f"{value:,.0f}"

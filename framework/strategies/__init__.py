@@ -1,0 +1,40 @@
+"""strategy.name -> adapter class. Adding a strategy: one file here, one line below, one yaml in conf/strategy/."""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, open_dict
+
+from framework.strategies.base import Strategy, cuda_wanted
+from framework.strategies.ddp import DDPStrategy
+from framework.strategies.dp import DataParallelStrategy
+from framework.strategies.single import SingleStrategy
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "single": SingleStrategy,
+    "dp": DataParallelStrategy,
+    "ddp": DDPStrategy,
+}
+
+
+def resolve_auto(cfg: DictConfig, external_launch: bool) -> str:
+    """strategy=auto becomes ddp over all GPUs when there are several (or when a launcher started
+    several workers), else single. Returns the note to show, or an empty string."""
+    if cfg.strategy.name != "auto":
+        return ""
+    several = external_launch or (cuda_wanted(cfg) and torch.cuda.device_count() > 1)
+    chosen = "ddp" if several else "single"
+    with open_dict(cfg):
+        cfg.strategy.name = chosen
+    reason = "several GPUs/workers" if several else "at most one GPU"
+    return f"strategy=auto chose {chosen} ({reason})"
+
+
+def build_strategy(cfg: DictConfig) -> Strategy:
+    return STRATEGIES[cfg.strategy.name](cfg)
+
+
+def strategy_names() -> list[str]:
+    return list(STRATEGIES)
+
+
+__all__ = ["STRATEGIES", "Strategy", "build_strategy", "resolve_auto", "strategy_names"]

@@ -1,0 +1,86 @@
+"""The one interface every strategy answers; the trainer and the driver know nothing else about it.
+
+Driver side:  validate(cfg), processes(), launch(entry, payload)
+Worker side:  setup(), wrap_model(model), sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), teardown()
+
+A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
+Per-slot meters are what TensorBoard shows as rank{r}.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from framework.config_checks import one_of
+
+
+def cuda_wanted(cfg: DictConfig) -> bool:
+    accelerator = one_of(cfg, "trainer.accelerator", ["auto", "cpu", "gpu"])
+    return accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
+
+
+class Strategy:
+    name = "base"
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.options = cfg.strategy
+        self.use_cuda = cuda_wanted(cfg)
+        self.rank, self.local_rank, self.world_size = 0, 0, 1
+        self.device = torch.device("cpu")
+
+    # ---- driver side -------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ConfigError for settings this strategy cannot run; called before any worker starts."""
+
+    def processes(self) -> int:
+        """Training processes in the whole job; the global batch is split across them."""
+        return 1
+
+    def launch(self, entry: Callable[[dict], Any], payload: dict) -> Any:
+        """Start the workers and return rank 0's result. Default: this process is the only worker."""
+        return entry(payload)
+
+    # ---- worker side -------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.use_cuda else torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The model to evaluate with; wrappers whose forward talks to other ranks are taken off."""
+        return model
+
+    def sync(self, model: nn.Module, on: bool):
+        """Context for one micro-batch's backward; on=False may skip gradient sync (accumulation)."""
+        return contextlib.nullcontext()
+
+    def local_slots(self) -> int:
+        """GPUs (replicas) this process drives."""
+        return 1
+
+    def slot_sizes(self, batch: int) -> list[int]:
+        """How one local micro-batch splits over this process's slots (GPUs)."""
+        return [batch]
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Stack t from every process along a new first dimension (rank order)."""
+        return t.unsqueeze(0)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def barrier(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass

@@ -1,0 +1,137 @@
+"""DistributedDataParallel: one process per GPU (or per CPU worker on gloo), started by torch's elastic
+agent, or by an outer torchrun / scheduler that already started us."""
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from framework.config_checks import boolean, int_at_least, one_of, positive_number
+from framework.errors import ConfigError
+from framework.launch.elastic import launch_elastic
+from framework.launch.environment import launched_externally, threads_per_worker
+from framework.strategies.base import Strategy
+
+CPU_WORKERS_WITHOUT_GPU = 2
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    # ---- driver side -------------------------------------------------------------------------
+    def nproc_per_node(self) -> int:
+        if launched_externally():
+            return int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else int(os.environ["WORLD_SIZE"])
+        if self.options.nproc_per_node is not None:
+            return self.options.nproc_per_node
+        return torch.cuda.device_count() if self.use_cuda else CPU_WORKERS_WITHOUT_GPU
+
+    def processes(self) -> int:
+        if launched_externally():
+            return int(os.environ["WORLD_SIZE"])
+        return self.options.nnodes * self.nproc_per_node()
+
+    def backend(self) -> str:
+        backend = self.options.backend
+        return ("nccl" if self.use_cuda else "gloo") if backend == "auto" else backend
+
+    def validate(self) -> None:
+        cfg = self.cfg
+        int_at_least(cfg, "strategy.nproc_per_node", 1, optional=True)
+        nnodes = int_at_least(cfg, "strategy.nnodes", 1)
+        int_at_least(cfg, "strategy.node_rank", 0, optional=True)
+        int_at_least(cfg, "strategy.max_restarts", 0)
+        backend = one_of(cfg, "strategy.backend", ["auto", "nccl", "gloo"])
+        rdzv_backend = one_of(cfg, "strategy.rdzv_backend", ["c10d", "static"])
+        positive_number(cfg, "strategy.bucket_cap_mb")
+        for key in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "static_graph"):
+            boolean(cfg, f"strategy.{key}")
+        if backend == "nccl" and not self.use_cuda:
+            raise ConfigError(
+                "strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use strategy.backend=gloo "
+                "(or auto) for CPU workers"
+            )
+        if self.use_cuda and not launched_externally():
+            gpus = torch.cuda.device_count()
+            if self.nproc_per_node() > gpus and self.backend() == "nccl":
+                raise ConfigError(
+                    f"strategy.nproc_per_node={self.nproc_per_node()} is not allowed with nccl: this machine has "
+                    f"{gpus} GPU(s) and nccl needs one GPU per worker; use at most {gpus}, or strategy.backend=gloo"
+                )
+        if nnodes > 1 and not self.options.rdzv_endpoint:
+            raise ConfigError(
+                f"strategy.nnodes={nnodes} needs strategy.rdzv_endpoint=HOST:PORT (the same on every node; "
+                "rank 0's node hosts the rendezvous)"
+            )
+        if rdzv_backend == "static" and self.options.node_rank is None and nnodes > 1:
+            raise ConfigError("strategy.rdzv_backend=static needs strategy.node_rank (0..nnodes-1) on every node")
+
+    def launch(self, entry, payload):
+        o = self.options
+        if o.nproc_per_node is None and not self.use_cuda:
+            print(f"strategy=ddp: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
+                  "(set strategy.nproc_per_node to change)", flush=True)
+        return launch_elastic(
+            entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
+            rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
+            use_cuda=self.use_cuda,
+        )
+
+    # ---- worker side -------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        if self.use_cuda:
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(local_world))))
+        if not dist.is_initialized():
+            dist.init_process_group(
+                self.backend(), timeout=datetime.timedelta(minutes=10),
+                device_id=self.device if self.device.type == "cuda" else None,
+            )
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        o = self.options
+        if o.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return nn.parallel.DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=o.find_unused_parameters, bucket_cap_mb=o.bucket_cap_mb,
+            gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
+        )
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        # Ranks may hold different numbers of test batches; DDP's forward would wait on a buffer broadcast.
+        return model.module
+
+    def sync(self, model: nn.Module, on: bool):
+        return super().sync(model, on) if on else model.no_sync()
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t.contiguous())
+        return torch.stack(out)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t)
+        return t
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

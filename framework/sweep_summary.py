@@ -1,0 +1,62 @@
+"""Hydra callback: after a multirun, one table of every job (printed, and saved as summary.md + summary.csv
+in the sweep folder). Reads each job's result.json, so it works with any launcher."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from framework.results import format_rate, read_result
+
+COLUMNS = ("job", "overrides", "status", "train_loss", "test_acc", "samples_per_sec", "per_rank_samples_per_sec", "run_dir")
+
+
+def summarize(sweep_dir: Path) -> list[dict]:
+    rows = []
+    for job_dir in sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()):
+        result = read_result(job_dir)
+        if result is None:
+            overrides = OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")
+            rows.append({"job": job_dir.name.split("_")[0], "overrides": " ".join(overrides), "status": "failed",
+                         "run_dir": str(job_dir)})
+            continue
+        rows.append({
+            "job": result["job"],
+            "overrides": " ".join(result["overrides"]),
+            "status": "ok",
+            "train_loss": f"{result['train_loss']:.4f}",
+            "test_acc": f"{result['test_acc']:.4f}",
+            "samples_per_sec": format_rate(result["samples_per_sec"]),
+            "per_rank_samples_per_sec": " / ".join(format_rate(r) for r in result["per_rank_samples_per_sec"]),
+            "run_dir": str(job_dir),
+        })
+    rows.sort(key=lambda r: int(r["job"]))
+    return rows
+
+
+def to_markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(sweep_dir: Path) -> str:
+    rows = summarize(sweep_dir)
+    table = to_markdown(rows)
+    (sweep_dir / "summary.md").write_text(table)
+    with open(sweep_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return table
+
+
+class SweepSummary(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        table = write_summary(sweep_dir)
+        print(f"\nsweep summary ({sweep_dir}/summary.md, summary.csv):\n{table}", flush=True)

@@ -1,0 +1,47 @@
+"""Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
+
+throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
+loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/max_allocated_gib/rank{r} (CUDA), and the
+run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
+
+from framework.meters import IntervalSummary
+
+
+class TensorBoardLogger:
+    def __init__(self, log_dir: Path, cuda: bool):
+        self.writer = SummaryWriter(str(log_dir), flush_secs=30)
+        self.cuda = cuda
+
+    def log_interval(self, step: int, s: IntervalSummary, lr: float) -> None:
+        w = self.writer
+        w.add_scalar("throughput/samples_per_sec", s.samples_per_sec, step)
+        w.add_scalar("loss/train", s.loss, step)
+        w.add_scalar("time/step_ms", s.step_ms, step)
+        w.add_scalar("time/data_ms", s.data_ms, step)
+        w.add_scalar("lr", lr, step)
+        for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
+            w.add_scalar(f"throughput/samples_per_sec/rank{r}", rate, step)
+            w.add_scalar(f"loss/train/rank{r}", loss, step)
+            if self.cuda:
+                w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
+
+    def log_eval(self, step: int, loss: float, accuracy: float) -> None:
+        self.writer.add_scalar("loss/val", loss, step)
+        self.writer.add_scalar("acc/val", accuracy, step)
+
+    def log_hparams(self, params: dict, metrics: dict) -> None:
+        """Written into this run's own event file (SummaryWriter.add_hparams would make a sub-run)."""
+        for summary in hparams(params, metrics):
+            self.writer.file_writer.add_summary(summary)
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value)
+
+    def close(self) -> None:
+        self.writer.close()

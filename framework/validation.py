@@ -1,0 +1,84 @@
+"""Every check that can fail before a worker starts. Messages name the key, the value and what is allowed."""
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from framework.config_checks import boolean, int_at_least, int_list, number_in, one_of, positive_number, value_at
+from framework.data.registry import DATASET_NAMES
+from framework.errors import ConfigError
+from framework.precision import PRECISIONS
+from framework.strategies import Strategy
+
+
+def validate(cfg: DictConfig, strategy: Strategy) -> None:
+    _trainer(cfg)
+    _optimizer(cfg)
+    _dataset(cfg)
+    strategy.validate()
+    _precision_on_device(cfg, strategy)
+    _batch_split(cfg, strategy)
+
+
+def _trainer(cfg: DictConfig) -> None:
+    int_at_least(cfg, "trainer.epochs", 1)
+    int_at_least(cfg, "trainer.max_steps", 1, optional=True)
+    int_at_least(cfg, "trainer.batch_size", 1)
+    int_at_least(cfg, "trainer.grad_accum", 1)
+    one_of(cfg, "trainer.precision", PRECISIONS)
+    positive_number(cfg, "trainer.grad_clip", optional=True)
+    int_at_least(cfg, "trainer.seed", 0)
+    int_at_least(cfg, "trainer.log_every_n_steps", 1)
+    int_at_least(cfg, "trainer.eval_every_n_epochs", 1)
+    int_at_least(cfg, "trainer.num_workers", 0)
+    one_of(cfg, "trainer.accelerator", ["auto", "cpu", "gpu"])
+    if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
+
+
+def _optimizer(cfg: DictConfig) -> None:
+    value_at(cfg, "optimizer._target_")
+    positive_number(cfg, "optimizer.lr")
+    one_of(cfg, "optimizer.lr_scaling", ["none", "linear"])
+    if "momentum" in cfg.optimizer:
+        number_in(cfg, "optimizer.momentum", 0.0, 1.0, high_open=True)
+    if "weight_decay" in cfg.optimizer:
+        number_in(cfg, "optimizer.weight_decay", 0.0, 1.0)
+
+
+def _dataset(cfg: DictConfig) -> None:
+    one_of(cfg, "dataset.name", DATASET_NAMES)
+    boolean(cfg, "dataset.in_memory")
+    int_at_least(cfg, "dataset.max_train_samples", 1, optional=True)
+    int_at_least(cfg, "dataset.max_test_samples", 1, optional=True)
+    if cfg.dataset.name == "synthetic":
+        int_list(cfg, "dataset.shape", 1)
+        int_at_least(cfg, "dataset.num_classes", 2)
+        int_at_least(cfg, "dataset.train_size", 1)
+        int_at_least(cfg, "dataset.test_size", 1)
+        number_in(cfg, "dataset.noise", 0.0, 1e6)
+        int_at_least(cfg, "dataset.seed", 0)
+    else:
+        boolean(cfg, "dataset.download")
+
+
+def _precision_on_device(cfg: DictConfig, strategy: Strategy) -> None:
+    precision = cfg.trainer.precision
+    if precision == "fp16" and not strategy.use_cuda:
+        raise ConfigError("trainer.precision=fp16 is not allowed on the CPU (it needs CUDA's GradScaler); use bf16 or fp32")
+    if precision == "bf16" and strategy.use_cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 support; "
+            "use fp16 or fp32"
+        )
+
+
+def _batch_split(cfg: DictConfig, strategy: Strategy) -> None:
+    t = cfg.trainer
+    processes = strategy.processes()
+    if t.batch_size % (processes * t.grad_accum):
+        raise ConfigError(
+            f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "
+            f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
+            f"{processes * t.grad_accum}"
+        )

@@ -1,0 +1,105 @@
+"""What every training process runs, whichever strategy started it: join, build, fit, report."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from framework.data.loaders import Normalizer, build_train_loader, eval_batches
+from framework.data.registry import load_splits
+from framework.optim import build_optimizer
+from framework.precision import Precision
+from framework.strategies import build_strategy
+from framework.tensorboard_logger import TensorBoardLogger
+from framework.trainer import Trainer
+
+EVAL_BATCH_PER_DEVICE = 1024
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def worker_entry(payload: dict, strategy=None) -> dict | None:
+    """Entry of every worker. `payload` holds the resolved config and the run folder; it is plain
+    data, so nothing is re-resolved here (no second `${now:}`, no second Hydra run)."""
+    cfg = OmegaConf.create(payload["cfg"])
+    run_dir = Path(payload["run_dir"])
+    strategy = strategy or build_strategy(cfg)
+    strategy.setup()
+    tb = None
+    try:
+        say = (lambda msg: print(msg, flush=True)) if strategy.is_main else (lambda msg: None)
+        t = cfg.trainer
+        seed_everything(t.seed)
+        splits = load_splits(cfg.dataset)
+        model = instantiate(cfg.model, in_shape=splits.in_shape, num_classes=splits.num_classes)
+        model = strategy.wrap_model(model.to(strategy.device))
+        workers = strategy.world_size * strategy.local_slots()
+        optimizer = build_optimizer(cfg, model.parameters(), workers)
+        micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
+        normalizer = Normalizer(splits, strategy.device)
+        loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
+
+        def test_batches():
+            return eval_batches(splits.test_x, splits.test_y, normalizer, strategy.device,
+                                EVAL_BATCH_PER_DEVICE, strategy.rank, strategy.world_size)
+
+        tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
+        trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches,
+                          Precision(t.precision, strategy.device), tb, say)
+        say(
+            f"training {cfg.model._target_.rsplit('.', 1)[-1]} on {cfg.dataset.name} with strategy={strategy.name}: "
+            f"{strategy.world_size} process(es) on {strategy.device.type}, global batch {t.batch_size} = "
+            f"{strategy.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
+            f"{trainer.total_steps} steps"
+        )
+        totals = trainer.fit()
+        if not strategy.is_main:
+            return None
+        result = {
+            "test_acc": totals.val_acc,
+            "test_loss": totals.val_loss,
+            "train_loss": totals.train_loss,
+            "samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,
+            "per_rank_samples_per_sec": totals.per_slot_samples_per_sec(),
+            "train_seconds": totals.seconds,
+            "steps": trainer.total_steps,
+            "epochs": trainer.epochs,
+            "processes": strategy.world_size,
+            "global_batch": t.batch_size,
+            "micro_batch": micro_batch,
+            "strategy": strategy.name,
+            "device": strategy.device.type,
+        }
+        tb.log_hparams(hparams_of(cfg, result), {
+            "hparam/test_acc": result["test_acc"], "hparam/test_loss": result["test_loss"],
+            "hparam/train_loss": result["train_loss"], "hparam/samples_per_sec": result["samples_per_sec"],
+        })
+        return result
+    finally:
+        if tb:
+            tb.close()
+        strategy.teardown()
+
+
+def hparams_of(cfg, result: dict) -> dict:
+    return {
+        "strategy": result["strategy"],
+        "model": cfg.model._target_.rsplit(".", 1)[-1],
+        "dataset": cfg.dataset.name,
+        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "lr": float(cfg.optimizer.lr),
+        "global_batch": cfg.trainer.batch_size,
+        "processes": result["processes"],
+        "grad_accum": cfg.trainer.grad_accum,
+        "precision": cfg.trainer.precision,
+        "epochs": result["epochs"],
+        "seed": cfg.trainer.seed,
+    }
