@@ -62,6 +62,7 @@ def _drive(cfg: DictConfig) -> float | None:
     else:
         result = strategy.launch(worker_entry, payload)
     if result is None:  # a node that does not hold rank 0
+        print(f"done: this node's workers finished; rank 0's node reports the result. Run folder {run_dir}", flush=True)
         return None
     result.update(run_dir=str(run_dir), job=hydra_cfg.job.get("num", 0), overrides=list(hydra_cfg.overrides.task))
     write_result(run_dir, result)
@@ -100,8 +101,9 @@ def follow_rank0(overrides: list[str]) -> int:
         cfg = compose("config", overrides=[o for o in overrides if not o.startswith(("hydra.", "--"))])
     try:
         strategy, _ = prepare(cfg, external=True)
-    except ConfigError:
-        return 2  # rank 0 fails the same way and reports it once
+    except ConfigError as exc:  # torchrun stops rank 0 as soon as one rank fails, so say it here too
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     strategy.setup()
     payload = strategy.broadcast_object(None)
     if "error" in payload:

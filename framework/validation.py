@@ -5,8 +5,9 @@ import torch
 from omegaconf import DictConfig
 
 from framework.config_checks import boolean, int_at_least, int_list, number_in, one_of, positive_number, value_at
-from framework.data.registry import DATASET_NAMES
+from framework.data.registry import DATASET_NAMES, input_facts
 from framework.errors import ConfigError
+from framework.models.build import check_model_fits
 from framework.precision import PRECISIONS
 from framework.strategies import Strategy
 
@@ -15,6 +16,7 @@ def validate(cfg: DictConfig, strategy: Strategy) -> None:
     _trainer(cfg)
     _optimizer(cfg)
     _dataset(cfg)
+    check_model_fits(cfg.model, *input_facts(cfg.dataset))
     strategy.validate()
     _precision_on_device(cfg, strategy)
     _batch_split(cfg, strategy)

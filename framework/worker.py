@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from framework.data.loaders import Normalizer, build_train_loader, eval_batches
 from framework.data.registry import load_splits
+from framework.models.build import build_model
 from framework.optim import build_optimizer
 from framework.precision import Precision
 from framework.strategies import build_strategy
@@ -35,11 +35,11 @@ def worker_entry(payload: dict, strategy=None) -> dict | None:
     strategy.setup()
     tb = None
     try:
-        say = (lambda msg: print(msg, flush=True)) if strategy.is_main else (lambda msg: None)
+        say = console(run_dir) if strategy.is_main else (lambda msg: None)
         t = cfg.trainer
         seed_everything(t.seed)
         splits = load_splits(cfg.dataset)
-        model = instantiate(cfg.model, in_shape=splits.in_shape, num_classes=splits.num_classes)
+        model = build_model(cfg.model, splits.in_shape, splits.num_classes)
         model = strategy.wrap_model(model.to(strategy.device))
         workers = strategy.world_size * strategy.local_slots()
         optimizer = build_optimizer(cfg, model.parameters(), workers)
@@ -87,6 +87,18 @@ def worker_entry(payload: dict, strategy=None) -> dict | None:
         if tb:
             tb.close()
         strategy.teardown()
+
+
+def console(run_dir: Path):
+    """Rank 0's progress lines: to the terminal and appended to the run folder's train.log."""
+    log_file = run_dir / "train.log"
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+        with open(log_file, "a") as f:
+            f.write(msg + "\n")
+
+    return say
 
 
 def hparams_of(cfg, result: dict) -> dict:

@@ -8,6 +8,14 @@ from framework.data.synthetic import make_synthetic
 from framework.data.vision import load_cifar10, load_idx_dataset
 
 DATASET_NAMES = ("fashion_mnist", "mnist", "cifar10", "synthetic")
+_FILE_DATASET_FACTS = {"fashion_mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+
+
+def input_facts(cfg: DictConfig) -> tuple[tuple[int, ...], int]:
+    """(sample shape, class count) without reading any file, for driver-side checks."""
+    if cfg.name == "synthetic":
+        return tuple(cfg.shape), cfg.num_classes
+    return _FILE_DATASET_FACTS[cfg.name]
 
 
 def load_splits(cfg: DictConfig) -> Splits:

@@ -1,0 +1,25 @@
+"""Instantiate conf/model/*.yaml for a dataset's input shape and class count."""
+from __future__ import annotations
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import nn
+
+from framework.errors import ConfigError
+
+
+def build_model(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    try:
+        return instantiate(model_cfg, in_shape=tuple(in_shape), num_classes=num_classes)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, ConfigError):
+            raise exc.__cause__ from None
+        raise
+
+
+def check_model_fits(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> None:
+    """Driver-side: build on the meta device (no memory, no compute) so a mismatch fails before any worker."""
+    with torch.device("meta"):
+        build_model(model_cfg, in_shape, num_classes)

@@ -1,0 +1,48 @@
+"""Helpers shared by the tests: run train.py as a user would (a real subprocess), read TensorBoard
+event files back with TensorBoard's own reader."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "train.py"
+
+# Small enough for 2 CPU cores, real enough to learn: 2048 Fashion-MNIST images, 2 epochs.
+TINY = [
+    "dataset.max_train_samples=2048", "dataset.max_test_samples=512", "trainer.epochs=2",
+    "trainer.batch_size=64", "trainer.log_every_n_steps=4",
+]
+
+
+def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
+              launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = (launcher or [sys.executable]) + [str(TRAIN), *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every Hydra job folder under root/outputs (a folder with a .hydra subfolder)."""
+    return sorted(p.parent for p in (root / "outputs").rglob(".hydra"))
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,0 +1,60 @@
+"""Bad values fail in the driver, before any worker starts, with one short message naming key, value and
+what is allowed, and a non-zero exit. Each case is a real `python train.py ...` run."""
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import run_train
+
+CASES = {
+    "batch_zero": (["trainer.batch_size=0"], "trainer.batch_size=0 is not allowed: expected an integer >= 1"),
+    "batch_negative": (["trainer.batch_size=-4"], "trainer.batch_size=-4 is not allowed: expected an integer >= 1"),
+    "epochs_zero": (["trainer.epochs=0"], "trainer.epochs=0 is not allowed: expected an integer >= 1"),
+    "epochs_text": (["trainer.epochs=abc"], "trainer.epochs='abc' is not allowed: expected an integer >= 1"),
+    "grad_accum_zero": (["trainer.grad_accum=0"], "trainer.grad_accum=0 is not allowed"),
+    "lr_zero": (["optimizer.lr=0"], "optimizer.lr=0 is not allowed: expected a number > 0"),
+    "lr_negative": (["optimizer=sgd", "optimizer.lr=-0.1"], "optimizer.lr=-0.1 is not allowed: expected a number > 0"),
+    "nproc_zero": (["strategy=ddp", "strategy.nproc_per_node=0"],
+                   "strategy.nproc_per_node=0 is not allowed: expected an integer >= 1 or null"),
+    "batch_not_divisible": (["strategy=ddp", "strategy.nproc_per_node=3", "trainer.batch_size=64"],
+                            "trainer.batch_size=64 is not allowed with 3 process(es) x trainer.grad_accum=1: "
+                            "the global batch must divide evenly; use a multiple of 3"),
+    "precision_unknown": (["trainer.precision=fp8"], "trainer.precision='fp8' is not allowed: expected one of fp32, bf16, fp16"),
+    "fp16_on_cpu": (["trainer.precision=fp16", "trainer.accelerator=cpu"], "trainer.precision=fp16 is not allowed on the CPU"),
+    "nccl_without_gpu": (["strategy=ddp", "strategy.backend=nccl", "trainer.accelerator=cpu"],
+                         "strategy.backend=nccl is not allowed without GPUs"),
+    "multinode_without_endpoint": (["strategy=ddp", "strategy.nnodes=2"],
+                                   "strategy.nnodes=2 needs strategy.rdzv_endpoint=HOST:PORT"),
+    "accelerator_unknown": (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' is not allowed: expected one of auto, cpu, gpu"),
+    "missing_dataset": (["dataset=mnist", "dataset.root=/nonexistent/mnist", "dataset.download=false"],
+                        "dataset=mnist: no usable files found. Tried: /nonexistent/mnist"),
+    "model_cannot_take_input": (["model=lenet", "dataset=synthetic", "dataset.shape=[5]"],
+                                "model=lenet needs image input (channels, height, width); the dataset gives shape (5,)"),
+    "unknown_model": (["model=transformer"], "Could not find 'model/transformer'"),
+    "unknown_strategy": (["strategy=fsdp"], "Could not find 'strategy/fsdp'"),
+    "unknown_key": (["trainer.epoch=3"], "Could not override 'trainer.epoch'"),
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+
+    def one(name):
+        cwd = root / name
+        cwd.mkdir()
+        return name, cwd, run_train(CASES[name][0], cwd, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return {name: (cwd, proc) for name, cwd, proc in pool.map(one, CASES)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_value_is_refused_before_any_worker(outcomes, name):
+    cwd, proc = outcomes[name]
+    expected = CASES[name][1]
+    assert proc.returncode != 0
+    assert expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(cwd.rglob("events.out.tfevents*")), "a worker started"
+    assert "training " not in proc.stdout
