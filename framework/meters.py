@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib")
-SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM = range(len(COLUMNS))
+COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step")
+SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -20,10 +20,12 @@ class IntervalMeter:
         self.device = device
         self.memory_devices = memory_devices
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
+        self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
         self.reset()
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.first_nonfinite.zero_()
         self.samples = 0
         self.steps = 0
         self.data_seconds = 0.0
@@ -39,8 +41,12 @@ class IntervalMeter:
     def add_data_time(self, seconds: float) -> None:
         self.data_seconds += seconds
 
-    def add_step(self) -> None:
+    def add_step(self, step: int) -> None:
         self.steps += 1
+        # A NaN/inf loss makes the interval's sum non-finite for good; remember the step where that happened.
+        # Three tiny device ops and no sync: the check itself happens at the log boundary.
+        already = (self.first_nonfinite > 0) | torch.isfinite(self.loss_sum.sum())
+        self.first_nonfinite = torch.where(already, self.first_nonfinite, float(step))
 
     def rows(self) -> torch.Tensor:
         """One row per local slot (see COLUMNS). Synchronizes the device once, so seconds are real."""
@@ -58,6 +64,7 @@ class IntervalMeter:
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
         rows = rows.to(self.device)
         rows[:, LOSS_SUM] = self.loss_sum
+        rows[:, FIRST_NONFINITE] = self.first_nonfinite
         return rows
 
 
@@ -74,6 +81,8 @@ class IntervalSummary:
     per_slot_max_mem_gib: list[float]
     step_ms: float
     data_ms: float
+    nonfinite: list[tuple[int, int]]  # (rank, first step) of every rank whose loss went NaN/inf
+
 
     @property
     def samples_per_sec(self) -> float:
@@ -95,4 +104,5 @@ class IntervalSummary:
             per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
             data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
+            nonfinite=[(r, int(v)) for r, v in enumerate(rows[:, FIRST_NONFINITE].tolist()) if v > 0],
         )

@@ -2,13 +2,17 @@
 hands the run to the strategy's launcher, and reports. Workers never run Hydra again."""
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.errors import ConfigError
+from framework.interrupts import GracefulStop, Interrupted, NoStop
 from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import launched_externally
 from framework.results import format_rate, write_result
@@ -21,14 +25,20 @@ RESOLVED_CONFIG = "resolved_config.yaml"
 
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function. Returns the test accuracy (the objective for sweepers)."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        return _drive(cfg)
+        return _drive(cfg, run_dir, hydra_cfg)
     except (ConfigError, WorkersFailed) as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        _exit_interrupted(signal.SIGINT, run_dir, hydra_cfg)
+    except Interrupted as exc:
+        _exit_interrupted(exc.signum, run_dir, hydra_cfg)
 
 
-def prepare(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto, build the strategy and validate everything; no side effects."""
+def prepare(cfg: DictConfig, external: bool, run_dir: Path):
+    """Resolve strategy=auto, build the strategy and validate everything; no worker starts here."""
     note = resolve_auto(cfg, external)
     strategy = build_strategy(cfg)
     if external and strategy.name != "ddp":
@@ -36,20 +46,20 @@ def prepare(cfg: DictConfig, external: bool):
             f"strategy={strategy.name} is not allowed under torchrun: the launcher already started several "
             "workers; use strategy=ddp (or auto)"
         )
-    validate(cfg, strategy)
+    validate(cfg, strategy, run_dir)
     return strategy, note
 
 
-def _drive(cfg: DictConfig) -> float | None:
+def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg) -> float | None:
     external = launched_externally()
-    hydra_cfg = HydraConfig.get()
     try:
-        strategy, note = prepare(cfg, external)
+        strategy, note = prepare(cfg, external, run_dir)
     except ConfigError as exc:
-        if external:
-            _tell_followers_and_exit(cfg, str(exc))
+        if external:  # say it first: torchrun stops this process as soon as a follower exits
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            _tell_followers(cfg, str(exc))
+            sys.exit(2)
         raise
-    run_dir = Path(hydra_cfg.runtime.output_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     OmegaConf.save(OmegaConf.create(resolved), run_dir / RESOLVED_CONFIG)
     payload = {"cfg": resolved, "run_dir": str(run_dir)}
@@ -59,11 +69,16 @@ def _drive(cfg: DictConfig) -> float | None:
         strategy.setup()
         strategy.broadcast_object(payload)
         result = worker_entry(payload, strategy)
+    elif strategy.runs_in_process:
+        with GracefulStop() as stop:
+            result = strategy.launch(lambda p: worker_entry(p, stop=stop), payload)
     else:
         result = strategy.launch(worker_entry, payload)
     if result is None:  # a node that does not hold rank 0
         print(f"done: this node's workers finished; rank 0's node reports the result. Run folder {run_dir}", flush=True)
         return None
+    if "stopped" in result:
+        raise WorkersFailed(result["stopped"])
     result.update(run_dir=str(run_dir), job=hydra_cfg.job.get("num", 0), overrides=list(hydra_cfg.overrides.task))
     write_result(run_dir, result)
     per_rank = ", ".join(format_rate(r) for r in result["per_rank_samples_per_sec"])
@@ -75,15 +90,26 @@ def _drive(cfg: DictConfig) -> float | None:
     return result["test_acc"]
 
 
-def _tell_followers_and_exit(cfg: DictConfig, message: str) -> None:
+def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
+    name = signal.Signals(signum).name
+    checkpoint = newest_valid(run_dir / CHECKPOINT_DIR, warn=lambda m: None)
+    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
+    command = shlex.join(["python", "train.py", *overrides, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
+    kept = (f"the last complete checkpoint is {checkpoint.path} (step {checkpoint.step})" if checkpoint
+            else "no checkpoint had been written yet, so a resumed run starts over")
+    print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
+def _tell_followers(cfg: DictConfig, message: str) -> None:
     """Under torchrun, ranks > 0 wait for rank 0's payload; send them the error instead so none hangs."""
     try:
         from framework.strategies.ddp import DDPStrategy
 
-        follower_link = DDPStrategy(cfg)
-        follower_link.setup()
-        follower_link.broadcast_object({"error": message})
-        follower_link.teardown()
+        link = DDPStrategy(cfg)
+        link.setup()
+        link.broadcast_object({"error": message})
+        link.teardown()
     except Exception:  # the followers time out on their own if even this fails
         pass
 
@@ -100,7 +126,10 @@ def follow_rank0(overrides: list[str]) -> int:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[o for o in overrides if not o.startswith(("hydra.", "--"))])
     try:
-        strategy, _ = prepare(cfg, external=True)
+        resolve_auto(cfg, external_launch=True)
+        strategy = build_strategy(cfg)
+        if strategy.name != "ddp":
+            raise ConfigError(f"strategy={strategy.name} is not allowed under torchrun; use strategy=ddp (or auto)")
     except ConfigError as exc:  # torchrun stops rank 0 as soon as one rank fails, so say it here too
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -109,5 +138,5 @@ def follow_rank0(overrides: list[str]) -> int:
     if "error" in payload:
         strategy.teardown()
         return 2
-    worker_entry(payload, strategy)
+    worker_entry(payload, strategy, stop=NoStop())
     return 0

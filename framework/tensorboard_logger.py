@@ -43,5 +43,8 @@ class TensorBoardLogger:
         for tag, value in metrics.items():
             self.writer.add_scalar(tag, value)
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()

@@ -3,18 +3,24 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from framework.meters import COLUMNS, IntervalMeter, IntervalSummary
+from framework.checkpoints.state import Position
+from framework.interrupts import Interrupted
+from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.precision import Precision
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose (a NaN/inf loss); the message says why and what is kept."""
 
 
 @dataclass
 class RunTotals:
-    """Rank 0's running totals over every logged interval."""
+    """Rank 0's running totals over every logged interval (checkpointed, so a resumed run keeps them)."""
 
     samples: float = 0.0
     seconds: float = 0.0
@@ -23,12 +29,13 @@ class RunTotals:
     train_loss: float = math.nan
     val_loss: float = math.nan
     val_acc: float = math.nan
+    skipped_steps: int = 0
 
     def add(self, s: IntervalSummary, rows: torch.Tensor) -> None:
         self.samples += s.samples
         self.seconds += s.seconds
         slot_samples, slot_seconds = rows[:, 0].tolist(), rows[:, 1].tolist()
-        if not self.slot_samples:
+        if len(self.slot_samples) != len(slot_samples):
             self.slot_samples, self.slot_seconds = [0.0] * len(slot_samples), [0.0] * len(slot_samples)
         for i, (n, sec) in enumerate(zip(slot_samples, slot_seconds)):
             self.slot_samples[i] += n
@@ -41,11 +48,12 @@ class RunTotals:
 
 class Trainer:
     def __init__(self, cfg, strategy, model, optimizer, train_loader, micro_batch: int, eval_batches,
-                 precision: Precision, tb, say):
+                 precision: Precision, tb, say, checkpointer, faults, stop):
         self.cfg, self.t = cfg, cfg.trainer
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.train_loader, self.eval_batches = train_loader, eval_batches
         self.precision, self.tb, self.say = precision, tb, say
+        self.checkpointer, self.faults, self.stop = checkpointer, faults, stop
         self.totals = RunTotals()
         self.steps_per_epoch = len(train_loader) // self.t.grad_accum
         if self.steps_per_epoch < 1:
@@ -53,37 +61,38 @@ class Trainer:
         planned = self.t.epochs * self.steps_per_epoch
         self.total_steps = min(self.t.max_steps, planned) if self.t.max_steps else planned
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.skip_nonfinite = self.t.on_nonfinite == "skip"
         device = strategy.device
         memory_devices = [torch.device("cuda", i) for i in getattr(strategy, "device_ids", [])] or (
             [device] if device.type == "cuda" else [])
         self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), device, memory_devices)
 
-    def fit(self) -> RunTotals:
-        step, k = 0, self.t.grad_accum
-        for epoch in range(self.epochs):
+    def restore_totals(self, totals: dict) -> None:
+        if totals:
+            self.totals = RunTotals(**totals)
+
+    def fit(self, start: Position = Position()) -> RunTotals:
+        step, k = start.step, self.t.grad_accum
+        for epoch in range(start.epoch, self.epochs):
+            first = start.batch_in_epoch if epoch == start.epoch else 0
+            last = min(self.steps_per_epoch, first + self.total_steps - step)
             self.model.train()
             self.train_loader.set_epoch(epoch)
-            batches = iter(self.train_loader)
-            for _ in range(min(self.steps_per_epoch, self.total_steps - step)):
-                for micro in range(k):
-                    fetch_start = time.perf_counter()
-                    x, y = next(batches)
-                    self.meter.add_data_time(time.perf_counter() - fetch_start)
-                    with self.strategy.sync(self.model, on=micro == k - 1):
-                        with self.precision.autocast():
-                            logits = self.model(x)
-                        per_sample = F.cross_entropy(logits.float(), y, reduction="none")
-                        self.precision.backward(per_sample.mean() / k)
-                    self.meter.add_micro_batch(per_sample)
-                if self.t.grad_clip:
-                    self.precision.unscale(self.optimizer)
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
-                self.precision.step(self.optimizer)
-                self.optimizer.zero_grad(set_to_none=True)
+            batches = self.train_loader.iterate(first * k)
+            for batch_in_epoch in range(first + 1, last + 1):
                 step += 1
-                self.meter.add_step()
-                if step % self.t.log_every_n_steps == 0:
+                self._train_step(batches, step)
+                self.faults.kill_if_due("kill_after_step", step)
+                epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
+                stopping = self.stop.requested  # read once: a signal may land anywhere below
+                checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
+                if step % self.t.log_every_n_steps == 0 or checkpoint_due:
                     self._log(step, epoch)
+                if checkpoint_due:
+                    self.checkpointer.save(self.model, self.optimizer, self.precision.scaler,
+                                           Position(step, epoch, batch_in_epoch), asdict(self.totals), self.tb)
+                if stopping:
+                    raise Interrupted(self.stop.signum)
             if self.meter.steps:
                 self._log(step, epoch)
             if (epoch + 1) % self.t.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
@@ -91,12 +100,45 @@ class Trainer:
             self.meter.reset()  # evaluation time is not training time
         return self.totals
 
+    def _train_step(self, batches, step: int) -> None:
+        k = self.t.grad_accum
+        losses = []
+        for micro in range(k):
+            fetch_start = time.perf_counter()
+            x, y = next(batches)
+            self.meter.add_data_time(time.perf_counter() - fetch_start)
+            with self.strategy.sync(self.model, on=micro == k - 1):
+                with self.precision.autocast():
+                    logits = self.model(x)
+                per_sample = F.cross_entropy(logits.float(), y, reduction="none")
+                if self.faults.due("nan_loss", step):
+                    per_sample = per_sample * float("nan")
+                self.precision.backward(per_sample.mean() / k)
+            losses.append(per_sample)
+        if self.t.grad_clip or self.skip_nonfinite:
+            self.precision.unscale(self.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip or math.inf)
+            # Gradients are already all-reduced here, so every rank sees the same norm and makes the same choice.
+            # fp16's GradScaler already skips non-finite steps (and lowers its scale), so it is left to do that.
+            if self.skip_nonfinite and not self.precision.scaler and not torch.isfinite(norm):  # a sync, skip mode only
+                self.optimizer.zero_grad(set_to_none=True)
+                self.totals.skipped_steps += 1
+                self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
+                self.meter.add_step(step)
+                return
+        self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        for per_sample in losses:
+            self.meter.add_micro_batch(per_sample)
+        self.meter.add_step(step)
+
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _log(self, step: int, epoch: int) -> None:
         rows = self.strategy.all_gather(self.meter.rows()).reshape(-1, len(COLUMNS)).cpu()
         self.meter.reset()
+        self._stop_if_nonfinite(rows)
         if not self.strategy.is_main:
             return
         s = IntervalSummary.from_rows(rows)
@@ -110,12 +152,28 @@ class Trainer:
             f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step"
         )
 
+    def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
+        """Every rank sees the same gathered rows, so every rank stops at the same boundary."""
+        bad = [(rank, int(s)) for rank, s in enumerate(rows[:, FIRST_NONFINITE].tolist()) if s > 0]
+        if not bad:
+            return
+        rank, step = min(bad, key=lambda b: b[1])
+        last = self.checkpointer.last_saved()
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
+        raise TrainingStopped(
+            f"the training loss became NaN/inf at step {step} on rank {rank}; stopped "
+            f"(trainer.on_nonfinite=stop); {kept}. Lower optimizer.lr, set trainer.grad_clip, "
+            "use trainer.precision=fp32, or trainer.on_nonfinite=skip"
+        )
+
     @torch.no_grad()
     def _evaluate(self, step: int, epoch: int) -> None:
         model = self.strategy.eval_model(self.model)
         model.eval()
         sums = torch.zeros(3, device=self.strategy.device, dtype=torch.float64)  # loss sum, correct, count
-        for x, y in self.eval_batches():
+        for i, (x, y) in enumerate(self.eval_batches()):
+            if i == 0:
+                self.faults.kill_if_due("kill_in_eval", step)
             with self.precision.autocast():
                 logits = model(x)
             sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")

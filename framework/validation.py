@@ -1,18 +1,23 @@
 """Every check that can fail before a worker starts. Messages name the key, the value and what is allowed."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from omegaconf import DictConfig
 
-from framework.config_checks import boolean, int_at_least, int_list, number_in, one_of, positive_number, value_at
-from framework.data.registry import DATASET_NAMES, input_facts
+from framework.checkpoints.manager import choose_checkpoint
+from framework.checkpoints.state import signature, signature_mismatch
+from framework.config_checks import (boolean, fail, int_at_least, int_list, number_in, one_of, positive_number,
+                                     value_at)
+from framework.data.registry import DATASET_NAMES, input_facts, prepare_dataset
 from framework.errors import ConfigError
 from framework.models.build import check_model_fits
 from framework.precision import PRECISIONS
 from framework.strategies import Strategy
 
 
-def validate(cfg: DictConfig, strategy: Strategy) -> None:
+def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     _trainer(cfg)
     _optimizer(cfg)
     _dataset(cfg)
@@ -20,6 +25,22 @@ def validate(cfg: DictConfig, strategy: Strategy) -> None:
     strategy.validate()
     _precision_on_device(cfg, strategy)
     _batch_split(cfg, strategy)
+    _resume(cfg, run_dir)
+    prepare_dataset(cfg.dataset)  # last: it may download
+
+
+def _resume(cfg: DictConfig, run_dir: Path) -> None:
+    """The checkpoint a run would resume from must exist and belong to this model, dataset and optimizer."""
+    resume = cfg.trainer.resume
+    if resume is not None and not isinstance(resume, str):
+        fail("trainer.resume", resume, "expected auto, none, or a path to a checkpoint or run folder")
+    checkpoint = choose_checkpoint(resume, run_dir, warn=lambda m: print(f"warning: {m}", flush=True))
+    if checkpoint is None:
+        return
+    mismatch = signature_mismatch(checkpoint.manifest.get("signature", {}), signature(cfg, *input_facts(cfg.dataset)))
+    if mismatch:
+        raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
+                          f"different setup ({mismatch}); use trainer.resume=none or a matching checkpoint")
 
 
 def _trainer(cfg: DictConfig) -> None:
@@ -34,6 +55,9 @@ def _trainer(cfg: DictConfig) -> None:
     int_at_least(cfg, "trainer.eval_every_n_epochs", 1)
     int_at_least(cfg, "trainer.num_workers", 0)
     one_of(cfg, "trainer.accelerator", ["auto", "cpu", "gpu"])
+    int_at_least(cfg, "trainer.checkpoint_every_n_steps", 1, optional=True)
+    int_at_least(cfg, "trainer.keep_checkpoints", 1)
+    one_of(cfg, "trainer.on_nonfinite", ["stop", "skip"])
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
 

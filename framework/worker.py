@@ -1,21 +1,27 @@
-"""What every training process runs, whichever strategy started it: join, build, fit, report."""
+"""What every training process runs, whichever strategy started it: join, build, resume, fit, report."""
 from __future__ import annotations
 
+import multiprocessing
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from framework.checkpoints.manager import Checkpointer, choose_checkpoint
+from framework.checkpoints.state import Position, signature
 from framework.data.loaders import Normalizer, build_train_loader, eval_batches
 from framework.data.registry import load_splits
+from framework.faults import Faults
+from framework.interrupts import NoStop
 from framework.models.build import build_model
 from framework.optim import build_optimizer
 from framework.precision import Precision
 from framework.strategies import build_strategy
 from framework.tensorboard_logger import TensorBoardLogger
-from framework.trainer import Trainer
+from framework.trainer import Trainer, TrainingStopped
 
 EVAL_BATCH_PER_DEVICE = 1024
 
@@ -26,41 +32,61 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def worker_entry(payload: dict, strategy=None) -> dict | None:
+def worker_entry(payload: dict, strategy=None, stop=None) -> dict | None:
     """Entry of every worker. `payload` holds the resolved config and the run folder; it is plain
-    data, so nothing is re-resolved here (no second `${now:}`, no second Hydra run)."""
+    data, so nothing is re-resolved here (no second `${now:}`, no second Hydra run).
+    Returns rank 0's result (or {"stopped": why}); other ranks return None."""
     cfg = OmegaConf.create(payload["cfg"])
-    run_dir = Path(payload["run_dir"])
     strategy = strategy or build_strategy(cfg)
     strategy.setup()
-    tb = None
     try:
-        say = console(run_dir) if strategy.is_main else (lambda msg: None)
-        t = cfg.trainer
-        seed_everything(t.seed)
-        splits = load_splits(cfg.dataset)
-        model = build_model(cfg.model, splits.in_shape, splits.num_classes)
-        model = strategy.wrap_model(model.to(strategy.device))
-        workers = strategy.world_size * strategy.local_slots()
-        optimizer = build_optimizer(cfg, model.parameters(), workers)
-        micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
-        normalizer = Normalizer(splits, strategy.device)
-        loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
+        return _train(cfg, Path(payload["run_dir"]), strategy, stop or NoStop())
+    except TrainingStopped as exc:  # a deliberate stop: report it, do not make the agent restart us
+        return {"stopped": str(exc)} if strategy.is_main else None
+    except KeyboardInterrupt:
+        if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C
+            sys.exit(130)
+        raise
+    finally:
+        strategy.teardown()
 
-        def test_batches():
-            return eval_batches(splits.test_x, splits.test_y, normalizer, strategy.device,
-                                EVAL_BATCH_PER_DEVICE, strategy.rank, strategy.world_size)
 
-        tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
-        trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches,
-                          Precision(t.precision, strategy.device), tb, say)
+def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
+    say = console(run_dir) if strategy.is_main else (lambda msg: None)
+    t = cfg.trainer
+    seed_everything(t.seed)
+    splits = load_splits(cfg.dataset)
+    model = build_model(cfg.model, splits.in_shape, splits.num_classes)
+    model = strategy.wrap_model(model.to(strategy.device))
+    workers = strategy.world_size * strategy.local_slots()
+    optimizer = build_optimizer(cfg, model.parameters(), workers)
+    micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
+    normalizer = Normalizer(splits, strategy.device)
+    loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
+    precision = Precision(t.precision, strategy.device)
+    faults = Faults(strategy.rank)
+    checkpointer = Checkpointer(cfg, strategy, run_dir, signature(cfg, splits.in_shape, splits.num_classes), faults, say)
+
+    def test_batches():
+        return eval_batches(splits.test_x, splits.test_y, normalizer, strategy.device,
+                            EVAL_BATCH_PER_DEVICE, strategy.rank, strategy.world_size)
+
+    tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
+    try:
+        trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
+                          checkpointer, faults, stop)
+        start = Position()
+        checkpoint = choose_checkpoint(t.resume, run_dir, warn=say)
+        if checkpoint is not None:
+            start, totals = checkpointer.resume(checkpoint, model, optimizer, precision.scaler)
+            trainer.restore_totals(totals)
         say(
             f"training {cfg.model._target_.rsplit('.', 1)[-1]} on {cfg.dataset.name} with strategy={strategy.name}: "
             f"{strategy.world_size} process(es) on {strategy.device.type}, global batch {t.batch_size} = "
             f"{strategy.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
             f"{trainer.total_steps} steps"
         )
-        totals = trainer.fit()
+        totals = trainer.fit(start)
         if not strategy.is_main:
             return None
         result = {
@@ -71,12 +97,15 @@ def worker_entry(payload: dict, strategy=None) -> dict | None:
             "per_rank_samples_per_sec": totals.per_slot_samples_per_sec(),
             "train_seconds": totals.seconds,
             "steps": trainer.total_steps,
+            "skipped_steps": totals.skipped_steps,
             "epochs": trainer.epochs,
             "processes": strategy.world_size,
             "global_batch": t.batch_size,
             "micro_batch": micro_batch,
             "strategy": strategy.name,
             "device": strategy.device.type,
+            "resumed_from_step": start.step,
+            "checkpoint": str(checkpointer.last_saved() or ""),
         }
         tb.log_hparams(hparams_of(cfg, result), {
             "hparam/test_acc": result["test_acc"], "hparam/test_loss": result["test_loss"],
@@ -86,7 +115,6 @@ def worker_entry(payload: dict, strategy=None) -> dict | None:
     finally:
         if tb:
             tb.close()
-        strategy.teardown()
 
 
 def console(run_dir: Path):

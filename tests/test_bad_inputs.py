@@ -1,10 +1,11 @@
 """Bad values fail in the driver, before any worker starts, with one short message naming key, value and
 what is allowed, and a non-zero exit. Each case is a real `python train.py ...` run."""
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from conftest import run_train
+from conftest import check_ok, run_dirs, run_train
 
 CASES = {
     "batch_zero": (["trainer.batch_size=0"], "trainer.batch_size=0 is not allowed: expected an integer >= 1"),
@@ -33,26 +34,54 @@ CASES = {
     "unknown_model": (["model=transformer"], "Could not find 'model/transformer'"),
     "unknown_strategy": (["strategy=fsdp"], "Could not find 'strategy/fsdp'"),
     "unknown_key": (["trainer.epoch=3"], "Could not override 'trainer.epoch'"),
+    "resume_path_missing": (["trainer.resume=/nonexistent/run"],
+                            "trainer.resume=/nonexistent/run is not allowed: no such file or folder"),
+    "resume_other_model": (["model=lenet", "trainer.resume={other_model_run}"],
+                           "comes from a different setup (model: checkpoint has {{'_target_': 'framework.models.simple_cnn.SimpleCNN'}}"),
+    "unwritable_output": (["hydra.run.dir=/proc/no/such/run"],
+                          "error: hydra.run.dir=/proc/no/such/run is not allowed: the output folder cannot be created"),
+    "corrupt_dataset_file": (["dataset.root={corrupt_root}", "dataset.download=false"],
+                             "train-images-idx3-ubyte.gz is truncated or corrupt"),
+    "nonfinite_policy_unknown": (["trainer.on_nonfinite=ignore"],
+                                 "trainer.on_nonfinite='ignore' is not allowed: expected one of stop, skip"),
+    "checkpoint_interval_zero": (["trainer.checkpoint_every_n_steps=0"],
+                                 "trainer.checkpoint_every_n_steps=0 is not allowed: expected an integer >= 1 or null"),
 }
+FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+def placeholders(tmp_path_factory):
+    """Real files the bad inputs point at: a run of another model, a dataset folder with a truncated file."""
+    root = tmp_path_factory.mktemp("inputs")
+    corrupt = root / "corrupt"
+    corrupt.mkdir()
+    for f in FASHION.glob("*.gz"):
+        data = f.read_bytes()
+        (corrupt / f.name).write_bytes(data[: len(data) // 2] if f.name.startswith("train-images") else data)
+    check_ok(run_train(["model=simple_cnn", "strategy=single", "trainer.max_steps=1", "dataset.max_train_samples=256",
+                        "dataset.max_test_samples=64"], root))
+    [other_run] = run_dirs(root)
+    return {"corrupt_root": str(corrupt), "other_model_run": str(other_run)}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, placeholders):
     root = tmp_path_factory.mktemp("bad")
 
     def one(name):
         cwd = root / name
         cwd.mkdir()
-        return name, cwd, run_train(CASES[name][0], cwd, timeout=120)
+        return name, cwd, run_train([a.format(**placeholders) for a in CASES[name][0]], cwd, timeout=120)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return {name: (cwd, proc) for name, cwd, proc in pool.map(one, CASES)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_value_is_refused_before_any_worker(outcomes, name):
+def test_bad_value_is_refused_before_any_worker(outcomes, placeholders, name):
     cwd, proc = outcomes[name]
-    expected = CASES[name][1]
+    expected = CASES[name][1].format(**placeholders)
     assert proc.returncode != 0
     assert expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

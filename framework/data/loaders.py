@@ -8,6 +8,8 @@ indices per rank and epoch), so the in-memory path and the DataLoader path give 
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -51,8 +53,12 @@ class InMemoryLoader:
         return (len(self.x) // self.world) // self.micro_batch
 
     def __iter__(self):
+        return self.iterate(0)
+
+    def iterate(self, start: int):
+        """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
         order = torch.tensor(shard_indices(len(self.x), self.rank, self.world, self.epoch, self.seed), device=self.device)
-        for i in range(len(self)):
+        for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
             yield self.normalizer(self.x[idx]), self.y[idx]
 
@@ -76,7 +82,10 @@ class DataLoaderLoader:
         return len(self.loader)
 
     def __iter__(self):
-        for x, y in self.loader:
+        return self.iterate(0)
+
+    def iterate(self, start: int):
+        for x, y in itertools.islice(self.loader, start, None):
             yield self.normalizer(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
 
 

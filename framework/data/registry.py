@@ -5,7 +5,7 @@ from omegaconf import DictConfig
 
 from framework.data.splits import Splits
 from framework.data.synthetic import make_synthetic
-from framework.data.vision import load_cifar10, load_idx_dataset
+from framework.data.vision import check_cifar10, check_idx_dataset, load_cifar10, load_idx_dataset
 
 DATASET_NAMES = ("fashion_mnist", "mnist", "cifar10", "synthetic")
 _FILE_DATASET_FACTS = {"fashion_mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
@@ -27,3 +27,12 @@ def load_splits(cfg: DictConfig) -> Splits:
     else:
         splits = load_idx_dataset(name, cfg.root, cfg.download, cfg.download_dir)
     return splits.limited(cfg.max_train_samples, cfg.max_test_samples)
+
+
+def prepare_dataset(cfg: DictConfig) -> None:
+    """Driver-side, before any worker starts: find the files (downloading them once if allowed) and
+    check that none is truncated, so N workers neither download in parallel nor fail one by one."""
+    if cfg.name == "cifar10":
+        check_cifar10(cfg.root, cfg.download, cfg.download_dir)
+    elif cfg.name != "synthetic":
+        check_idx_dataset(cfg.name, cfg.root, cfg.download, cfg.download_dir)

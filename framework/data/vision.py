@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from framework.data.idx import read_idx
+from framework.data.idx import check_idx_header, read_idx
 from framework.data.splits import Splits
 from framework.errors import ConfigError
 
@@ -47,14 +47,15 @@ def _no_data_error(name: str, tried: list[str], download_note: str) -> ConfigErr
     )
 
 
-def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> Splits:
-    tv_name, well_known, mean, std = _IDX_DATASETS[name]
+def locate_idx_files(name: str, root: str | None, download: bool, download_dir: str | None) -> list[Path]:
+    """The four IDX files of `name`, found locally or downloaded with torchvision (in the driver, once)."""
+    tv_name, well_known, _, _ = _IDX_DATASETS[name]
     target = Path(download_dir) if download_dir else default_download_dir()
     tried = []
     for folder in _idx_candidates(root, tv_name, well_known, target):
         files = [_idx_file(folder, stem) for stem in _IDX_FILES]
         if all(files):
-            return _splits_from_idx(files, mean, std)
+            return files
         tried.append(str(folder))
     if not download:
         raise _no_data_error(name, tried, "dataset.download=false, so nothing was downloaded.")
@@ -65,8 +66,17 @@ def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: 
             getattr(tvd, tv_name)(str(target), train=train, download=True)
     except Exception as exc:  # no network, proxy, disk full: the user needs the summary, not the stack
         raise _no_data_error(name, tried, f"torchvision's download into {target} failed: {exc}.") from exc
-    files = [_idx_file(target / tv_name / "raw", stem) for stem in _IDX_FILES]
-    return _splits_from_idx(files, mean, std)
+    return [_idx_file(target / tv_name / "raw", stem) for stem in _IDX_FILES]
+
+
+def check_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> None:
+    for path in locate_idx_files(name, root, download, download_dir):
+        check_idx_header(path)
+
+
+def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> Splits:
+    _, _, mean, std = _IDX_DATASETS[name]
+    return _splits_from_idx(locate_idx_files(name, root, download, download_dir), mean, std)
 
 
 def _splits_from_idx(files: list[Path], mean, std) -> Splits:
@@ -79,10 +89,26 @@ def _splits_from_idx(files: list[Path], mean, std) -> Splits:
     )
 
 
+_CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def _cifar_folder(root: str | None, download_dir: str | None) -> Path:
+    return Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
+
+
+def check_cifar10(root: str | None, download: bool, download_dir: str | None) -> None:
+    folder = _cifar_folder(root, download_dir)
+    if all((folder / "cifar-10-batches-py" / f).is_file() for f in _CIFAR_FILES):
+        return
+    if not download:
+        raise _no_data_error("cifar10", [str(folder / "cifar-10-batches-py")], "dataset.download=false, so nothing was downloaded.")
+    load_cifar10(root, download, download_dir)  # downloads and verifies once, in the driver
+
+
 def load_cifar10(root: str | None, download: bool, download_dir: str | None) -> Splits:
     import torchvision.datasets as tvd
 
-    folder = Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
+    folder = _cifar_folder(root, download_dir)
     try:
         train = tvd.CIFAR10(str(folder), train=True, download=download)
         test = tvd.CIFAR10(str(folder), train=False, download=download)

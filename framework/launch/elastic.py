@@ -5,10 +5,12 @@ import os
 import uuid
 from typing import Any, Callable
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from framework.errors import ConfigError
+from framework.interrupts import Interrupted
 from framework.launch.environment import threads_per_worker
 
 
@@ -39,6 +41,8 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         results = elastic_launch(config, entry)(payload)
     except ChildFailedError as exc:
         raise WorkersFailed(_root_cause(exc)) from exc
+    except SignalException as exc:  # the agent already stopped every worker (SIGTERM, then SIGKILL)
+        raise Interrupted(exc.sigval) from None
     except ValueError as exc:  # malformed endpoint and similar rendezvous problems
         raise ConfigError(f"strategy rendezvous settings are not usable: {exc}") from exc
     return next((r for r in results.values() if r is not None), None)

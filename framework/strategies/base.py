@@ -1,7 +1,8 @@
 """The one interface every strategy answers; the trainer and the driver know nothing else about it.
 
 Driver side:  validate(cfg), processes(), launch(entry, payload)
-Worker side:  setup(), wrap_model(model), sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), teardown()
+Worker side:  setup(), wrap_model(model), unwrap(model), sync(model, on), slot_sizes(n), all_gather(t),
+              all_reduce_sum(t), gather_objects(obj), teardown()
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
 Per-slot meters are what TensorBoard shows as rank{r}.
@@ -25,6 +26,7 @@ def cuda_wanted(cfg: DictConfig) -> bool:
 
 class Strategy:
     name = "base"
+    runs_in_process = True  # launch() trains in the driver process (so the driver handles Ctrl-C for it)
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
@@ -56,6 +58,10 @@ class Strategy:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever wrapper wrap_model added (what checkpoints hold)."""
+        return model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else model
+
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The model to evaluate with; wrappers whose forward talks to other ranks are taken off."""
         return model
@@ -78,6 +84,10 @@ class Strategy:
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def gather_objects(self, obj) -> list:
+        """Every process's obj, in rank order, on every process."""
+        return [obj]
 
     def barrier(self) -> None:
         pass

@@ -16,10 +16,28 @@ from framework.launch.environment import launched_externally, threads_per_worker
 from framework.strategies.base import Strategy
 
 CPU_WORKERS_WITHOUT_GPU = 2
+_PG_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def _attempt_store(rank: int, world_size: int) -> dist.Store:
+    """The launcher's store, with keys private to this restart attempt.
+
+    After the elastic agent restarts a worker group it hands the new workers the same store, which
+    still holds the first attempt's keys; gloo then reads a dead peer's address and fails with
+    'connectFullMesh ... Connection refused'. A per-attempt prefix gives each attempt a clean slate."""
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=rank == 0 and not agent_hosts_store, timeout=_PG_TIMEOUT,
+        multi_tenant=not agent_hosts_store,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"hydra_dist/attempt_{attempt}", store)
 
 
 class DDPStrategy(Strategy):
     name = "ddp"
+    runs_in_process = False
 
     # ---- driver side -------------------------------------------------------------------------
     def nproc_per_node(self) -> int:
@@ -94,7 +112,8 @@ class DDPStrategy(Strategy):
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(local_world))))
         if not dist.is_initialized():
             dist.init_process_group(
-                self.backend(), timeout=datetime.timedelta(minutes=10),
+                self.backend(), store=_attempt_store(self.rank, self.world_size), rank=self.rank,
+                world_size=self.world_size, timeout=_PG_TIMEOUT,
                 device_id=self.device if self.device.type == "cuda" else None,
             )
 
@@ -110,7 +129,7 @@ class DDPStrategy(Strategy):
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # Ranks may hold different numbers of test batches; DDP's forward would wait on a buffer broadcast.
-        return model.module
+        return self.unwrap(model)
 
     def sync(self, model: nn.Module, on: bool):
         return super().sync(model, on) if on else model.no_sync()
@@ -123,6 +142,11 @@ class DDPStrategy(Strategy):
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t)
         return t
+
+    def gather_objects(self, obj) -> list:
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def broadcast_object(self, obj):
         box = [obj]

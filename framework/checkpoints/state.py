@@ -1,0 +1,90 @@
+"""What a training checkpoint holds and how it is captured and restored: model, optimizer, GradScaler,
+every rank's RNG states, the data position, and the run totals. Only tensors and plain Python values,
+so torch.load(weights_only=True) can read it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class Position:
+    """Where training stands: `step` optimizer steps done, `batch_in_epoch` of them in epoch `epoch`."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+def rng_state() -> dict:
+    version, keys, gauss = random.getstate()
+    kind, np_keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(keys), gauss],
+        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def signature(cfg: DictConfig, in_shape, num_classes: int) -> dict:
+    """What must match for a checkpoint to be resumable by this config."""
+    return {
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "dataset": cfg.dataset.name,
+        "in_shape": list(in_shape),
+        "num_classes": int(num_classes),
+        "optimizer": cfg.optimizer._target_,
+    }
+
+
+def signature_mismatch(saved: dict, current: dict) -> str | None:
+    diffs = [f"{key}: checkpoint has {saved.get(key)!r}, this run has {value!r}"
+             for key, value in current.items() if saved.get(key) != value]
+    return "; ".join(diffs) or None
+
+
+def config_hash(cfg: DictConfig) -> str:
+    blob = json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def capture(model: torch.nn.Module, optimizer, scaler, position: Position, totals: dict, rng_states: list[dict]) -> dict:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler else None,
+        "position": asdict(position),
+        "totals": totals,
+        "rng": rng_states,
+    }
+
+
+def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int) -> tuple[Position, dict]:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    rngs = state["rng"]
+    if rank < len(rngs):  # a run resumed with more workers than it saved gives the new ones fresh streams
+        restore_rng(rngs[rank])
+    return Position(**state["position"]), state.get("totals", {})

@@ -1,0 +1,22 @@
+"""Two train.py started at the same moment in the same folder never share a run folder or a rendezvous port."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import TINY, TRAIN, run_dirs
+
+
+def test_two_ddp_runs_at_once_get_their_own_folders_and_ports(tmp_path):
+    args = [sys.executable, str(TRAIN), "strategy=ddp", "strategy.nproc_per_node=2", *TINY, "trainer.max_steps=6"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    folders = run_dirs(tmp_path)
+    assert len(folders) == 2
+    for folder in folders:
+        result = json.loads((folder / "result.json").read_text())
+        assert result["processes"] == 2 and result["steps"] == 6
+        assert len(list(folder.glob("events.out.tfevents*"))) == 1
