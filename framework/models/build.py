@@ -1,7 +1,6 @@
 """Instantiate conf/model/*.yaml for a dataset's input shape and class count."""
 from __future__ import annotations
 
-import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -20,6 +19,7 @@ def build_model(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: i
 
 
 def check_model_fits(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> None:
-    """Driver-side: build on the meta device (no memory, no compute) so a mismatch fails before any worker."""
-    with torch.device("meta"):
-        build_model(model_cfg, in_shape, num_classes)
+    """Driver-side: build the model once (with its one-sample dry run) so a mismatch fails before any
+    worker starts. On the CPU, not the meta device: `with torch.device("meta")` imports torch._dynamo,
+    1.3 s of start-up that every ddp worker would wait for; LeNet builds in 10 ms."""
+    build_model(model_cfg, in_shape, num_classes)

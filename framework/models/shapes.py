@@ -11,7 +11,7 @@ def flat_features(features: nn.Module, in_shape: tuple[int, ...], model_name: st
     """Number of features `features` produces for one input of in_shape (found by a dry run)."""
     try:
         with torch.no_grad():
-            return int(features(torch.zeros(1, *in_shape)).numel())  # meta tensors work too
+            return int(features(torch.zeros(1, *in_shape)).numel())
     except RuntimeError as exc:
         raise ConfigError(f"model={model_name} cannot take the dataset's input shape {tuple(in_shape)}: {exc}") from exc
 

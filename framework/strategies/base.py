@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from framework.config_checks import one_of
+from framework.speedups import original_module
 
 
 def cuda_wanted(cfg: DictConfig) -> bool:
@@ -59,8 +60,11 @@ class Strategy:
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever wrapper wrap_model added (what checkpoints hold)."""
-        return model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else model
+        """The user's module inside the strategy's wrapper and torch.compile's: what checkpoints hold, so runs
+        with and without trainer.compile, or under another strategy, can resume each other."""
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        return original_module(model)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The model to evaluate with; wrappers whose forward talks to other ranks are taken off."""

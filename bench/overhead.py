@@ -1,0 +1,110 @@
+"""Overhead of train.py against hand-written loops doing the same work, on CPU.
+
+single: `train.py strategy=single` vs bench/baselines/plain_loop.py (one process)
+ddp:    `train.py strategy=ddp` (2 gloo workers) vs `torchrun bench/baselines/ddp_torchrun.py`
+
+Same model (LeNet), global batch, optimizer (Adam), data in memory and threads per process on both sides.
+Both sides print a progress line every --log-every steps; steps/s = measured steps / time between the
+progress line that ends the warm-up and the last one, stamped by this script as the lines arrive (so
+startup, data loading and the warm-up are excluded, the framework's logging is included). A, B, A, B;
+medians and the ratio framework / baseline (target >= 0.98).
+
+    .venv/bin/python bench/overhead.py --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from benchkit import commands
+from benchkit.alternation import alternate, median_of, ratio
+from benchkit.progress_lines import steps_per_second
+from benchkit.report import print_table, write_results
+from benchkit.run_folder import only_run_folder, read_result
+from benchkit.timed_process import run_timed
+
+TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training split: the measured window must stay inside epoch 1
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of framework, baseline")
+    p.add_argument("--warmup-steps", type=int, default=100, help="steps before timing starts (one log interval)")
+    p.add_argument("--steps", type=int, default=300, help="timed steps after the warm-up")
+    p.add_argument("--log-every", type=int, default=100, help="progress line every N steps, both sides "
+                                                              "(train.py's default trainer.log_every_n_steps)")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch")
+    p.add_argument("--ddp-workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads per process, both sides (default: all cores for single, cores / workers for ddp)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    args = p.parse_args()
+    if args.warmup_steps % args.log_every or args.steps % args.log_every:
+        p.error("--warmup-steps and --steps must be multiples of --log-every (progress lines mark the window)")
+    if args.warmup_steps + args.steps > TRAIN_SAMPLES // args.batch_size:
+        p.error("warm-up + steps must fit in one epoch (an epoch end evaluates, which is not training)")
+    return args
+
+
+def framework_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path):
+    overrides = [
+        f"strategy={mode}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
+        f"trainer.log_every_n_steps={args.log_every}", "dataset.max_test_samples=1000", "model=lenet",
+        "optimizer=adam", "dataset=fashion_mnist", "trainer.precision=fp32",
+    ]
+    if mode == "ddp":
+        overrides.append(f"strategy.nproc_per_node={workers}")
+
+    def measure() -> dict:
+        cwd = Path(tempfile.mkdtemp(dir=workdir))
+        out = run_timed(commands.train_py(*overrides), cwd, commands.environment(threads), args.timeout).check()
+        result = read_result(only_run_folder(cwd))
+        return {
+            "steps_per_sec": steps_per_second(out.lines, args.warmup_steps, total),
+            "self_reported_samples_per_sec": result["samples_per_sec"],
+        }
+    return measure
+
+
+def baseline_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path):
+    script_args = [f"--batch-size={args.batch_size}", f"--steps={total}", f"--log-every={args.log_every}"]
+    command = (commands.baseline("plain_loop.py", *script_args) if mode == "single"
+               else commands.torchrun("ddp_torchrun.py", workers, *script_args))
+
+    def measure() -> dict:
+        out = run_timed(command, workdir, commands.environment(threads), args.timeout).check()
+        return {"steps_per_sec": steps_per_second(out.lines, args.warmup_steps, total)}
+    return measure
+
+
+def main() -> None:
+    args = parse_args()
+    total = args.warmup_steps + args.steps
+    results, rows = {}, []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        for mode in args.modes.split(","):
+            workers = 1 if mode == "single" else args.ddp_workers
+            threads = args.threads or max(1, commands.cpu_cores() // workers)
+            print(f"{mode}: {workers} process(es) x {threads} thread(s), global batch {args.batch_size}, "
+                  f"{args.warmup_steps} warm-up + {args.steps} timed steps", flush=True)
+            samples = alternate({
+                "framework": framework_side(mode, args, total, workers, threads, Path(tmp)),
+                "baseline": baseline_side(mode, args, total, workers, threads, Path(tmp)),
+            }, args.repeats)
+            fw, base = median_of(samples["framework"], "steps_per_sec"), median_of(samples["baseline"], "steps_per_sec")
+            results[mode] = {
+                "processes": workers, "threads_per_process": threads,
+                "framework_steps_per_sec": fw, "baseline_steps_per_sec": base, "ratio": ratio(fw, base),
+                "framework_self_reported_samples_per_sec": median_of(samples["framework"], "self_reported_samples_per_sec"),
+                "samples": samples,
+            }
+            rows.append([mode, f"{workers} x {threads}", fw, base, ratio(fw, base)])
+    print()
+    print_table(["mode", "procs x threads", "train.py steps/s", "hand-written steps/s", "ratio (>= 0.98)"], rows)
+    write_results("overhead", vars(args), results)
+
+
+if __name__ == "__main__":
+    main()

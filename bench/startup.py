@@ -1,0 +1,79 @@
+"""Startup on CPU: seconds from the command to the first training step, for `train.py strategy=single`
+and `strategy=ddp` (2 gloo workers), next to the hand-written baselines started the same way
+(bench/baselines/plain_loop.py, `torchrun bench/baselines/ddp_torchrun.py`).
+
+Runs train 1 step with a progress line after it; this script stamps the output lines as they arrive:
+'training ...' (printed right before the loop) gives the time to the loop, 'step 1/1' the time to the
+first finished step. One untimed round first (warm file cache), then A, B, A, B; medians.
+Targets: single <= 3 s, ddp-2 <= 6 s.
+
+    .venv/bin/python bench/startup.py --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from benchkit import commands
+from benchkit.alternation import alternate, median_of
+from benchkit.progress_lines import step_times, training_start_time
+from benchkit.report import print_table, write_results
+from benchkit.timed_process import run_timed
+
+TARGETS = {"single": 3.0, "ddp": 6.0}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--ddp-workers", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=120, help="seconds per run")
+    return p.parse_args()
+
+
+def commands_for(mode: str, workers: int) -> dict[str, list[str]]:
+    one_step = ["trainer.max_steps=1", "trainer.log_every_n_steps=1", "dataset.max_test_samples=500"]
+    if mode == "single":
+        return {"train.py": commands.train_py("strategy=single", *one_step),
+                "plain_loop.py": commands.baseline("plain_loop.py", "--steps=1", "--log-every=1")}
+    return {"train.py": commands.train_py("strategy=ddp", f"strategy.nproc_per_node={workers}", *one_step),
+            "torchrun ddp_torchrun.py": commands.torchrun("ddp_torchrun.py", workers, "--steps=1", "--log-every=1")}
+
+
+def timer(command: list[str], workdir: Path, timeout: float):
+    def measure() -> dict:
+        cwd = Path(tempfile.mkdtemp(dir=workdir))
+        out = run_timed(command, cwd, commands.environment(None), timeout).check()
+        first_step = step_times(out.lines).get(1)
+        if first_step is None:
+            raise RuntimeError(f"no 'step 1/1' line in the output of {' '.join(command)}:\n{out.text()}")
+        return {"to_loop": training_start_time(out.lines), "to_first_step": first_step, "whole_run": out.wall_seconds}
+    return measure
+
+
+def main() -> None:
+    args = parse_args()
+    results, rows = {}, []
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        for mode in args.modes.split(","):
+            variants = {name: timer(cmd, Path(tmp), args.timeout)
+                        for name, cmd in commands_for(mode, args.ddp_workers).items()}
+            print(f"{mode}: warm-up round (not counted)", flush=True)
+            for measure in variants.values():
+                measure()
+            samples = alternate(variants, args.repeats)
+            results[mode] = {"target_seconds": TARGETS.get(mode), "sides": {}}
+            for name, side in samples.items():
+                summary = {key: median_of(side, key) for key in ("to_loop", "to_first_step", "whole_run")}
+                results[mode]["sides"][name] = {**summary, "samples": side}
+                rows.append([mode, name, summary["to_loop"], summary["to_first_step"], summary["whole_run"],
+                             TARGETS.get(mode) if name == "train.py" else None])
+    print()
+    print_table(["mode", "command", "s to loop", "s to first step", "s whole run (1 step)", "target"], rows)
+    write_results("startup", vars(args), results)
+
+
+if __name__ == "__main__":
+    main()

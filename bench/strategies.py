@@ -1,0 +1,93 @@
+"""Strategy comparison on one config, on CPU: `train.py strategy=single`, `dp`, `ddp` (2 gloo workers), and
+any strategy named with --strategies as it lands. Global and per-rank samples/s, read back from each
+run's TensorBoard files (median over the logged intervals after the first, which holds the warm-up)
+and its result.json (whole run, warm-up included). Threads are left to train.py (single and dp: torch's
+default, every core; ddp: cores / workers per worker). Rounds alternate the strategies; medians, and
+each strategy's speed-up over single (target: ddp with 2 workers >= 1.7x on a compute-bound model).
+
+    .venv/bin/python bench/strategies.py --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from statistics import median
+
+from benchkit import commands
+from benchkit.alternation import alternate, median_of, ratio
+from benchkit.report import print_table, write_results
+from benchkit.run_folder import only_run_folder, read_result, steady_throughput, tensorboard_scalars
+from benchkit.timed_process import run_timed
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--strategies", default="single,dp,ddp", help="comma list; the first is the reference")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", default="lenet")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--ddp-workers", type=int, default=2)
+    p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    return p.parse_args()
+
+
+def run_strategy(strategy: str, args, workdir: Path):
+    overrides = [
+        f"strategy={strategy}", f"model={args.model}", f"trainer.batch_size={args.batch_size}",
+        f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
+        "dataset.max_test_samples=1000", *args.override,
+    ]
+    if strategy == "ddp":
+        overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
+
+    def measure() -> dict:
+        cwd = Path(tempfile.mkdtemp(dir=workdir))
+        run_timed(commands.train_py(*overrides), cwd, commands.environment(None), args.timeout).check()
+        run_folder = only_run_folder(cwd)
+        result = read_result(run_folder)
+        steady = steady_throughput(tensorboard_scalars(run_folder))
+        return {
+            "samples_per_sec": steady["samples_per_sec"],
+            "per_rank_samples_per_sec": steady["per_rank_samples_per_sec"],
+            "result_json_samples_per_sec": result["samples_per_sec"],
+            "result_json_per_rank_samples_per_sec": result["per_rank_samples_per_sec"],
+            "processes": result["processes"],
+        }
+    return measure
+
+
+def per_rank_medians(samples: list[dict], key: str) -> list[float]:
+    return [median(rank_values) for rank_values in zip(*(s[key] for s in samples))]
+
+
+def main() -> None:
+    args = parse_args()
+    names = args.strategies.split(",")
+    print(f"model={args.model}, global batch {args.batch_size}, {args.steps} steps per run, "
+          f"log every {args.log_every}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-strategies-") as tmp:
+        samples = alternate({name: run_strategy(name, args, Path(tmp)) for name in names}, args.repeats)
+    reference = median_of(samples[names[0]], "samples_per_sec")
+    results, rows = {}, []
+    for name in names:
+        rate = median_of(samples[name], "samples_per_sec")
+        per_rank = per_rank_medians(samples[name], "per_rank_samples_per_sec")
+        results[name] = {
+            "samples_per_sec": rate, "per_rank_samples_per_sec": per_rank,
+            "result_json_samples_per_sec": median_of(samples[name], "result_json_samples_per_sec"),
+            f"speedup_over_{names[0]}": ratio(rate, reference), "samples": samples[name],
+        }
+        rows.append([name, samples[name][0]["processes"], rate, ", ".join(f"{r:,.0f}" for r in per_rank),
+                     results[name]["result_json_samples_per_sec"], ratio(rate, reference)])
+    print()
+    print_table(["strategy", "processes", "samples/s (steady)", "per rank", "samples/s (result.json)",
+                 f"x {names[0]}"], rows)
+    write_results("strategies", vars(args), results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Print the results table of bench/README.md from bench/results/*.json (paste it over the old one).
+
+    .venv/bin/python bench/summarize.py
+"""
+from __future__ import annotations
+
+import json
+
+from benchkit.report import RESULTS
+
+
+def _f(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def overhead(r: dict) -> list[list[str]]:
+    return [[f"overhead, {mode} ({m['processes']} x {m['threads_per_process']} threads)",
+             f"{_f(m['framework_steps_per_sec'], 1)} vs {_f(m['baseline_steps_per_sec'], 1)} steps/s",
+             f"ratio {_f(m['ratio'], 3)}", ">= 0.98"] for mode, m in r.items()]
+
+
+def time_to_accuracy(r: dict) -> list[list[str]]:
+    return [[f"time to {r['target']} test accuracy",
+             f"{_f(r['train_py_seconds'], 0)} s (train.py) vs {_f(r['tutorial_seconds'], 0)} s (tutorial)",
+             f"speed-up {_f(r['speedup'])}x", ">= 5x"]]
+
+
+def strategies(r: dict) -> list[list[str]]:
+    reference = next(iter(r))
+    rows = []
+    for name, s in r.items():
+        per_rank = ", ".join(f"{v:,.0f}" for v in s["per_rank_samples_per_sec"])
+        target = ">= 1.7x" if name == "ddp" else ""
+        rows.append([f"strategy {name}", f"{_f(s['samples_per_sec'], 0)} samples/s (per rank: {per_rank})",
+                     f"{_f(s[f'speedup_over_{reference}'])}x {reference}", target])
+    return rows
+
+
+def startup(r: dict) -> list[list[str]]:
+    rows = []
+    for mode, m in r.items():
+        ours = m["sides"]["train.py"]
+        baseline_name, baseline = next((n, s) for n, s in m["sides"].items() if n != "train.py")
+        rows.append([f"startup, {mode}", f"{_f(ours['to_first_step'])} s to first step (loop at {_f(ours['to_loop'])} s)",
+                     f"{baseline_name}: {_f(baseline['to_first_step'])} s", f"<= {m['target_seconds']:g} s"])
+    return rows
+
+
+def speedups(r: dict) -> list[list[str]]:
+    return [[f"speed-ups, {model} {variant}", f"{_f(v['samples_per_sec'], 0)} samples/s",
+             f"{_f(v['speedup_over_plain'])}x plain", ""] for model, variants in r.items() for variant, v in variants.items()]
+
+
+TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategies": strategies,
+          "startup": startup, "speedups": speedups}
+
+
+def main() -> None:
+    rows, sources = [], []
+    for name, to_rows in TABLES.items():
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        payload = json.loads(path.read_text())
+        rows += to_rows(payload["results"])
+        m = payload["machine"]
+        sources.append(f"- `{payload['command']}` ({payload['finished']}, {m['cpu']}, {m['cores']} cores, "
+                       f"torch {m['torch']}, commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''})")
+    print("| measurement | numbers | result | target |")
+    print("| --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print("\n".join(sources))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""trainer.channels_last and trainer.compile change speed, never results: real LeNet forward and backward
+passes compared with the plain model."""
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from framework.models.lenet import LeNet
+from framework.speedups import apply_speedups, channels_last_applies, original_module
+
+CPU = torch.device("cpu")
+SAMPLE = (1, 28, 28)
+
+
+def trainer_cfg(**flags):
+    return OmegaConf.create({"batch_size": 8, **flags})
+
+
+def lenet_and_batch():
+    torch.manual_seed(0)
+    return LeNet(SAMPLE, 10), torch.randn(8, *SAMPLE), torch.randint(0, 10, (8,))
+
+
+def loss_and_grads(model, x, y):
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def assert_same_training_step(plain, fast, x, y, fast_x=None):
+    loss_a, grads_a = loss_and_grads(plain, x, y)
+    loss_b, grads_b = loss_and_grads(fast, x if fast_x is None else fast_x, y)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, expected", [((1, 28, 28), True), ((3, 32, 32), True), ((5,), False), ((2, 5), False)])
+def test_channels_last_applies_to_image_samples_only(shape, expected):
+    assert channels_last_applies(shape) is expected
+
+
+def test_no_flags_and_missing_keys_leave_the_model_alone():
+    model, _, _ = lenet_and_batch()
+    assert apply_speedups(model, trainer_cfg(), CPU) is model
+    assert apply_speedups(model, trainer_cfg(channels_last=False, compile=False), CPU) is model
+
+
+def test_channels_last_lenet_matches_the_plain_one():
+    plain, x, y = lenet_and_batch()
+    fast = apply_speedups(copy.deepcopy(plain), trainer_cfg(channels_last=True), CPU, SAMPLE)
+    conv_weight = fast.features[3].weight  # 20 input channels: the layouts differ
+    assert conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous()
+    assert_same_training_step(plain, fast, x, y, fast_x=x.contiguous(memory_format=torch.channels_last))
+
+
+def test_channels_last_is_skipped_for_flat_samples():
+    model, _, _ = lenet_and_batch()
+    fast = apply_speedups(model, trainer_cfg(channels_last=True), CPU, sample_shape=(784,))
+    assert fast.features[3].weight.is_contiguous()
+
+
+def test_compiled_lenet_matches_the_plain_one():
+    plain, x, y = lenet_and_batch()
+    fast = apply_speedups(copy.deepcopy(plain), trainer_cfg(compile=True, channels_last=True), CPU, SAMPLE)
+    assert isinstance(fast, torch._dynamo.eval_frame.OptimizedModule)
+    assert_same_training_step(plain, fast, x, y, fast_x=x.contiguous(memory_format=torch.channels_last))
+
+
+def test_original_module_gives_the_plain_state_dict_keys():
+    plain, _, _ = lenet_and_batch()
+    compiled = apply_speedups(plain, trainer_cfg(compile=True), CPU)
+    assert list(compiled.state_dict()) != list(plain.state_dict())
+    assert original_module(compiled) is plain
+    assert original_module(plain) is plain
