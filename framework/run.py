@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
@@ -30,6 +31,9 @@ def run(cfg: DictConfig) -> float | None:
     try:
         return _drive(cfg, run_dir, hydra_cfg)
     except (ConfigError, WorkersFailed) as exc:
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # let the other jobs run; the sweep summary lists this one as failed
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return None
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
         _exit_interrupted(signal.SIGINT, run_dir, hydra_cfg)

@@ -3,6 +3,7 @@ in the sweep folder). Reads each job's result.json, so it works with any launche
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -42,15 +43,14 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(sweep_dir: Path) -> str:
+def write_summary(sweep_dir: Path) -> list[dict]:
     rows = summarize(sweep_dir)
-    table = to_markdown(rows)
-    (sweep_dir / "summary.md").write_text(table)
+    (sweep_dir / "summary.md").write_text(to_markdown(rows))
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    return table
+    return rows
 
 
 class SweepSummary(Callback):
@@ -58,5 +58,8 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        table = write_summary(sweep_dir)
-        print(f"\nsweep summary ({sweep_dir}/summary.md, summary.csv):\n{table}", flush=True)
+        rows = write_summary(sweep_dir)
+        print(f"\nsweep summary ({sweep_dir}/summary.md, summary.csv):\n{to_markdown(rows)}", flush=True)
+        failed = [r for r in rows if r["status"] != "ok"]
+        if failed:  # every job ran; the sweep as a whole still reports failure
+            sys.exit(f"error: {len(failed)} sweep job(s) failed: " + ", ".join(str(r["job"]) for r in failed))

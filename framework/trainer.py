@@ -102,6 +102,10 @@ class Trainer:
 
     def _train_step(self, batches, step: int) -> None:
         k = self.t.grad_accum
+        # Gradients are dropped here, while the forward pass is about to allocate: dropping them right after
+        # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
+        # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
+        self.optimizer.zero_grad(set_to_none=True)
         losses = []
         for micro in range(k):
             fetch_start = time.perf_counter()
@@ -121,13 +125,11 @@ class Trainer:
             # Gradients are already all-reduced here, so every rank sees the same norm and makes the same choice.
             # fp16's GradScaler already skips non-finite steps (and lowers its scale), so it is left to do that.
             if self.skip_nonfinite and not self.precision.scaler and not torch.isfinite(norm):  # a sync, skip mode only
-                self.optimizer.zero_grad(set_to_none=True)
                 self.totals.skipped_steps += 1
                 self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
                 self.meter.add_step(step)
                 return
         self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
         for per_sample in losses:
             self.meter.add_micro_batch(per_sample)
         self.meter.add_step(step)

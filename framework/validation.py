@@ -10,7 +10,7 @@ from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.state import signature, signature_mismatch
 from framework.config_checks import (boolean, fail, int_at_least, int_list, number_in, one_of, positive_number,
                                      value_at)
-from framework.data.registry import DATASET_NAMES, input_facts, prepare_dataset
+from framework.data.registry import DATASET_NAMES, input_facts, prepare_dataset, train_size
 from framework.errors import ConfigError
 from framework.models.build import check_model_fits
 from framework.precision import PRECISIONS
@@ -109,4 +109,10 @@ def _batch_split(cfg: DictConfig, strategy: Strategy) -> None:
             f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "
             f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
             f"{processes * t.grad_accum}"
+        )
+    samples = train_size(cfg.dataset)
+    if t.batch_size > samples:
+        raise ConfigError(
+            f"trainer.batch_size={t.batch_size} is not allowed: the training split has only {samples} samples "
+            "(dataset.max_train_samples / dataset.train_size); use a batch of at most that"
         )

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from framework.allocator import keep_freed_memory
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
 from framework.data.loaders import Normalizer, build_train_loader, eval_batches
@@ -37,6 +38,7 @@ def worker_entry(payload: dict, strategy=None, stop=None) -> dict | None:
     """Entry of every worker. `payload` holds the resolved config and the run folder; it is plain
     data, so nothing is re-resolved here (no second `${now:}`, no second Hydra run).
     Returns rank 0's result (or {"stopped": why}); other ranks return None."""
+    keep_freed_memory()
     cfg = OmegaConf.create(payload["cfg"])
     strategy = strategy or build_strategy(cfg)
     strategy.setup()

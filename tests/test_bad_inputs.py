@@ -44,6 +44,8 @@ CASES = {
                              "train-images-idx3-ubyte.gz is truncated or corrupt"),
     "nonfinite_policy_unknown": (["trainer.on_nonfinite=ignore"],
                                  "trainer.on_nonfinite='ignore' is not allowed: expected one of stop, skip"),
+    "batch_larger_than_data": (["dataset.max_train_samples=100", "trainer.batch_size=128"],
+                               "trainer.batch_size=128 is not allowed: the training split has only 100 samples"),
     "checkpoint_interval_zero": (["trainer.checkpoint_every_n_steps=0"],
                                  "trainer.checkpoint_every_n_steps=0 is not allowed: expected an integer >= 1 or null"),
 }

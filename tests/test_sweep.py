@@ -25,3 +25,15 @@ def test_sweep_makes_one_folder_per_job_and_a_summary(tmp_path):
     assert all(len(r["per_rank_samples_per_sec"].split(" / ")) == 2 for r in ddp_rows)
     table = (sweep_dir / "summary.md").read_text()
     assert table.count("\n") == 2 + 4 and "sweep summary" in out and "| test_acc |" in table
+
+
+def test_a_failing_job_does_not_stop_the_sweep_but_fails_it(tmp_path):
+    proc = run_train(["-m", "strategy=single", "trainer.precision=fp32,fp16", "trainer.accelerator=cpu", *TINY,
+                      "trainer.max_steps=2"], tmp_path, timeout=300)
+    assert proc.returncode != 0
+    assert "trainer.precision=fp16 is not allowed on the CPU" in proc.stderr
+    assert "1 sweep job(s) failed: 1" in proc.stderr
+    [sweep_dir] = {j.parent for j in run_dirs(tmp_path)}
+    with open(sweep_dir / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "ok"), ("1", "failed")]

@@ -9,6 +9,7 @@ from framework.data.vision import check_cifar10, check_idx_dataset, load_cifar10
 
 DATASET_NAMES = ("fashion_mnist", "mnist", "cifar10", "synthetic")
 _FILE_DATASET_FACTS = {"fashion_mnist": ((1, 28, 28), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10)}
+_FILE_DATASET_TRAIN_SIZE = {"fashion_mnist": 60000, "mnist": 60000, "cifar10": 50000}
 
 
 def input_facts(cfg: DictConfig) -> tuple[tuple[int, ...], int]:
@@ -16,6 +17,12 @@ def input_facts(cfg: DictConfig) -> tuple[tuple[int, ...], int]:
     if cfg.name == "synthetic":
         return tuple(cfg.shape), cfg.num_classes
     return _FILE_DATASET_FACTS[cfg.name]
+
+
+def train_size(cfg: DictConfig) -> int:
+    """Training samples a run will use, without reading any file."""
+    full = cfg.train_size if cfg.name == "synthetic" else _FILE_DATASET_TRAIN_SIZE[cfg.name]
+    return min(full, cfg.max_train_samples or full)
 
 
 def load_splits(cfg: DictConfig) -> Splits:
