@@ -23,7 +23,9 @@ from benchkit.timed_process import run_timed
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--strategies", default="single,dp,ddp", help="comma list; the first is the reference")
+    p.add_argument("--strategies", default="single@1,single,dp,ddp",
+                   help="comma list; the first is the reference. NAME@T runs NAME with OMP_NUM_THREADS=T: "
+                        "single@1 is one core, the per-device reference that ddp's 2 one-thread workers scale from")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model", default="lenet")
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
@@ -35,7 +37,8 @@ def parse_args():
     return p.parse_args()
 
 
-def run_strategy(strategy: str, args, workdir: Path):
+def run_strategy(variant: str, args, workdir: Path):
+    strategy, _, threads = variant.partition("@")
     overrides = [
         f"strategy={strategy}", f"model={args.model}", f"trainer.batch_size={args.batch_size}",
         f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
@@ -46,7 +49,8 @@ def run_strategy(strategy: str, args, workdir: Path):
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))
-        run_timed(commands.train_py(*overrides), cwd, commands.environment(None), args.timeout).check()
+        env = commands.environment(int(threads) if threads else None)
+        run_timed(commands.train_py(*overrides), cwd, env, args.timeout).check()
         run_folder = only_run_folder(cwd)
         result = read_result(run_folder)
         steady = steady_throughput(tensorboard_scalars(run_folder))

@@ -13,19 +13,20 @@ def _f(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def overhead(r: dict) -> list[list[str]]:
+def overhead(r: dict, settings: dict) -> list[list[str]]:
     return [[f"overhead, {mode} ({m['processes']} x {m['threads_per_process']} threads)",
              f"{_f(m['framework_steps_per_sec'], 1)} vs {_f(m['baseline_steps_per_sec'], 1)} steps/s",
              f"ratio {_f(m['ratio'], 3)}", ">= 0.98"] for mode, m in r.items()]
 
 
-def time_to_accuracy(r: dict) -> list[list[str]]:
-    return [[f"time to {r['target']} test accuracy",
+def time_to_accuracy(r: dict, settings: dict) -> list[list[str]]:
+    overrides = f" ({' '.join(settings['override'])})" if settings.get("override") else ""
+    return [[f"time to {r['target']} test accuracy{overrides}",
              f"{_f(r['train_py_seconds'], 0)} s (train.py) vs {_f(r['tutorial_seconds'], 0)} s (tutorial)",
              f"speed-up {_f(r['speedup'])}x", ">= 5x"]]
 
 
-def strategies(r: dict) -> list[list[str]]:
+def strategies(r: dict, settings: dict) -> list[list[str]]:
     reference = next(iter(r))
     rows = []
     for name, s in r.items():
@@ -36,7 +37,7 @@ def strategies(r: dict) -> list[list[str]]:
     return rows
 
 
-def startup(r: dict) -> list[list[str]]:
+def startup(r: dict, settings: dict) -> list[list[str]]:
     rows = []
     for mode, m in r.items():
         ours = m["sides"]["train.py"]
@@ -46,7 +47,7 @@ def startup(r: dict) -> list[list[str]]:
     return rows
 
 
-def speedups(r: dict) -> list[list[str]]:
+def speedups(r: dict, settings: dict) -> list[list[str]]:
     return [[f"speed-ups, {model} {variant}", f"{_f(v['samples_per_sec'], 0)} samples/s",
              f"{_f(v['speedup_over_plain'])}x plain", ""] for model, variants in r.items() for variant, v in variants.items()]
 
@@ -58,14 +59,12 @@ TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategie
 def main() -> None:
     rows, sources = [], []
     for name, to_rows in TABLES.items():
-        path = RESULTS / f"{name}.json"
-        if not path.exists():
-            continue
-        payload = json.loads(path.read_text())
-        rows += to_rows(payload["results"])
-        m = payload["machine"]
-        sources.append(f"- `{payload['command']}` ({payload['finished']}, {m['cpu']}, {m['cores']} cores, "
-                       f"torch {m['torch']}, commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''})")
+        for path in sorted(RESULTS.glob(f"{name}*.json")):
+            payload = json.loads(path.read_text())
+            rows += to_rows(payload["results"], payload["settings"])
+            m = payload["machine"]
+            sources.append(f"- `{payload['command']}` ({payload['finished']}, {m['cpu']}, {m['cores']} cores, "
+                           f"torch {m['torch']}, commit {m['git_commit']}{' + local changes' if m['git_dirty'] else ''})")
     print("| measurement | numbers | result | target |")
     print("| --- | --- | --- | --- |")
     for row in rows:

@@ -82,7 +82,9 @@ def main() -> None:
         for name, s in samples.items()
     ])
     print(f"speed-up (tutorial / train.py, target >= 5x): {results['speedup'] or float('nan'):.2f}x")
-    write_results("time_to_accuracy", vars(args), results)
+    # Runs with overrides (e.g. trainer.channels_last=true) are kept beside the default one.
+    suffix = "".join("_" + o.replace("trainer.", "").replace("=", "-").replace(".", "-") for o in args.override)
+    write_results("time_to_accuracy" + suffix, vars(args), results)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,16 @@ def test_ddp_two_workers_matches_single_process_for_ten_steps(tmp_path, optimize
     for (step, a), (_, b) in zip(losses["single"], losses["ddp"]):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs ddp {b}"
     assert losses["single"][-1][1] < losses["single"][0][1]
+
+
+def test_in_memory_input_path_matches_the_dataloader_path(tmp_path):
+    """The fast path (whole split on the device, index gather) trains exactly like DataLoader + DistributedSampler."""
+    losses = {}
+    for in_memory in ("true", "false"):
+        cwd = tmp_path / in_memory
+        cwd.mkdir()
+        check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", f"dataset.in_memory={in_memory}",
+                            "trainer.num_workers=0", *COMMON], cwd))
+        [run_dir] = run_dirs(cwd)
+        losses[in_memory] = read_scalars(run_dir)["loss/train"]
+    assert losses["true"] == losses["false"]

@@ -36,9 +36,10 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
         run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=0.1,
-        # fork saves every CPU worker a fresh `import torch` (ddp-2 reached its first step in 4.4 s instead of
-        # 10.5 s); CUDA cannot be used in a forked child, so GPU workers are spawned.
-        start_method="spawn" if use_cuda else "fork",
+        # Not fork, although it would save each CPU worker its `import torch` (4.4 s instead of about 10 s to
+        # the first step): this process runs the rendezvous store's threads, and forked workers of a
+        # two-node job hung at start. spawn also works with CUDA.
+        start_method="spawn",
     )
     try:
         results = elastic_launch(config, entry)(payload)
