@@ -41,8 +41,8 @@ def run(cfg: DictConfig) -> float | None:
         _exit_interrupted(exc.signum, run_dir, hydra_cfg)
 
 
-def prepare(cfg: DictConfig, external: bool, run_dir: Path):
-    """Resolve strategy=auto, build the strategy and validate everything; no worker starts here."""
+def choose_strategy(cfg: DictConfig, external: bool):
+    """Resolve strategy=auto and build the strategy; under torchrun only ddp fits the started workers."""
     note = resolve_auto(cfg, external)
     strategy = build_strategy(cfg)
     if external and strategy.name != "ddp":
@@ -50,6 +50,12 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
             f"strategy={strategy.name} is not allowed under torchrun: the launcher already started several "
             "workers; use strategy=ddp (or auto)"
         )
+    return strategy, note
+
+
+def prepare(cfg: DictConfig, external: bool, run_dir: Path):
+    """Choose the strategy and validate everything; no worker starts here."""
+    strategy, note = choose_strategy(cfg, external)
     validate(cfg, strategy, run_dir)
     return strategy, note
 
@@ -130,10 +136,7 @@ def follow_rank0(overrides: list[str]) -> int:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[o for o in overrides if not o.startswith(("hydra.", "--"))])
     try:
-        resolve_auto(cfg, external_launch=True)
-        strategy = build_strategy(cfg)
-        if strategy.name != "ddp":
-            raise ConfigError(f"strategy={strategy.name} is not allowed under torchrun; use strategy=ddp (or auto)")
+        strategy, _ = choose_strategy(cfg, external=True)
     except ConfigError as exc:  # torchrun stops rank 0 as soon as one rank fails, so say it here too
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
