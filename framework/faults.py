@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 
+from framework.launch.environment import restart_attempt
+
 POINTS = ("kill_after_step", "kill_in_checkpoint", "kill_in_eval", "nan_loss")
 
 
@@ -20,7 +22,7 @@ class Faults:
     def __init__(self, rank: int):
         self.planned: dict[str, int] = {}
         spec = os.environ.get("HYDRA_DIST_FAULT", "")
-        if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        if not spec or restart_attempt() > 0:
             return
         for item in spec.split(","):
             point, step, fault_rank = item.split(":")

@@ -1,16 +1,12 @@
 """When to write checkpoints and which one to resume from; the trainer calls it, rank 0 writes."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from framework.checkpoints.state import Position, capture, config_hash, restore, rng_state
 from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
                                          save_checkpoint)
-
-
-def restart_attempt() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+from framework.launch.environment import restart_attempt
 
 
 def choose_checkpoint(resume: str | None, run_dir: Path, warn) -> Checkpoint | None:
@@ -33,7 +29,6 @@ class Checkpointer:
         self.every = cfg.trainer.checkpoint_every_n_steps
         self.keep = cfg.trainer.keep_checkpoints
         self.signature, self.config_hash = signature, config_hash(cfg)
-        self.last: Checkpoint | None = None
 
     def due(self, step: int, epoch_end: bool) -> bool:
         return epoch_end or bool(self.every and step % self.every == 0)
@@ -52,7 +47,7 @@ class Checkpointer:
         if self.faults.due("kill_in_checkpoint", position.step):
             def midway():
                 self.faults.kill_if_due("kill_in_checkpoint", position.step)
-        self.last = save_checkpoint(self.folder, state, manifest, self.keep, midway)
+        save_checkpoint(self.folder, state, manifest, self.keep, midway)
 
     def last_saved(self) -> Path | None:
         """This run's newest committed checkpoint (rank 0 wrote it; every rank can read the folder)."""

@@ -9,6 +9,11 @@ def launched_externally() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def restart_attempt() -> int:
+    """0 for the first attempt; n after the elastic agent restarted the worker group n times."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 

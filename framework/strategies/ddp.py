@@ -12,7 +12,7 @@ from torch import nn
 from framework.config_checks import boolean, int_at_least, one_of, positive_number
 from framework.errors import ConfigError
 from framework.launch.elastic import launch_elastic
-from framework.launch.environment import launched_externally, threads_per_worker
+from framework.launch.environment import launched_externally, restart_attempt, threads_per_worker
 from framework.strategies.base import Strategy
 
 CPU_WORKERS_WITHOUT_GPU = 2
@@ -31,8 +31,7 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
         is_master=rank == 0 and not agent_hosts_store, timeout=_PG_TIMEOUT,
         multi_tenant=not agent_hosts_store,
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"hydra_dist/attempt_{attempt}", store)
+    return dist.PrefixStore(f"hydra_dist/attempt_{restart_attempt()}", store)
 
 
 class DDPStrategy(Strategy):
