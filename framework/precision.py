@@ -1,7 +1,11 @@
-"""trainer.precision -> autocast context and gradient scaler."""
+"""trainer.precision -> autocast context, gradient scaler, and the optimizer step (clip, skip, step).
+
+A strategy whose engine owns backward and step (DeepSpeed) or must synchronize before clipping (Horovod)
+returns its own subclass from Strategy.make_precision; the training loop only calls these methods."""
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -28,9 +32,25 @@ class Precision:
         if self.scaler:
             self.scaler.unscale_(optimizer)
 
+    def clip_grad_norm(self, model, optimizer, max_norm: float | None) -> torch.Tensor:
+        """Unscaled, all-reduced gradients' total norm, clipped to max_norm (None: measure only)."""
+        self.unscale(optimizer)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf)
+
     def step(self, optimizer) -> None:
         if self.scaler:
             self.scaler.step(optimizer)
             self.scaler.update()
         else:
             optimizer.step()
+
+    def optimizer_step(self, model, optimizer, max_norm: float | None, skip_nonfinite: bool) -> bool:
+        """Clip if asked, then step. Returns False when the step was skipped for a non-finite gradient."""
+        if max_norm or skip_nonfinite:
+            norm = self.clip_grad_norm(model, optimizer, max_norm)
+            # Gradients are already all-reduced here, so every rank sees the same norm and makes the same choice.
+            # fp16's GradScaler already skips non-finite steps (and lowers its scale), so it is left to do that.
+            if skip_nonfinite and not self.scaler and not torch.isfinite(norm):  # a sync, skip mode only
+                return False
+        self.step(optimizer)
+        return True

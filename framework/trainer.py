@@ -119,17 +119,11 @@ class Trainer:
                     per_sample = per_sample * float("nan")
                 self.precision.backward(per_sample.mean() / k)
             losses.append(per_sample)
-        if self.t.grad_clip or self.skip_nonfinite:
-            self.precision.unscale(self.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip or math.inf)
-            # Gradients are already all-reduced here, so every rank sees the same norm and makes the same choice.
-            # fp16's GradScaler already skips non-finite steps (and lowers its scale), so it is left to do that.
-            if self.skip_nonfinite and not self.precision.scaler and not torch.isfinite(norm):  # a sync, skip mode only
-                self.totals.skipped_steps += 1
-                self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
-                self.meter.add_step(step)
-                return
-        self.precision.step(self.optimizer)
+        if not self.precision.optimizer_step(self.model, self.optimizer, self.t.grad_clip, self.skip_nonfinite):
+            self.totals.skipped_steps += 1
+            self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
+            self.meter.add_step(step)
+            return
         for per_sample in losses:
             self.meter.add_micro_batch(per_sample)
         self.meter.add_step(step)

@@ -19,7 +19,6 @@ from framework.faults import Faults
 from framework.interrupts import NoStop
 from framework.models.build import build_model
 from framework.optim import build_optimizer
-from framework.precision import Precision
 from framework.speedups import apply_speedups
 from framework.strategies import build_strategy
 from framework.tensorboard_logger import TensorBoardLogger
@@ -63,10 +62,11 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     model = strategy.wrap_model(apply_speedups(model, t, strategy.device, splits.in_shape))
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
+    model, optimizer = strategy.wrap_optimizer(model, optimizer)
     micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
     normalizer = Normalizer(splits, strategy.device, channels_last=t.channels_last)
     loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
-    precision = Precision(t.precision, strategy.device)
+    precision = strategy.make_precision(t.precision)
     faults = Faults(strategy.rank)
     checkpointer = Checkpointer(cfg, strategy, run_dir, signature(cfg, splits.in_shape, splits.num_classes), faults, say)
 

@@ -2,7 +2,8 @@
 # Sets up everything a run or the tests need; idempotent, and quick the second time.
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable
-#   3. Fashion-MNIST offline: Debian's dataset-fashion-mnist when apt can install it;
+#   3. optional parts that need more than pip (scripts/setup.d/*.sh, in name order; each is idempotent)
+#   4. Fashion-MNIST offline: Debian's dataset-fashion-mnist when apt can install it;
 #      otherwise the first run downloads it through torchvision (dataset.download=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         || { echo "setup: dependency install failed (see pip output above)" >&2; exit 1; }
     echo "$want" > "$stamp"
 fi
+
+for part in scripts/setup.d/*.sh; do
+    [ -e "$part" ] || continue
+    bash "$part" "$venv"
+done
 
 fmnist=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then

@@ -1,8 +1,8 @@
 """The one interface every strategy answers; the trainer and the driver know nothing else about it.
 
 Driver side:  validate(cfg), processes(), launch(entry, payload)
-Worker side:  setup(), wrap_model(model), unwrap(model), sync(model, on), slot_sizes(n), all_gather(t),
-              all_reduce_sum(t), gather_objects(obj), teardown()
+Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
+              sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown()
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
 Per-slot meters are what TensorBoard shows as rank{r}.
@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from framework.config_checks import one_of
+from framework.precision import Precision
 from framework.speedups import original_module
 
 
@@ -58,6 +59,14 @@ class Strategy:
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        """(model, optimizer) as the loop should use them; an engine may replace both (DeepSpeed)."""
+        return model, optimizer
+
+    def make_precision(self, name: str) -> Precision:
+        """Autocast, backward and the optimizer step for trainer.precision=name."""
+        return Precision(name, self.device)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the strategy's wrapper and torch.compile's: what checkpoints hold, so runs
