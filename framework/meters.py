@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step")
-SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE = range(len(COLUMNS))
+COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
+           "optimizer_state_mib")
+SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -48,8 +49,9 @@ class IntervalMeter:
         already = (self.first_nonfinite > 0) | torch.isfinite(self.loss_sum.sum())
         self.first_nonfinite = torch.where(already, self.first_nonfinite, float(step))
 
-    def rows(self) -> torch.Tensor:
-        """One row per local slot (see COLUMNS). Synchronizes the device once, so seconds are real."""
+    def rows(self, optimizer_state_bytes: int = 0) -> torch.Tensor:
+        """One row per local slot (see COLUMNS). Synchronizes the device once, so seconds are real.
+        The optimizer state is this process's; it goes into its first slot (dp replicas hold none)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - self.start
@@ -60,6 +62,7 @@ class IntervalMeter:
         rows[:, SECONDS] = seconds
         rows[:, STEPS] = self.steps
         rows[:, DATA_SECONDS] = self.data_seconds
+        rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
         rows = rows.to(self.device)
@@ -79,6 +82,7 @@ class IntervalSummary:
     per_slot_samples_per_sec: list[float]
     per_slot_loss: list[float]
     per_slot_max_mem_gib: list[float]
+    per_slot_optimizer_state_mib: list[float]
     step_ms: float
     data_ms: float
     nonfinite: list[tuple[int, int]]  # (rank, first step) of every rank whose loss went NaN/inf
@@ -102,6 +106,7 @@ class IntervalSummary:
             per_slot_samples_per_sec=(samples / seconds).tolist(),
             per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
             per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
+            per_slot_optimizer_state_mib=rows[:, OPTIMIZER_STATE].tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
             data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
             nonfinite=[(r, int(v)) for r, v in enumerate(rows[:, FIRST_NONFINITE].tolist()) if v > 0],

@@ -1,7 +1,8 @@
 """Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
-loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/max_allocated_gib/rank{r} (CUDA), and the
+loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
+optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} (CUDA), and the
 run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ class TensorBoardLogger:
         for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
             w.add_scalar(f"throughput/samples_per_sec/rank{r}", rate, step)
             w.add_scalar(f"loss/train/rank{r}", loss, step)
+            w.add_scalar(f"memory/optimizer_state_mib/rank{r}", s.per_slot_optimizer_state_mib[r], step)
             if self.cuda:
                 w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
 

@@ -132,7 +132,8 @@ class Trainer:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _log(self, step: int, epoch: int) -> None:
-        rows = self.strategy.all_gather(self.meter.rows()).reshape(-1, len(COLUMNS)).cpu()
+        rows = self.meter.rows(self.strategy.optimizer_state_bytes(self.optimizer))
+        rows = self.strategy.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
         self.meter.reset()
         self._stop_if_nonfinite(rows)
         if not self.strategy.is_main:

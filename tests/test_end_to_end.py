@@ -6,6 +6,12 @@ import pytest
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
 
 
+def _lenet_parameters() -> int:
+    from framework.models.lenet import LeNet
+
+    return sum(p.numel() for p in LeNet((1, 28, 28), 10).parameters())
+
+
 def _decreasing(series):
     values = [v for _, v in series]
     return values[-1] < values[0]
@@ -22,6 +28,10 @@ def test_strategy_trains_and_logs_per_rank_metrics(tmp_path, strategy, ranks):
         assert rates and all(v > 0 for _, v in rates)
         assert _decreasing(scalars[f"loss/train/rank{r}"])
     assert f"throughput/samples_per_sec/rank{ranks}" not in scalars
+    adam_state_mib = 2 * 4 * _lenet_parameters() / 2**20  # exp_avg and exp_avg_sq, fp32, replicated per rank
+    for r in range(ranks):
+        for _, mib in scalars[f"memory/optimizer_state_mib/rank{r}"]:
+            assert adam_state_mib <= mib < adam_state_mib * 1.01
     assert _decreasing(scalars["loss/train"])
     assert {"loss/val", "acc/val", "time/step_ms", "time/data_ms", "lr", "throughput/samples_per_sec"} <= set(scalars)
     result = json.loads((run_dir / "result.json").read_text())

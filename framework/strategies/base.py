@@ -68,6 +68,11 @@ class Strategy:
         """Autocast, backward and the optimizer step for trainer.precision=name."""
         return Precision(name, self.device)
 
+    def optimizer_state_bytes(self, optimizer) -> int:
+        """Bytes of optimizer state this process holds (logged per rank; a sharding engine overrides it)."""
+        return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+                   for t in state.values() if torch.is_tensor(t))
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the strategy's wrapper and torch.compile's: what checkpoints hold, so runs
         with and without trainer.compile, or under another strategy, can resume each other."""
