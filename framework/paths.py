@@ -1,4 +1,7 @@
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf"
+_PACKAGE = Path(__file__).resolve().parent
+# conf/ lives at the repository root; an installed wheel ships it inside the package as framework/conf
+# (setup.py maps it there), so both a checkout and `pip install .` find it.
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf" / "config.yaml").is_file() else _PACKAGE.parent / "conf"
+REPO_ROOT = _PACKAGE.parent

@@ -1,0 +1,31 @@
+"""The training command: `hydra-dist [overrides]` (installed) and `python train.py [overrides]` run this.
+
+One Hydra app, so both take the same overrides, -m sweeps, --cfg job, --help and -sc (shell completion)."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from framework.launch.environment import env_rank, launched_externally
+from framework.paths import CONF_DIR
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def train_app(cfg: DictConfig):
+    from framework.run import run
+
+    return run(cfg)
+
+
+def main() -> None:
+    if launched_externally() and env_rank() != 0:  # torchrun's other ranks take config and folder from rank 0
+        from framework.run import follow_rank0
+
+        sys.exit(follow_rank0(sys.argv[1:]))
+    train_app()
+
+
+if __name__ == "__main__":
+    main()
