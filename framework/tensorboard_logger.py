@@ -2,7 +2,9 @@
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
 loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
-optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} (CUDA), and the
+optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} (CUDA),
+gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
+nvidia-ml-py is installed; read at log boundaries only), and the
 run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
+from framework.gpu_monitor import GpuMonitor
 from framework.meters import IntervalSummary
 
 
@@ -19,6 +22,7 @@ class TensorBoardLogger:
     def __init__(self, log_dir: Path, cuda: bool):
         self.writer = SummaryWriter(str(log_dir), flush_secs=30)
         self.cuda = cuda
+        self.gpus = GpuMonitor() if cuda else None
 
     def log_interval(self, step: int, s: IntervalSummary, lr: float) -> None:
         w = self.writer
@@ -33,6 +37,9 @@ class TensorBoardLogger:
             w.add_scalar(f"memory/optimizer_state_mib/rank{r}", s.per_slot_optimizer_state_mib[r], step)
             if self.cuda:
                 w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
+        for gpu in self.gpus.read() if self.gpus else []:
+            w.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
+            w.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)
 
     def log_eval(self, step: int, loss: float, accuracy: float) -> None:
         self.writer.add_scalar("loss/val", loss, step)

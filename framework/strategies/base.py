@@ -1,6 +1,6 @@
 """The one interface every strategy answers; the trainer and the driver know nothing else about it.
 
-Driver side:  validate(cfg), processes(), launch(entry, payload)
+Driver side:  validate(cfg), processes(), describe(), launch(entry, payload)
 Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
               sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown()
 
@@ -44,6 +44,10 @@ class Strategy:
     def processes(self) -> int:
         """Training processes in the whole job; the global batch is split across them."""
         return 1
+
+    def describe(self) -> str:
+        """What launch() would start on this machine, in one line (shown by `hydra-dist-devices`)."""
+        return f"{self.processes()} process(es) on {'the GPU' if self.use_cuda else 'the CPU'}"
 
     def launch(self, entry: Callable[[dict], Any], payload: dict) -> Any:
         """Start the workers and return rank 0's result. Default: this process is the only worker."""

@@ -55,6 +55,13 @@ class DDPStrategy(Strategy):
         backend = self.options.backend
         return ("nccl" if self.use_cuda else "gloo") if backend == "auto" else backend
 
+    def describe(self) -> str:
+        n = self.nproc_per_node()
+        where = "GPUs, one per process" if self.use_cuda else (
+            f"the CPU, {os.environ.get('OMP_NUM_THREADS', threads_per_worker(n))} thread(s) each")
+        return (f"{self.processes()} process(es) ({self.options.nnodes} node(s) x {n}) on {where}, "
+                f"backend {self.backend()}, started by torch's elastic agent")
+
     def validate(self) -> None:
         cfg = self.cfg
         int_at_least(cfg, "strategy.nproc_per_node", 1, optional=True)

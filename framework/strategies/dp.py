@@ -20,9 +20,18 @@ class DataParallelStrategy(Strategy):
                 f"(ids 0..{torch.cuda.device_count() - 1})"
             )
 
+    def _device_ids(self) -> list[int]:
+        return list(self.options.device_ids or range(torch.cuda.device_count())) if self.use_cuda else []
+
+    def describe(self) -> str:
+        ids = self._device_ids()
+        if not ids:
+            return "1 process on the CPU (no GPU in use, so nn.DataParallel runs one replica there)"
+        return f"1 process, nn.DataParallel over GPU(s) {ids} (one replica each)"
+
     def setup(self) -> None:
         if self.use_cuda:
-            self.device_ids = list(self.options.device_ids or range(torch.cuda.device_count()))
+            self.device_ids = self._device_ids()
             self.device = torch.device("cuda", self.device_ids[0])
         else:
             self.device_ids = []
