@@ -12,6 +12,7 @@ from framework.checkpoints.state import Position
 from framework.interrupts import Interrupted
 from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.precision import Precision
+from framework.progress import Progress
 
 
 class TrainingStopped(RuntimeError):
@@ -146,7 +147,9 @@ class Trainer:
         data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
         self.say(
             f"epoch {epoch + 1}/{self.epochs} step {step}/{self.total_steps} | loss {s.loss:.4f} | "
-            f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step"
+            f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",
+            progress=Progress(step, self.total_steps, epoch + 1, self.epochs, s.loss, s.samples_per_sec,
+                              s.samples_per_sec / self.t.batch_size),
         )
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:

@@ -58,6 +58,8 @@ def _trainer(cfg: DictConfig) -> None:
     int_at_least(cfg, "trainer.checkpoint_every_n_steps", 1, optional=True)
     int_at_least(cfg, "trainer.keep_checkpoints", 1)
     one_of(cfg, "trainer.on_nonfinite", ["stop", "skip"])
+    boolean(cfg, "trainer.progress_bar")
+    boolean(cfg, "trainer.log_all_ranks")
     boolean(cfg, "trainer.compile")
     boolean(cfg, "trainer.channels_last")
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():

@@ -19,6 +19,7 @@ from framework.faults import Faults
 from framework.interrupts import NoStop
 from framework.models.build import build_model
 from framework.optim import build_optimizer
+from framework.progress import Console
 from framework.speedups import apply_speedups
 from framework.strategies import build_strategy
 from framework.tensorboard_logger import TensorBoardLogger
@@ -54,7 +55,7 @@ def worker_entry(payload: dict, strategy=None, stop=None) -> dict | None:
 
 
 def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
-    say = console(run_dir) if strategy.is_main else (lambda msg: None)
+    say = console(run_dir, strategy.is_main, cfg.trainer)
     t = cfg.trainer
     seed_everything(t.seed)
     splits = load_splits(cfg.dataset)
@@ -116,20 +117,17 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
         })
         return result
     finally:
+        say.close()
         if tb:
             tb.close()
 
 
-def console(run_dir: Path):
-    """Rank 0's progress lines: to the terminal and appended to the run folder's train.log."""
-    log_file = run_dir / "train.log"
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-        with open(log_file, "a") as f:
-            f.write(msg + "\n")
-
-    return say
+def console(run_dir: Path, is_main: bool, t) -> Console:
+    """Rank 0: a progress bar on a terminal (plain lines otherwise) and every line in the run folder's train.log.
+    Other ranks: their own plain lines with trainer.log_all_ranks=true, else nothing."""
+    if is_main:
+        return Console(run_dir / "train.log", bar=t.progress_bar)
+    return Console(bar=False, quiet=not t.log_all_ranks)
 
 
 def hparams_of(cfg, result: dict) -> dict:

@@ -50,7 +50,9 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
     ("kill_in_eval:16:1", 16),       # (c) a worker dies during the evaluation after epoch 1
 ])
 def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, fault, resumed_from):
-    out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "strategy.max_restarts=1", *RUN],
+    # log_all_ranks: the fault may fire on rank 1, whose output is otherwise kept off the console
+    out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "strategy.max_restarts=1",
+                              "trainer.log_all_ranks=true", *RUN],
                              tmp_path, env={"HYDRA_DIST_FAULT": fault}, timeout=300))
     assert "fault injection: SIGKILL" in out
     run_dir, result = _only_run(tmp_path)

@@ -5,6 +5,7 @@ import os
 import uuid
 from typing import Any, Callable
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -20,9 +21,13 @@ class WorkersFailed(RuntimeError):
 
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
                    rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
-                   run_id: str | None, use_cuda: bool) -> Any:
+                   run_id: str | None, use_cuda: bool, log_all_ranks: bool = False,
+                   log_dir: str | None = None) -> Any:
     """Run entry(payload) in nproc_per_node fresh processes per node; return global rank 0's result
-    (None on nodes that do not hold rank 0)."""
+    (None on nodes that do not hold rank 0). Local rank 0 keeps this console (a terminal stays a terminal,
+    so rank 0 can draw its progress bar); the other ranks write to files under log_dir
+    (<run_id>_*/attempt_<n>/<local rank>/stdout.log, stderr.log), and with log_all_ranks also to the
+    console, each line prefixed [rank N]."""
     if not use_cuda and "OMP_NUM_THREADS" not in os.environ:
         # Without this, each of N CPU workers starts one thread per core and they thrash (torchrun does the same).
         os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(nproc_per_node))
@@ -36,6 +41,8 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
         run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=0.1,
+        logs_specs=_rank_logs(nproc_per_node, log_all_ranks, log_dir),
+        log_line_prefix_template="[rank${rank}]: " if log_all_ranks else None,
         # Not fork, although it would save each CPU worker its `import torch` (4.4 s instead of about 10 s to
         # the first step): this process runs the rendezvous store's threads, and forked workers of a
         # two-node job hung at start. spawn also works with CUDA.
@@ -52,9 +59,18 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     return next((r for r in results.values() if r is not None), None)
 
 
+def _rank_logs(nproc_per_node: int, log_all_ranks: bool, log_dir: str | None) -> DefaultLogsSpecs:
+    others = {local_rank: Std.ALL for local_rank in range(1, nproc_per_node)}
+    if log_all_ranks:  # to a file and, through the agent, to the console with the line prefix
+        return DefaultLogsSpecs(log_dir=log_dir, tee=others)
+    return DefaultLogsSpecs(log_dir=log_dir, redirects=others)
+
+
 def _root_cause(exc: ChildFailedError) -> str:
     rank, failure = exc.get_first_failure()
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", message)
-    return f"worker rank {rank} failed (exit code {failure.exitcode}): {message}"
+    logs = os.path.dirname(failure.error_file) if failure.error_file else ""
+    where = f" (its output: {logs})" if logs and os.path.isdir(logs) else ""
+    return f"worker rank {rank} failed (exit code {failure.exitcode}){where}: {message}"

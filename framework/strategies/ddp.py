@@ -101,7 +101,8 @@ class DDPStrategy(Strategy):
         return launch_elastic(
             entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
             rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
-            use_cuda=self.use_cuda,
+            use_cuda=self.use_cuda, log_all_ranks=self.cfg.trainer.log_all_ranks,
+            log_dir=os.path.join(payload["run_dir"], "worker_logs"),
         )
 
     # ---- worker side -------------------------------------------------------------------------
