@@ -11,8 +11,8 @@ import time
 
 from conftest import TINY, TRAIN, check_ok, read_scalars, run_dirs, run_train
 
-PLAIN_INTERVAL = re.compile(r"^epoch 1/2 step 4/64 \| loss \d+\.\d{4} \| [\d,]+ samples/s \(per rank: ", re.M)
-BAR = re.compile(r"\r\x1b\[Kepoch \d/2 \[[#-]+\] +\d+% step \d+/64 \| [\d,]+ samples/s \| loss \d+\.\d{4} \| ETA \d:\d\d:\d\d")
+PLAIN_INTERVAL = re.compile(r"^epoch 1/\d step 4/\d+ \| loss \d+\.\d{4} \| [\d,]+ samples/s \(per rank: ", re.M)
+BAR = re.compile(r"\r\x1b\[Kepoch \d/\d \[[#-]+\] +\d+% step \d+/\d+ \| [\d,]+ samples/s \| loss \d+\.\d{4} \| ETA \d:\d\d:\d\d")
 
 
 def _run_on_a_terminal(args: list[str], cwd, timeout: float = 240) -> tuple[int, str]:
@@ -60,9 +60,9 @@ def test_single_on_a_terminal_shows_a_progress_bar_and_train_log_keeps_plain_lin
 
 
 def test_ddp_rank0_keeps_the_terminal_and_other_ranks_are_quiet_by_default(tmp_path):
-    code, screen = _run_on_a_terminal(["strategy=ddp", "strategy.nproc_per_node=2", *TINY], tmp_path)
+    code, screen = _run_on_a_terminal(["strategy=ddp", "strategy.nproc_per_node=2", *TINY, "trainer.epochs=1"], tmp_path)
     assert code == 0, screen
-    assert len(BAR.findall(screen)) >= 8, screen  # rank 0 runs in a spawned worker and still has the terminal
+    assert len(BAR.findall(screen)) >= 4, screen  # rank 0 runs in a spawned worker and still has the terminal
     assert screen.count("training LeNet") == 1 and "[rank1]" not in screen
     [run_dir] = run_dirs(tmp_path)
     rank1_logs = list((run_dir / "worker_logs").rglob("1/stdout.log"))
@@ -70,7 +70,8 @@ def test_ddp_rank0_keeps_the_terminal_and_other_ranks_are_quiet_by_default(tmp_p
 
 
 def test_without_a_terminal_lines_are_plain_and_log_all_ranks_prefixes_other_ranks(tmp_path):
-    out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "trainer.log_all_ranks=true", *TINY],
+    out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "trainer.log_all_ranks=true", *TINY,
+                              "trainer.epochs=1"],
                              tmp_path))
     assert PLAIN_INTERVAL.search(out) and "\x1b" not in out and "\r" not in out
     assert re.search(r"^training LeNet on fashion_mnist with strategy=ddp", out, re.M), "rank 0 is not prefixed"
