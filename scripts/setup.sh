@@ -15,9 +15,9 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 
-# Reinstall only when the dependency list changed since the last successful install.
+# Reinstall only when the dependency list or packaging changed since the last successful install.
 stamp="$venv/.hydra-dist-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: installing dependencies into $venv (torch is large: about a minute from a local wheel)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
