@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from conftest import TINY, TRAIN, check_ok, read_scalars, run_dirs, run_train
@@ -109,3 +110,16 @@ def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp
     assert round(best["best_value"], 4) == max(float(r["test_acc"]) for r in rows if r["status"] == "ok")
     assert proc.returncode != 0 and "1 sweep job(s) failed" in proc.stderr  # the sweep still says so
 
+
+
+def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
+    from framework.errors import ConfigError
+    from framework.launch.job_slots import share
+
+    gpus, cores = ["0", "1", "2", "3"], list(range(8))
+    assert [(s.gpus, s.cores) for s in (share(k, 2, gpus, cores) for k in range(2))] == [
+        (("0", "1"), (0, 1, 2, 3)), (("2", "3"), (4, 5, 6, 7))]
+    assert share(3, 4, gpus, cores).gpus == ("3",)
+    assert share(1, 2, [], [0, 1]).cores == (1,) and share(1, 2, [], [0, 1]).gpus == ()
+    with pytest.raises(ConfigError, match="hydra.launcher.n_jobs=8 is not allowed with 4 GPU"):
+        share(0, 8, gpus, cores)
