@@ -37,6 +37,15 @@ def test_submitit_local_runs_a_two_task_ddp_job_as_two_ranks(tmp_path):
     assert "CPU workers on gloo" not in rank0 + rank1, "a task must not start workers of its own"
 
 
+def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_path):
+    proc = run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
+                      "trainer.batch_size=0"], tmp_path, timeout=180)
+    assert proc.returncode != 0 and "1 sweep job(s) failed: 0" in proc.stderr
+    [run_dir] = run_dirs(tmp_path)
+    errors = [p.read_text() for p in sorted((run_dir.parent / ".submitit").rglob("*_log.err"))]
+    assert len(errors) == 2 and all("trainer.batch_size=0 is not allowed" in e for e in errors)
+
+
 def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
     """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
