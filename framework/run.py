@@ -19,7 +19,7 @@ from framework.errors import ConfigError
 from framework.interrupts import GracefulStop, Interrupted, NoStop
 from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import env_rank, launched_externally
-from framework.launch.slurm import scheduler_name
+from framework.launch.slurm import in_submitit_task, scheduler_name
 from framework.results import format_rate, write_result
 from framework.strategies import build_strategy, resolve_auto
 from framework.validation import validate
@@ -36,6 +36,10 @@ def run(cfg: DictConfig) -> float | None:
     if launched_externally() and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
         _follow(cfg)
         return None
+    if launched_externally() and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
+        # rank 0 of `torchrun/srun train.py -m ...`: the other ranks refused already, so nobody would join
+        sys.exit(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
+                 "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
     try:
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg)

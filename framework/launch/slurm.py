@@ -15,7 +15,7 @@ _PORTS = (20000, 60000)
 
 def _scheduler_job():
     """submitit's description of this task's job, or None when no scheduler started this process as a task."""
-    in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    in_submitit = in_submitit_task()
     in_srun_step = "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
     if not (in_submitit or in_srun_step):
         return None
@@ -50,6 +50,11 @@ def adopt_scheduler_ranks() -> bool:
         "HYDRA_DIST_SCHEDULER_RANKS": job.cluster,
     })
     return True
+
+
+def in_submitit_task() -> bool:
+    """Started by submitit (its SLURM or local executor), which runs Hydra's job function in every task."""
+    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
 def scheduler_name() -> str | None:
