@@ -48,7 +48,8 @@ def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_
 
 def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
     """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
-    slurm = {"SLURM_JOB_ID": str(os.getpid()),  # the rendezvous port is derived from it "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+    # The rendezvous port is derived from SLURM_JOB_ID, so a job id of our own.
+    slurm = {"SLURM_JOB_ID": str(os.getpid()), "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tasks = [
