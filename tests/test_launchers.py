@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import TINY, TRAIN, check_ok, read_scalars, run_dirs, run_train
+from conftest import REPO, TINY, TRAIN, check_ok, read_scalars, run_dirs, run_train
 
 
 def _summary_rows(sweep_dir):
@@ -49,7 +49,7 @@ def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_
 def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
     """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
     # The rendezvous port is derived from SLURM_JOB_ID, so a job id of our own.
-    slurm = {"SLURM_JOB_ID": str(os.getpid()), "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+    slurm = {"SLURM_JOB_ID": str(os.getpid()), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tasks = [
@@ -65,6 +65,29 @@ def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path
     result = json.loads((run_dir / "result.json").read_text())
     assert result["processes"] == 2 and result["strategy"] == "ddp"
     assert "done: test accuracy" in outs[0][0] and "done:" not in outs[1][0]
+
+
+def _ranks_adopted(env: dict) -> list[str]:
+    code = ("import os; from framework.launch.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
+            "print(a, *(os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and
+            k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_srun_tasks_of_one_job_agree_on_the_port_and_an_sbatch_script_is_no_rank():
+    job = {"SLURM_JOB_ID": "9001", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    step = {**job, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"}
+    tasks = [_ranks_adopted({**step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % 2), "SLURM_NODEID": str(r // 2)})
+             for r in range(4)]
+    assert [t[:4] for t in tasks] == [["True", str(r), "4", str(r % 2)] for r in range(4)]
+    assert {(t[4], t[5]) for t in tasks} == {("gpu07", tasks[0][5])}  # rank 0's node, one port for all
+    other_job = _ranks_adopted({**step, "SLURM_JOB_ID": "9002", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    assert other_job[5] != tasks[0][5]
+    # The batch script itself (SLURM_NTASKS=4, SLURM_PROCID=0, no srun step) starts its own workers.
+    assert _ranks_adopted({**job, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})[:2] == ["False", "None"]
 
 
 def test_slurm_preset_asks_for_one_task_per_gpu(tmp_path):

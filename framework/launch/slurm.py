@@ -16,14 +16,16 @@ _PORTS = (20000, 60000)
 def _scheduler_job():
     """submitit's description of this task's job, or None when no scheduler started this process as a task."""
     in_submitit = in_submitit_task()
-    in_srun_step = "SLURM_STEP_ID" in os.environ and "SLURM_PROCID" in os.environ
+    # srun sets SLURM_STEP_NUM_TASKS for the tasks it starts; an sbatch script itself (which may hold
+    # SLURM_NTASKS > 1 and SLURM_PROCID=0) is no rank and must start its own workers.
+    in_srun_step = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
     if not (in_submitit or in_srun_step):
         return None
     try:
         import submitit
         from submitit.slurm.slurm import SlurmJobEnvironment
     except ImportError:
-        if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        if in_srun_step:
             raise SystemExit("error: this is one of several SLURM tasks, and mapping them to ranks needs submitit; "
                              "pip install 'hydra-dist[slurm]'") from None
         return None
