@@ -1,5 +1,8 @@
 """The driver: runs once per job, in the process Hydra started. Validates, saves the resolved config,
-hands the run to the strategy's launcher, and reports. Workers never run Hydra again."""
+hands the run to the strategy's launcher, and reports. Workers never run Hydra again.
+
+When a launcher already started one process per rank (torchrun; SLURM or submitit tasks), rank 0 drives
+and trains, and the other ranks follow it: they take the config and run folder from rank 0."""
 from __future__ import annotations
 
 import shlex
@@ -15,7 +18,8 @@ from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.errors import ConfigError
 from framework.interrupts import GracefulStop, Interrupted, NoStop
 from framework.launch.elastic import WorkersFailed
-from framework.launch.environment import launched_externally
+from framework.launch.environment import env_rank, launched_externally
+from framework.launch.slurm import in_submitit_task, scheduler_name
 from framework.results import format_rate, write_result
 from framework.strategies import build_strategy, resolve_auto
 from framework.validation import validate
@@ -25,10 +29,19 @@ RESOLVED_CONFIG = "resolved_config.yaml"
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Hydra's task function. Returns the test accuracy (the objective for sweepers)."""
+    """Hydra's task function. Returns the test accuracy (the objective for sweepers); None for a failed job
+    of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if launched_externally() and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
+        _follow(cfg)
+        return None
+    if launched_externally() and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
+        # rank 0 of `torchrun/srun train.py -m ...`: the other ranks refused already, so nobody would join
+        sys.exit(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
+                 "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
     try:
+        _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg)
     except (ConfigError, WorkersFailed) as exc:
         if hydra_cfg.mode == RunMode.MULTIRUN:  # let the other jobs run; the sweep summary lists this one as failed
@@ -41,16 +54,30 @@ def run(cfg: DictConfig) -> float | None:
         _exit_interrupted(exc.signum, run_dir, hydra_cfg)
 
 
+def _outer_launcher() -> str:
+    return {"slurm": "SLURM tasks", "local": "submitit_local tasks"}.get(scheduler_name() or "", "torchrun")
+
+
 def choose_strategy(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto and build the strategy; under torchrun only ddp fits the started workers."""
+    """Resolve strategy=auto and build the strategy; under torchrun/SLURM only ddp fits the started workers."""
     note = resolve_auto(cfg, external)
     strategy = build_strategy(cfg)
     if external and strategy.name != "ddp":
         raise ConfigError(
-            f"strategy={strategy.name} is not allowed under torchrun: the launcher already started several "
-            "workers; use strategy=ddp (or auto)"
+            f"strategy={strategy.name} is not allowed under {_outer_launcher()}: the launcher already started "
+            "several workers; use strategy=ddp (or auto)"
         )
     return strategy, note
+
+
+def _pin_parallel_job(hydra_cfg) -> None:
+    """Under hydra/launcher=joblib, jobs run side by side: give this one its own GPUs and cores."""
+    if hydra_cfg.mode != RunMode.MULTIRUN or not str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+        return
+    from framework.launch.job_slots import claim_slot
+
+    slot = claim_slot(Path(hydra_cfg.sweep.dir), int(hydra_cfg.launcher.n_jobs))
+    print(slot.describe(), flush=True)
 
 
 def prepare(cfg: DictConfig, external: bool, run_dir: Path):
@@ -68,6 +95,8 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg) -> float | None:
         if external:  # say it first: torchrun stops this process as soon as a follower exits
             print(f"error: {exc}", file=sys.stderr, flush=True)
             _tell_followers(cfg, str(exc))
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                return None
             sys.exit(2)
         raise
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -124,26 +153,50 @@ def _tell_followers(cfg: DictConfig, message: str) -> None:
         pass
 
 
+def _take_error_from_rank0(cfg: DictConfig) -> str | None:
+    try:
+        from framework.strategies.ddp import DDPStrategy
+
+        link = DDPStrategy(cfg)
+        link.setup()
+        payload = link.broadcast_object(None)
+        link.teardown()
+        return payload.get("error")
+    except Exception:  # rank 0 times out on its own if even this fails
+        return None
+
+
 def follow_rank0(overrides: list[str]) -> int:
-    """Ranks > 0 under torchrun: no Hydra run (so no extra folder); take config and run folder from rank 0."""
+    """Ranks > 0 under torchrun or srun: no Hydra run (so no extra folder); config and run folder come from rank 0."""
     from hydra import compose, initialize_config_dir
 
     from framework.paths import CONF_DIR
 
     if any(o in ("-m", "--multirun") for o in overrides):
-        print("error: -m/--multirun is not allowed under torchrun; run the sweep without torchrun", file=sys.stderr)
+        print(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
+              "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)", file=sys.stderr)
         return 2
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[o for o in overrides if not o.startswith(("hydra.", "--"))])
+    return 0 if _follow(cfg) is None else 2
+
+
+def _follow(cfg: DictConfig) -> str | None:
+    """Join rank 0's group, take its payload and train as one rank. Returns the error when there is one."""
     try:
         strategy, _ = choose_strategy(cfg, external=True)
     except ConfigError as exc:  # torchrun stops rank 0 as soon as one rank fails, so say it here too
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        if scheduler_name() is None:
+            return str(exc)
+        # SLURM/submitit stop nothing: rank 0 found the same error and waits to send it; take it so it can end.
+        return _take_error_from_rank0(cfg) or str(exc)
     strategy.setup()
     payload = strategy.broadcast_object(None)
     if "error" in payload:
         strategy.teardown()
-        return 2
+        if scheduler_name():  # each SLURM/submitit task has a log of its own; under torchrun rank 0 said it
+            print(f"error: {payload['error']}", file=sys.stderr, flush=True)
+        return payload["error"]
     worker_entry(payload, strategy, stop=NoStop())
-    return 0
+    return None

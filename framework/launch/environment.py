@@ -5,7 +5,11 @@ import os
 
 
 def launched_externally() -> bool:
-    """True when torchrun (or another torch.distributed launcher) already started us as one of many workers."""
+    """True when torchrun (or another torch.distributed launcher), SLURM or submitit already started us as
+    one of many workers. A SLURM/submitit task gets torch's rank variables from the scheduler's here."""
+    from framework.launch.slurm import adopt_scheduler_ranks
+
+    adopt_scheduler_ranks()
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 

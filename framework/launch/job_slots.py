@@ -1,0 +1,96 @@
+"""Parallel sweep jobs on one machine (hydra/launcher=joblib): each job gets its own share of the GPUs and
+CPU cores, so two jobs never train on the same GPU or fight over the same cores.
+
+joblib runs the jobs in a pool of n_jobs worker processes. Each worker process claims the lowest free slot
+0..n_jobs-1 with an exclusive lock on a file in the sweep folder and keeps it for its lifetime (the lock goes
+away with the process, so a restarted worker finds its slot free). Slot k gets GPUs [k*g, (k+1)*g) with
+g = GPUs // n_jobs (CUDA_VISIBLE_DEVICES, set before CUDA starts in this process) and the k-th share of the
+cores (CPU affinity, which ddp's workers inherit and divide among themselves).
+Rendezvous ports need nothing here: every ddp launch already uses its own store on a free port."""
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from framework.errors import ConfigError
+
+_claimed: list["Slot"] = []  # this process's slot, once claimed (a joblib worker process runs many jobs)
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    of: int
+    gpus: tuple[str, ...]  # as CUDA_VISIBLE_DEVICES names them (indices or UUIDs)
+    cores: tuple[int, ...]
+
+    def describe(self) -> str:
+        gpus = f"CUDA_VISIBLE_DEVICES={','.join(self.gpus)}" if self.gpus else "no GPU"
+        return f"parallel job slot {self.index + 1}/{self.of}: {gpus}, {len(self.cores)} CPU core(s)"
+
+
+def parallel_jobs(n_jobs: int) -> int:
+    """joblib's reading of n_jobs: -1 is every core, -2 every core but one, and so on."""
+    import joblib
+
+    return max(1, joblib.cpu_count() + 1 + n_jobs) if n_jobs < 0 else max(1, n_jobs)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them. Asked before CUDA starts here:
+    torch.cuda.device_count() then reads NVML and caches nothing, so narrowing the list afterwards works."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and not g.strip().startswith("-")]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def share(slot: int, slots: int, gpus: list[str], cores: list[int]) -> Slot:
+    per_job = len(gpus) // slots
+    if gpus and per_job == 0:
+        raise ConfigError(
+            f"hydra.launcher.n_jobs={slots} is not allowed with {len(gpus)} GPU(s): parallel jobs would share GPUs; "
+            f"use hydra.launcher.n_jobs={len(gpus)} or fewer"
+        )
+    per_job_cores = max(1, len(cores) // slots)
+    job_cores = cores[slot * per_job_cores:(slot + 1) * per_job_cores] or [cores[slot % len(cores)]]
+    return Slot(slot, slots, tuple(gpus[slot * per_job:(slot + 1) * per_job]), tuple(job_cores))
+
+
+def _lock_lowest_free(folder: Path, slots: int) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(slots):
+        fd = os.open(folder / f"slot-{k}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return k  # the descriptor stays open: the slot is ours until this process exits
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError(f"no free parallel job slot in {folder}: more than {slots} jobs run at once")
+
+
+def claim_slot(sweep_dir: Path, n_jobs: int) -> Slot:
+    """This worker process's slot; pins GPUs and cores the first time, the same slot afterwards."""
+    if _claimed:
+        return _claimed[0]
+    slots = parallel_jobs(n_jobs)
+    gpus, cores = visible_gpus(), sorted(os.sched_getaffinity(0))
+    slot = share(_lock_lowest_free(sweep_dir / ".job_slots", slots), slots, gpus, cores)
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
+    os.sched_setaffinity(0, slot.cores)
+    # joblib set OMP_NUM_THREADS for in-process threads; ddp recomputes it per worker from the affinity.
+    os.environ.pop("OMP_NUM_THREADS", None)
+    import torch
+
+    torch.set_num_threads(len(slot.cores))
+    # loky names its own start method in this worker; processes spawned from here (ddp's workers) would be told
+    # to use it and fail with "cannot find context for 'loky'".
+    multiprocessing.set_start_method("spawn", force=True)
+    _claimed.append(slot)
+    return slot

@@ -1,0 +1,83 @@
+"""conf/experiment/: one preset per seed tutorial, composed by Hydra and really run (MNIST and CIFAR-10 are
+not on this machine: those presets are checked for the missing-data message, and trained on random data of
+the same shape)."""
+import json
+import re
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO, TINY, check_ok, run_dirs, run_train
+
+SMALL = ["trainer.max_steps=4", "trainer.log_every_n_steps=2"]
+
+
+def composed(*overrides: str, hydra: bool = False):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def test_presets_compose_to_the_tutorials_settings():
+    dp = composed("experiment=dp_tutorial")
+    assert dp.model._target_.endswith("LinearModel") and dp.model.print_sizes
+    assert (dp.dataset.name, list(dp.dataset.shape), dp.dataset.num_classes, dp.dataset.train_size) == ("synthetic", [5], 2, 100)
+    assert (dp.strategy.name, dp.trainer.batch_size) == ("dp", 30)
+
+    d2l = composed("experiment=d2l_lenet_data_parallel")
+    assert d2l.model._target_.endswith("LeNet") and d2l.dataset.name == "fashion_mnist"
+    assert (d2l.strategy.name, d2l.trainer.batch_size, d2l.optimizer.lr, d2l.trainer.epochs) == ("ddp", 256, 0.2, 10)
+
+    mnist = composed("experiment=simple_cnn_mnist")
+    assert mnist.model._target_.endswith("SimpleCNN") and (mnist.dataset.name, mnist.strategy.name) == ("mnist", "ddp")
+
+    cifar = composed("experiment=cifar_net")
+    assert cifar.model._target_.endswith("CifarNet") and cifar.dataset.name == "cifar10"
+    assert (cifar.trainer.batch_size, cifar.optimizer.lr, cifar.optimizer.momentum) == (4, 0.001, 0.9)
+
+    sweep = composed("experiment=compare_strategies", hydra=True)
+    assert sweep.hydra.sweeper.params.strategy.split(",") == ["single", "dp", "ddp"]
+
+
+def test_dp_tutorial_prints_what_each_replica_got(tmp_path):
+    out = check_ok(run_train(["experiment=dp_tutorial"], tmp_path))
+    replicas = max(1, torch.cuda.device_count())
+    sizes = [int(n) for n in re.findall(r"In Model: input size \((\d+), 5\) output size \(\d+, 2\)", out)]
+    steps = 100 // 30  # the tutorial's 100 samples in batches of 30, the tail dropped
+    assert sum(sizes[: steps * replicas]) == 30 * steps and len(set(sizes[: steps * replicas])) == 1
+    assert sizes[0] == 30 // replicas
+    [run_dir] = run_dirs(tmp_path)
+    assert json.loads((run_dir / "result.json").read_text())["strategy"] == "dp"
+
+
+def test_d2l_preset_trains_lenet_with_ddp(tmp_path):
+    check_ok(run_train(["experiment=d2l_lenet_data_parallel", *TINY, *SMALL], tmp_path))
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["strategy"], result["processes"], result["steps"]) == ("ddp", 2, 4)
+
+
+@pytest.mark.parametrize("preset,dataset", [("simple_cnn_mnist", "mnist"), ("cifar_net", "cifar10")])
+def test_presets_without_local_data_stop_with_the_missing_data_message(tmp_path, preset, dataset):
+    proc = run_train([f"experiment={preset}", "dataset.download=false", f"dataset.download_dir={tmp_path}"],
+                     tmp_path, env={"HYDRA_DIST_DATA": str(tmp_path)}, timeout=60)
+    assert proc.returncode != 0
+    assert f"error: dataset={dataset}: no usable files found" in proc.stderr
+    assert "dataset.download=false" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("preset,shape,strategy", [("simple_cnn_mnist", "[1,28,28]", "ddp"),
+                                                   ("cifar_net", "[3,32,32]", "single")])
+def test_presets_train_on_random_data_of_their_dataset_shape(tmp_path, preset, shape, strategy):
+    check_ok(run_train([f"experiment={preset}", "dataset=synthetic", f"dataset.shape={shape}", *SMALL], tmp_path))
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["strategy"] == strategy and result["steps"] == 4
+
+
+def test_compare_strategies_runs_one_job_per_strategy(tmp_path):
+    out = check_ok(run_train(["-m", "experiment=compare_strategies", *TINY, "trainer.max_steps=2"], tmp_path,
+                             timeout=400))
+    jobs = run_dirs(tmp_path)
+    assert sorted(j.name.split("_")[1] for j in jobs) == ["ddp", "dp", "single"]
+    assert out.count("| ok |") == 3

@@ -1,0 +1,158 @@
+"""Launchers that exist, as Hydra config: submitit (local here, SLURM's mapping checked against submitit's
+own sbatch file), plain srun-style tasks, joblib for parallel jobs on one machine, and the Optuna sweeper.
+Every job here really runs."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, TINY, TRAIN, check_ok, read_scalars, run_dirs, run_train
+
+
+def _summary_rows(sweep_dir):
+    with open(sweep_dir / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_submitit_local_runs_a_two_task_ddp_job_as_two_ranks(tmp_path):
+    out = check_ok(run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                              "strategy=ddp", *TINY, "trainer.epochs=1"], tmp_path, timeout=300))
+    [run_dir] = run_dirs(tmp_path)  # one folder although both tasks ran Hydra's job
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["processes"] == 2 and len(result["per_rank_samples_per_sec"]) == 2
+    tags = read_scalars(run_dir)
+    assert {"throughput/samples_per_sec/rank0", "throughput/samples_per_sec/rank1"} <= set(tags)
+    [row] = _summary_rows(run_dir.parent)
+    assert row["status"] == "ok" and float(row["test_acc"]) == round(result["test_acc"], 4)
+    assert "sweep summary" in out
+
+    logs = {p.name: p.read_text() for p in (run_dir.parent / ".submitit").rglob("*_log.out")}
+    rank0 = next(text for name, text in logs.items() if name.endswith("_0_log.out"))
+    rank1 = next(text for name, text in logs.items() if name.endswith("_1_log.out"))
+    assert "done: test accuracy" in rank0 and "done:" not in rank1  # rank 0 reports, rank 1 follows
+    assert "CPU workers on gloo" not in rank0 + rank1, "a task must not start workers of its own"
+
+
+def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_path):
+    proc = run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
+                      "trainer.batch_size=0"], tmp_path, timeout=180)
+    assert proc.returncode != 0 and "1 sweep job(s) failed: 0" in proc.stderr
+    [run_dir] = run_dirs(tmp_path)
+    errors = [p.read_text() for p in sorted((run_dir.parent / ".submitit").rglob("*_log.err"))]
+    assert len(errors) == 2 and all("trainer.batch_size=0 is not allowed" in e for e in errors)
+
+
+def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
+    """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
+    # The rendezvous port is derived from SLURM_JOB_ID, so a job id of our own.
+    slurm = {"SLURM_JOB_ID": str(os.getpid()), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    tasks = [
+        subprocess.Popen([sys.executable, str(TRAIN), "strategy=ddp", *TINY, "trainer.max_steps=8"], cwd=tmp_path,
+                         env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "PYTHONUNBUFFERED": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [t.communicate(timeout=240) for t in tasks]
+    for task, (out, err) in zip(tasks, outs):
+        assert task.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["processes"] == 2 and result["strategy"] == "ddp"
+    assert "done: test accuracy" in outs[0][0] and "done:" not in outs[1][0]
+
+
+def _ranks_adopted(env: dict) -> list[str]:
+    code = ("import os; from framework.launch.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
+            "print(a, *(os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and
+            k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_srun_tasks_of_one_job_agree_on_the_port_and_an_sbatch_script_is_no_rank():
+    job = {"SLURM_JOB_ID": "9001", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    step = {**job, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"}
+    tasks = [_ranks_adopted({**step, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r % 2), "SLURM_NODEID": str(r // 2)})
+             for r in range(4)]
+    assert [t[:4] for t in tasks] == [["True", str(r), "4", str(r % 2)] for r in range(4)]
+    assert {(t[4], t[5]) for t in tasks} == {("gpu07", tasks[0][5])}  # rank 0's node, one port for all
+    other_job = _ranks_adopted({**step, "SLURM_JOB_ID": "9002", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    assert other_job[5] != tasks[0][5]
+    # The batch script itself (SLURM_NTASKS=4, SLURM_PROCID=0, no srun step) starts its own workers.
+    assert _ranks_adopted({**job, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})[:2] == ["False", "None"]
+
+
+def test_slurm_preset_asks_for_one_task_per_gpu(tmp_path):
+    out = check_ok(run_train(["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.nodes=2",
+                              "hydra.launcher.partition=gpu", "--cfg", "hydra", "--resolve"], tmp_path, timeout=60))
+    launcher = yaml.safe_load(out)["hydra"]["launcher"]
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert (launcher["tasks_per_node"], launcher["gpus_per_node"], launcher["nodes"]) == (4, 4, 2)
+
+    # The sbatch file that submitit's SLURM executor writes for these settings (nothing is submitted; the
+    # executor itself refuses to start without srun on the machine, so its file writer is called directly).
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    sbatch = _make_sbatch_string(command="python -m submitit.core._submit x", folder=str(tmp_path), job_name="train",
+                                 ntasks_per_node=launcher["tasks_per_node"], gpus_per_node=launcher["gpus_per_node"],
+                                 nodes=launcher["nodes"], partition=launcher["partition"],
+                                 cpus_per_task=launcher["cpus_per_task"], time=launcher["timeout_min"])
+    for line in ("#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4", "#SBATCH --nodes=2",
+                 "#SBATCH --partition=gpu"):
+        assert line in sbatch
+
+
+def test_joblib_runs_two_ddp_jobs_at_once_each_on_its_own_cores(tmp_path):
+    out = check_ok(run_train(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=ddp",
+                              "trainer.seed=1,2", *TINY, "trainer.max_steps=8"], tmp_path, timeout=400))
+    # A slot stays locked while the worker process holding it lives, so slot 2 means two workers at once.
+    assert "parallel job slot 1/2" in out and "parallel job slot 2/2" in out
+    jobs = run_dirs(tmp_path)
+    assert len(jobs) == 2
+    rows = _summary_rows(jobs[0].parent)
+    assert [r["status"] for r in rows] == ["ok", "ok"]  # each ddp job used its own rendezvous port
+    assert all(len(r["per_rank_samples_per_sec"].split(" / ")) == 2 for r in rows)
+    cores = len(os.sched_getaffinity(0))
+    if cores >= 2:
+        assert f"{cores // 2} CPU core(s)" in out
+
+
+def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp_path):
+    # The preset's study (TPE, seed 42), narrowed to one parameter: grad_accum=3 does not divide batch 64, so
+    # those trials fail before training; the others train and their accuracy reaches Optuna.
+    proc = run_train(["-m", "hparams_search=fashion_mnist_optuna", "hydra.sweeper.n_trials=3",
+                      "optimizer.lr=0.002", "trainer.batch_size=64", "model=lenet", "trainer.grad_accum=choice(1,3)",
+                      *[a for a in TINY if not a.startswith("trainer.batch_size")], "trainer.max_steps=8"],
+                     tmp_path, timeout=300)
+    assert "trainer.batch_size=64 is not allowed" in proc.stderr
+    [sweep_dir] = {j.parent for j in run_dirs(tmp_path)}
+    rows = _summary_rows(sweep_dir)
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"failed", "ok"}
+    for row in rows:
+        assert ("grad_accum=3" in row["overrides"]) == (row["status"] == "failed")
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert best["best_params"]["trainer.grad_accum"] == 1
+    assert round(best["best_value"], 4) == max(float(r["test_acc"]) for r in rows if r["status"] == "ok")
+    assert proc.returncode != 0 and "1 sweep job(s) failed" in proc.stderr  # the sweep still says so
+
+
+
+def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
+    from framework.errors import ConfigError
+    from framework.launch.job_slots import share
+
+    gpus, cores = ["0", "1", "2", "3"], list(range(8))
+    assert [(s.gpus, s.cores) for s in (share(k, 2, gpus, cores) for k in range(2))] == [
+        (("0", "1"), (0, 1, 2, 3)), (("2", "3"), (4, 5, 6, 7))]
+    assert share(3, 4, gpus, cores).gpus == ("3",)
+    assert share(1, 2, [], [0, 1]).cores == (1,) and share(1, 2, [], [0, 1]).gpus == ()
+    with pytest.raises(ConfigError, match="hydra.launcher.n_jobs=8 is not allowed with 4 GPU"):
+        share(0, 8, gpus, cores)
