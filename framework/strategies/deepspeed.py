@@ -11,12 +11,13 @@ import logging
 import multiprocessing
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from framework.config_checks import boolean, fail, int_at_least, value_at
+from framework.config_checks import boolean, fail, value_at
 from framework.errors import ConfigError
 from framework.precision import Precision
 from framework.strategies.ddp import DDPStrategy
@@ -89,7 +90,6 @@ class DeepSpeedStrategy(DDPStrategy):
             raise ConfigError("trainer.on_nonfinite=skip is not allowed with strategy=deepspeed: DeepSpeed's engine "
                               "owns the optimizer step and cannot skip one on request (with fp16 its loss scaler "
                               "skips overflowing steps by itself); use trainer.on_nonfinite=stop")
-        int_at_least(cfg, "trainer.grad_accum", 1)
         deepspeed_config(cfg, self.processes())  # raises on a strategy.config key that contradicts the config
 
     def save_settings(self, run_dir: Path) -> None:
@@ -112,6 +112,8 @@ class DeepSpeedStrategy(DDPStrategy):
         except ImportError as exc:
             raise RuntimeError(f"strategy=deepspeed cannot import DeepSpeed ({exc}); {INSTALL_HINT}") from exc
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        # DeepSpeed's ZeRO calls a torch collective that torch now marks deprecated; not the user's to fix.
+        warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(self.cfg, self.world_size),
             dist_init_required=False,
