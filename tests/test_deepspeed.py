@@ -197,6 +197,16 @@ def test_without_deepspeed_the_strategy_says_how_to_install_it_and_others_never_
     assert subprocess.run([sys.executable, "-c", check], cwd=REPO, timeout=120).returncode == 0
 
 
+def test_under_torchrun_deepspeed_uses_the_started_workers(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    out = check_ok(run_train(["strategy=deepspeed", "strategy.zero_stage=1", *COMMON], tmp_path, launcher=torchrun))
+    assert out.count("done: test accuracy") == 1
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["strategy"] == "deepspeed" and result["processes"] == 2 and result["steps"] == STEPS
+    assert (run_dir / "deepspeed_config.json").is_file() and (run_dir / "checkpoints" / "step-00000012.json").is_file()
+
+
 @needs_gpu
 @pytest.mark.parametrize("stage", [2, 3])
 def test_cuda_bf16_zero_trains_on_every_gpu_with_nccl(tmp_path, stage):

@@ -113,7 +113,7 @@ class DeepSpeedStrategy(DDPStrategy):
             raise RuntimeError(f"strategy=deepspeed cannot import DeepSpeed ({exc}); {INSTALL_HINT}") from exc
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         # DeepSpeed's ZeRO calls a torch collective that torch now marks deprecated; not the user's to fix.
-        warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+. is deprecated", category=FutureWarning)
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(self.cfg, self.world_size),
             dist_init_required=False,
