@@ -118,6 +118,11 @@ def _prune(folder: Path, keep: int) -> None:
             shutil.rmtree(old.path, ignore_errors=True)
         else:
             old.path.unlink(missing_ok=True)
+    # A shard folder without a manifest was left by a worker group that died while writing it. Pruning runs
+    # right after a commit, when no rank is writing, so such a folder is never a checkpoint in progress.
+    for leftover in folder.glob("step-*"):
+        if leftover.is_dir() and not leftover.with_suffix(".json").exists():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def list_checkpoints(folder: Path) -> list[Checkpoint]:

@@ -48,9 +48,8 @@ class DeepSpeedPrecision(Precision):
 
 def _innermost_torch_optimizer(optimizer):
     """ZeRO wraps the torch optimizer (whose params are this rank's flat fp32 partitions)."""
-    seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer") and seen < 8:
-        optimizer, seen = optimizer.optimizer, seen + 1
+    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
     return optimizer
 
 

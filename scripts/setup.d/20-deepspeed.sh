@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Optional part: DeepSpeed (strategy=deepspeed) in the venv given as $1, with the version range of
-# pyproject.toml's `deepspeed` extra. Idempotent: does nothing when deepspeed already imports.
+# pyproject.toml's `deepspeed` extra. Idempotent: does nothing when deepspeed is already installed.
 # PyPI ships DeepSpeed only as a source distribution whose build imports torch, so it is built
 # with --no-build-isolation against the torch already in the venv (about 30 s; no CUDA ops are
 # compiled now). At first use on CPU DeepSpeed compiles a small shared-memory op with g++ and ninja
@@ -14,7 +14,8 @@ if [ "${HYDRA_DIST_SKIP_DEEPSPEED:-0}" = 1 ]; then
     echo "setup: skipping DeepSpeed (HYDRA_DIST_SKIP_DEEPSPEED=1); strategy=deepspeed will not be available"
     exit 0
 fi
-if "$py" -c "import deepspeed" >/dev/null 2>&1; then
+# Installed already: done (find_spec, not an import: importing DeepSpeed takes seconds).
+if "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)" 2>/dev/null; then
     exit 0
 fi
 for tool in g++ ninja; do
