@@ -25,7 +25,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="single@1,single,dp,ddp",
                    help="comma list; the first is the reference. NAME@T runs NAME with OMP_NUM_THREADS=T: "
-                        "single@1 is one core, the per-device reference that ddp's 2 one-thread workers scale from")
+                        "single@1 is one core, the per-device reference that ddp's 2 one-thread workers scale from; "
+                        "deepspeed:N is strategy=deepspeed with strategy.zero_stage=N")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model", default="lenet")
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
@@ -39,12 +40,14 @@ def parse_args():
 
 def run_strategy(variant: str, args, workdir: Path):
     strategy, _, threads = variant.partition("@")
+    strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
     overrides = [
-        f"strategy={strategy}", f"model={args.model}", f"trainer.batch_size={args.batch_size}",
+        f"strategy={strategy}", *([f"strategy.zero_stage={zero_stage}"] if zero_stage else []),
+        f"model={args.model}", f"trainer.batch_size={args.batch_size}",
         f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
         "dataset.max_test_samples=1000", *args.override,
     ]
-    if strategy == "ddp":
+    if strategy in ("ddp", "deepspeed"):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
 
     def measure() -> dict:

@@ -59,13 +59,14 @@ def _outer_launcher() -> str:
 
 
 def choose_strategy(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto and build the strategy; under torchrun/SLURM only ddp fits the started workers."""
+    """Resolve strategy=auto and build the strategy; under torchrun/SLURM only ddp and deepspeed fit the started
+    workers."""
     note = resolve_auto(cfg, external)
     strategy = build_strategy(cfg)
-    if external and strategy.name != "ddp":
+    if external and strategy.name not in ("ddp", "deepspeed"):
         raise ConfigError(
             f"strategy={strategy.name} is not allowed under {_outer_launcher()}: the launcher already started "
-            "several workers; use strategy=ddp (or auto)"
+            "several workers; use strategy=ddp, deepspeed or auto"
         )
     return strategy, note
 
@@ -101,6 +102,7 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg) -> float | None:
         raise
     resolved = OmegaConf.to_container(cfg, resolve=True)
     OmegaConf.save(OmegaConf.create(resolved), run_dir / RESOLVED_CONFIG)
+    strategy.save_settings(run_dir)
     payload = {"cfg": resolved, "run_dir": str(run_dir)}
     if note:
         print(note, flush=True)

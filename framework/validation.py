@@ -25,12 +25,13 @@ def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     strategy.validate()
     _precision_on_device(cfg, strategy)
     _batch_split(cfg, strategy)
-    _resume(cfg, run_dir)
+    _resume(cfg, strategy, run_dir)
     prepare_dataset(cfg.dataset)  # last: it may download
 
 
-def _resume(cfg: DictConfig, run_dir: Path) -> None:
-    """The checkpoint a run would resume from must exist and belong to this model, dataset and optimizer."""
+def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
+    """The checkpoint a run would resume from must exist, belong to this model, dataset and optimizer, and be
+    in the format this strategy reads (one file, or a sharding engine's folder)."""
     resume = cfg.trainer.resume
     if resume is not None and not isinstance(resume, str):
         fail("trainer.resume", resume, "expected auto, none, or a path to a checkpoint or run folder")
@@ -41,6 +42,11 @@ def _resume(cfg: DictConfig, run_dir: Path) -> None:
     if mismatch:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
                           f"different setup ({mismatch}); use trainer.resume=none or a matching checkpoint")
+    saved = checkpoint.manifest.get("format", "file")
+    if saved != strategy.checkpoint_format:
+        raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
+                          f"and strategy={strategy.name} reads {strategy.checkpoint_format}; use the strategy (and "
+                          "strategy.zero_stage) that wrote it, or trainer.resume=none")
 
 
 def _trainer(cfg: DictConfig) -> None:

@@ -1,11 +1,12 @@
 """When to write checkpoints and which one to resume from; the trainer calls it, rank 0 writes."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
-from framework.checkpoints.state import Position, capture, config_hash, restore, rng_state
+from framework.checkpoints.state import Position, capture, config_hash, restore, restore_progress, rng_state
 from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
-                                         save_checkpoint)
+                                         save_checkpoint, save_sharded_checkpoint)
 from framework.launch.environment import restart_attempt
 
 
@@ -34,19 +35,26 @@ class Checkpointer:
         return epoch_end or bool(self.every and step % self.every == 0)
 
     def save(self, model, optimizer, scaler, position: Position, totals: dict, tb) -> None:
-        rngs = self.strategy.gather_objects(rng_state())
-        if not self.strategy.is_main:
-            return
+        strategy = self.strategy
+        rngs = strategy.gather_objects(rng_state())
         if tb:
             tb.flush()  # everything logged up to this step is on disk before the checkpoint exists
-        state = capture(self.strategy.unwrap(model), optimizer, scaler, position, totals, rngs)
         manifest = {"step": position.step, "epoch": position.epoch, "batch_in_epoch": position.batch_in_epoch,
                     "config_hash": self.config_hash, "signature": self.signature,
-                    "world_size": self.strategy.world_size}
+                    "world_size": strategy.world_size, "format": strategy.checkpoint_format}
         midway = None
         if self.faults.due("kill_in_checkpoint", position.step):
             def midway():
                 self.faults.kill_if_due("kill_in_checkpoint", position.step)
+        if strategy.checkpoint_format != "file":  # the engine writes shards on every rank
+            state = {"position": asdict(position), "totals": totals, "rng": rngs, "scaler": None}
+            save_sharded_checkpoint(self.folder, state, manifest, self.keep,
+                                    lambda folder, tag: strategy.save_engine_checkpoint(folder, tag, model),
+                                    strategy.barrier, strategy.is_main, midway)
+            return
+        if not strategy.is_main:
+            return
+        state = capture(strategy.unwrap(model), optimizer, scaler, position, totals, rngs)
         save_checkpoint(self.folder, state, manifest, self.keep, midway)
 
     def last_saved(self) -> Path | None:
@@ -56,6 +64,10 @@ class Checkpointer:
 
     def resume(self, checkpoint: Checkpoint, model, optimizer, scaler) -> tuple[Position, dict]:
         state = load_checkpoint(checkpoint, self.strategy.device)
-        position, totals = restore(state, self.strategy.unwrap(model), optimizer, scaler, self.strategy.rank)
+        if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
+            self.strategy.load_engine_checkpoint(checkpoint.path.parent, checkpoint.path.name, model)
+            position, totals = restore_progress(state, self.strategy.rank)
+        else:
+            position, totals = restore(state, self.strategy.unwrap(model), optimizer, scaler, self.strategy.rank)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1})")
         return position, totals

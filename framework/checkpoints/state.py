@@ -84,6 +84,11 @@ def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int) -
     optimizer.load_state_dict(state["optimizer"])
     if scaler and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
+    return restore_progress(state, rank)
+
+
+def restore_progress(state: dict, rank: int) -> tuple[Position, dict]:
+    """RNG streams, data position and run totals (all a sharded checkpoint's training_state.pt holds)."""
     rngs = state["rng"]
     if rank < len(rngs):  # a run resumed with more workers than it saved gives the new ones fresh streams
         restore_rng(rngs[rank])

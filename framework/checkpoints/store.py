@@ -2,7 +2,11 @@
 The .pt is written to a temporary file, fsynced and renamed; the manifest (step, epoch, config hash,
 sha256, size) is written the same way afterwards and is the commit mark: no manifest, no checkpoint.
 Loading verifies size and checksum and uses torch.load(weights_only=True), which refuses pickles that
-would run code."""
+would run code.
+
+A strategy whose engine shards model and optimizer (DeepSpeed ZeRO) writes a folder `step-XXXXXXXX/`
+instead of the .pt: every rank's shards plus training_state.pt. The manifest is still written last, by
+rank 0, after every rank has finished, and lists every file with its size and sha256."""
 from __future__ import annotations
 
 import hashlib
@@ -10,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +25,7 @@ import torch
 from framework.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
+TRAINING_STATE = "training_state.pt"  # in a sharded checkpoint's folder: everything but the engine's shards
 
 
 @dataclass
@@ -70,10 +76,53 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int,
     return Checkpoint(path, manifest)
 
 
+def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int, write_shards: Callable[[Path, str], None],
+                            barrier: Callable[[], None], is_main: bool,
+                            midway: Callable[[], None] | None = None) -> Checkpoint | None:
+    """Every rank calls this. The engine writes each rank's shards into folder/step-XXXXXXXX/, rank 0 adds the
+    loop's own state (training_state.pt); after a barrier (every rank has finished its shard) rank 0 fsyncs
+    every file and commits the folder with the manifest, which lists each file's size and sha256."""
+    stem = f"step-{manifest['step']:08d}"
+    shard_dir = folder / stem
+    if is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.json").unlink(missing_ok=True)
+        if shard_dir.exists():  # never committed (or about to be replaced): not a checkpoint
+            shutil.rmtree(shard_dir)
+    barrier()
+    write_shards(folder, stem)
+    if is_main:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        _write_atomically(shard_dir / TRAINING_STATE, buffer.getvalue(), midway)
+    barrier()
+    if not is_main:
+        return None
+    files = {}
+    for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        files[str(path.relative_to(shard_dir))] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    _fsync_dir(shard_dir)
+    manifest = {**manifest, "file": stem, "files": files}
+    _write_atomically(folder / f"{stem}.json", json.dumps(manifest, indent=2).encode())
+    _prune(folder, keep)
+    return Checkpoint(shard_dir, manifest)
+
+
 def _prune(folder: Path, keep: int) -> None:
     for old in list_checkpoints(folder)[:-keep]:
         old.path.with_suffix(".json").unlink(missing_ok=True)  # manifest first: the checkpoint is gone as a unit
-        old.path.unlink(missing_ok=True)
+        if old.path.is_dir():
+            shutil.rmtree(old.path, ignore_errors=True)
+        else:
+            old.path.unlink(missing_ok=True)
+    # A shard folder without a manifest was left by a worker group that died while writing it. Pruning runs
+    # right after a commit, when no rank is writing, so such a folder is never a checkpoint in progress.
+    for leftover in folder.glob("step-*"):
+        if leftover.is_dir() and not leftover.with_suffix(".json").exists():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def list_checkpoints(folder: Path) -> list[Checkpoint]:
@@ -84,19 +133,30 @@ def list_checkpoints(folder: Path) -> list[Checkpoint]:
             manifest = json.loads(manifest_path.read_text())
         except (OSError, ValueError):
             continue
-        found.append(Checkpoint(manifest_path.with_suffix(".pt"), manifest))
+        found.append(Checkpoint(manifest_path.with_name(manifest.get("file") or manifest_path.stem + ".pt"), manifest))
     return sorted(found, key=lambda c: c.step)
 
 
 def verify(checkpoint: Checkpoint) -> str | None:
-    """None when the file is complete and matches its manifest, else what is wrong."""
+    """None when the file (or every file of a sharded checkpoint) is complete and matches its manifest,
+    else what is wrong."""
+    if "files" in checkpoint.manifest:
+        for name, expected in checkpoint.manifest["files"].items():
+            problem = _verify_file(checkpoint.path / name, expected)
+            if problem:
+                return f"{name}: {problem}"
+        return None
+    return _verify_file(checkpoint.path, checkpoint.manifest)
+
+
+def _verify_file(path: Path, expected: dict) -> str | None:
     try:
-        data = checkpoint.path.read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
         return f"cannot read it ({exc.strerror})"
-    if len(data) != checkpoint.manifest.get("bytes"):
-        return f"it is truncated ({len(data)} of {checkpoint.manifest.get('bytes')} bytes)"
-    if hashlib.sha256(data).hexdigest() != checkpoint.manifest.get("sha256"):
+    if len(data) != expected.get("bytes"):
+        return f"it is truncated ({len(data)} of {expected.get('bytes')} bytes)"
+    if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
         return "its checksum does not match the manifest"
     return None
 
@@ -111,8 +171,8 @@ def newest_valid(folder: Path, warn: Callable[[str], None] = lambda m: warnings.
 
 
 def find_checkpoint(path: Path, warn: Callable[[str], None]) -> Checkpoint:
-    """trainer.resume=PATH: a .pt file, a checkpoints folder, or a run folder."""
-    if path.is_file():
+    """trainer.resume=PATH: a .pt file (or a sharded checkpoint's folder), a checkpoints folder, or a run folder."""
+    if path.is_file() or (path.is_dir() and path.with_suffix(".json").is_file()):
         manifest_path = path.with_suffix(".json")
         if not manifest_path.is_file():
             raise ConfigError(f"trainer.resume={path} is not allowed: it has no manifest {manifest_path.name} beside it, "
@@ -133,8 +193,10 @@ def find_checkpoint(path: Path, warn: Callable[[str], None]) -> Checkpoint:
 
 
 def load_checkpoint(checkpoint: Checkpoint, map_location) -> dict:
+    """The loop's state: the whole checkpoint, or a sharded checkpoint's training_state.pt (the engine loads the rest)."""
+    path = checkpoint.path / TRAINING_STATE if checkpoint.path.is_dir() else checkpoint.path
     try:
-        return torch.load(checkpoint.path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ConfigError(
             f"checkpoint {checkpoint.path} was refused: it holds objects that would run code when loaded "

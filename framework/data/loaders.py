@@ -90,10 +90,12 @@ class DataLoaderLoader:
 
 
 def eval_batches(x, y, normalizer: Normalizer, device, batch: int, rank: int, world: int):
-    """This rank's share of the test split (rank::world: nothing padded, nothing dropped)."""
+    """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
+    of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch)."""
+    batches = -(-len(x[0::world]) // batch)  # rank 0 holds the largest share
     x, y = x[rank::world].to(device), y[rank::world].to(device)
-    for i in range(0, len(x), batch):
-        yield normalizer(x[i:i + batch]), y[i:i + batch]
+    for xs, ys in zip(x.tensor_split(batches), y.tensor_split(batches)):
+        yield normalizer(xs), ys
 
 
 def build_train_loader(splits: Splits, cfg, normalizer: Normalizer, device, micro_batch: int, rank: int, world: int):

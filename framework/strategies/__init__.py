@@ -6,6 +6,7 @@ from omegaconf import DictConfig, open_dict
 
 from framework.strategies.base import Strategy, cuda_wanted
 from framework.strategies.ddp import DDPStrategy
+from framework.strategies.deepspeed import DeepSpeedStrategy
 from framework.strategies.dp import DataParallelStrategy
 from framework.strategies.single import SingleStrategy
 
@@ -13,6 +14,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "single": SingleStrategy,
     "dp": DataParallelStrategy,
     "ddp": DDPStrategy,
+    "deepspeed": DeepSpeedStrategy,  # imports DeepSpeed itself only in its workers
 }
 
 

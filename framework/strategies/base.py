@@ -1,8 +1,9 @@
 """The one interface every strategy answers; the trainer and the driver know nothing else about it.
 
-Driver side:  validate(cfg), processes(), describe(), launch(entry, payload)
+Driver side:  validate(cfg), processes(), describe(), save_settings(run_dir), launch(entry, payload)
 Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
-              sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown()
+              sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
+              and for engines that shard checkpoints: checkpoint_format, save/load_engine_checkpoint
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
 Per-slot meters are what TensorBoard shows as rank{r}.
@@ -10,6 +11,7 @@ Per-slot meters are what TensorBoard shows as rank{r}.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -49,6 +51,9 @@ class Strategy:
         """What launch() would start on this machine, in one line (shown by `hydra-dist-devices`)."""
         return f"{self.processes()} process(es) on {'the GPU' if self.use_cuda else 'the CPU'}"
 
+    def save_settings(self, run_dir: Path) -> None:
+        """Write strategy-generated settings into the run folder (e.g. the engine's config); before workers start."""
+
     def launch(self, entry: Callable[[dict], Any], payload: dict) -> Any:
         """Start the workers and return rank 0's result. Default: this process is the only worker."""
         return entry(payload)
@@ -76,6 +81,20 @@ class Strategy:
         """Bytes of optimizer state this process holds (logged per rank; a sharding engine overrides it)."""
         return sum(t.numel() * t.element_size() for state in optimizer.state.values()
                    for t in state.values() if torch.is_tensor(t))
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    # "file": rank 0 writes model + optimizer into one .pt (framework/checkpoints/store.py). Any other value
+    # names an engine that writes a folder of shards from every rank through the two methods below; the
+    # value is recorded in the manifest, and a checkpoint is only resumed by a strategy with the same format.
+    checkpoint_format = "file"
+
+    def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        """Every rank: write this rank's shards of model and optimizer into folder/tag."""
+        raise NotImplementedError(f"strategy={self.name} writes single-file checkpoints")
+
+    def load_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        """Every rank: load model and optimizer shards from folder/tag."""
+        raise NotImplementedError(f"strategy={self.name} reads single-file checkpoints")
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the strategy's wrapper and torch.compile's: what checkpoints hold, so runs

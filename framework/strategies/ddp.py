@@ -63,6 +63,13 @@ class DDPStrategy(Strategy):
                 f"backend {self.backend()}, started by torch's elastic agent")
 
     def validate(self) -> None:
+        self.validate_launch()
+        positive_number(self.cfg, "strategy.bucket_cap_mb")
+        for key in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "static_graph"):
+            boolean(self.cfg, f"strategy.{key}")
+
+    def validate_launch(self) -> None:
+        """The launcher and process-group settings (shared with strategies that start workers like ddp)."""
         cfg = self.cfg
         int_at_least(cfg, "strategy.nproc_per_node", 1, optional=True)
         nnodes = int_at_least(cfg, "strategy.nnodes", 1)
@@ -70,9 +77,6 @@ class DDPStrategy(Strategy):
         int_at_least(cfg, "strategy.max_restarts", 0)
         backend = one_of(cfg, "strategy.backend", ["auto", "nccl", "gloo"])
         rdzv_backend = one_of(cfg, "strategy.rdzv_backend", ["c10d", "static"])
-        positive_number(cfg, "strategy.bucket_cap_mb")
-        for key in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "static_graph"):
-            boolean(cfg, f"strategy.{key}")
         if backend == "nccl" and not self.use_cuda:
             raise ConfigError(
                 "strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use strategy.backend=gloo "
@@ -96,7 +100,7 @@ class DDPStrategy(Strategy):
     def launch(self, entry, payload):
         o = self.options
         if o.nproc_per_node is None and not self.use_cuda:
-            print(f"strategy=ddp: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
+            print(f"strategy={self.name}: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
                   "(set strategy.nproc_per_node to change)", flush=True)
         return launch_elastic(
             entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,

@@ -1,0 +1,162 @@
+"""DeepSpeed: ZeRO stages 0-3 through DeepSpeed's engine. Workers start exactly like ddp (torch's elastic
+agent or an outer torchrun; DeepSpeed reads the same environment) and join the same process group:
+gloo on CPU with DeepSpeed's cpu accelerator, nccl on CUDA. DeepSpeed is imported only in the workers
+of a deepspeed run, so the other strategies never need it installed."""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from framework.config_checks import boolean, fail, value_at
+from framework.errors import ConfigError
+from framework.precision import Precision
+from framework.strategies.ddp import DDPStrategy
+from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
+
+INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
+
+
+class DeepSpeedPrecision(Precision):
+    """The engine owns loss scaling, gradient reduction, clipping and the step. The loop calls backward once
+    per micro-batch (loss already divided by grad_accum) and optimizer_step once per grad_accum micro-batches;
+    DeepSpeed wants step() after every micro-batch and counts the accumulation boundary itself."""
+
+    def __init__(self, name: str, device: torch.device, engine):
+        super().__init__(name, device)
+        self.scaler = None  # fp16 loss scaling is DeepSpeed's (dynamic), saved in its checkpoint
+        self.engine = engine
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loop divided by grad_accum already
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()  # counts the micro-batch; no update before the boundary
+
+    def optimizer_step(self, model, optimizer, max_norm, skip_nonfinite: bool) -> bool:
+        self.engine.step()  # the boundary: reduce (ZeRO: reduce-scatter), clip to gradient_clipping, update
+        return True
+
+
+def _innermost_torch_optimizer(optimizer):
+    """ZeRO wraps the torch optimizer (whose params are this rank's flat fp32 partitions)."""
+    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _exit_without_native_teardown() -> None:
+    # After a finished run every result is handed over and the process group is shut down; what is left is
+    # interpreter teardown, where a C++ thread destructor rarely aborts ("terminate called without an active
+    # exception") and would turn a finished run into a failed one. Registered last, so it runs first.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class DeepSpeedStrategy(DDPStrategy):
+    name = "deepspeed"
+
+    @property
+    def checkpoint_format(self) -> str:  # a ZeRO-n checkpoint only loads into a ZeRO-n engine
+        return f"deepspeed-zero{self.options.zero_stage}"
+
+    # ---- driver side -------------------------------------------------------------------------
+    def validate(self) -> None:
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(f"strategy=deepspeed is not allowed here: DeepSpeed is not installed; {INSTALL_HINT}")
+        self.validate_launch()
+        cfg = self.cfg
+        stage = value_at(cfg, "strategy.zero_stage")
+        if not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+            fail("strategy.zero_stage", stage, "expected 0, 1, 2 or 3 (ZeRO stage: 0 none, 1 optimizer state, "
+                 "2 + gradients, 3 + parameters partitioned across ranks)")
+        if boolean(cfg, "strategy.offload_optimizer") and stage == 0:
+            raise ConfigError("strategy.offload_optimizer=true is not allowed with strategy.zero_stage=0: DeepSpeed "
+                              "offloads the partitioned optimizer state of ZeRO; use strategy.zero_stage=1, 2 or 3")
+        if cfg.trainer.precision == "fp16" and not self.use_cuda:
+            raise ConfigError("trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU: fp16 needs "
+                              "CUDA; use bf16 or fp32")
+        if cfg.trainer.on_nonfinite == "skip":
+            raise ConfigError("trainer.on_nonfinite=skip is not allowed with strategy=deepspeed: DeepSpeed's engine "
+                              "owns the optimizer step and cannot skip one on request (with fp16 its loss scaler "
+                              "skips overflowing steps by itself); use trainer.on_nonfinite=stop")
+        deepspeed_config(cfg, self.processes())  # raises on a strategy.config key that contradicts the config
+
+    def save_settings(self, run_dir: Path) -> None:
+        text = json.dumps(deepspeed_config(self.cfg, self.processes()), indent=2)
+        (run_dir / CONFIG_FILE).write_text(text + "\n")
+
+    # ---- worker side -------------------------------------------------------------------------
+    def setup(self) -> None:
+        # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.use_cuda else "cpu")
+        super().setup()
+        self.engine = None
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model  # deepspeed.initialize wraps model and optimizer together (wrap_optimizer)
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        try:
+            import deepspeed
+        except ImportError as exc:
+            raise RuntimeError(f"strategy=deepspeed cannot import DeepSpeed ({exc}); {INSTALL_HINT}") from exc
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        # DeepSpeed's ZeRO calls a torch collective that torch now marks deprecated; not the user's to fix.
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+. is deprecated", category=FutureWarning)
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_config(self.cfg, self.world_size),
+            dist_init_required=False,
+        )
+        self.engine = engine
+        return engine, ds_optimizer
+
+    def make_precision(self, name: str) -> Precision:
+        return DeepSpeedPrecision(name, self.device, self.engine)
+
+    def optimizer_state_bytes(self, optimizer) -> int:
+        inner = _innermost_torch_optimizer(optimizer)
+        return sum(t.numel() * t.element_size() for state in inner.state.values()
+                   for t in state.values() if torch.is_tensor(t))
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        if self.engine is not None and model is self.engine:
+            model = model.module
+        return super().unwrap(model)
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        # With ZeRO-3 the module's forward hooks gather parameters from every rank, so each rank must run the
+        # same number of test batches (eval_batches gives every rank the same count).
+        return self.unwrap(model)
+
+    def sync(self, model: nn.Module, on: bool):
+        return super(DDPStrategy, self).sync(model, on)  # the engine reduces at its accumulation boundary
+
+    def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        self.engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+
+    def load_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        path, _ = self.engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                              load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {folder / tag}")
+
+    def teardown(self) -> None:
+        finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        if finished and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # nobody leaves while a peer still talks to it
+        super().teardown()
+        if finished and multiprocessing.parent_process() is not None:  # a worker the elastic agent spawned
+            atexit.register(_exit_without_native_teardown)
