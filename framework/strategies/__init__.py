@@ -7,12 +7,14 @@ from omegaconf import DictConfig, open_dict
 from framework.strategies.base import Strategy, cuda_wanted
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.dp import DataParallelStrategy
+from framework.strategies.horovod import HorovodStrategy
 from framework.strategies.single import SingleStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": SingleStrategy,
     "dp": DataParallelStrategy,
     "ddp": DDPStrategy,
+    "horovod": HorovodStrategy,  # imports horovod only when chosen
 }
 
 
