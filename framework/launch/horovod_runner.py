@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -79,10 +80,18 @@ def _signal_received(wake_r: socket.socket) -> int | None:
 
 
 def _root_cause(error_dir: str, exc: RuntimeError) -> str:
-    """The first worker error, by the time it was written; else horovod's own message."""
-    reports = sorted(Path(error_dir).glob("rank*"), key=lambda p: p.stat().st_mtime)
-    if reports:
-        first = reports[0]
-        return f"worker rank {first.name[4:]} failed: {first.read_text()}"
-    return " ".join(str(exc).split())
-
+    """The first worker to fail (horovod's runner names it) and its Python error; other ranks' errors
+    are usually just 'Horovod has been shut down' and are left out."""
+    errors = {p.name[4:]: p.read_text() for p in Path(error_dir).glob("rank*")}
+    first = re.search(r"Process name: (\S+)\s+Exit code: (-?\d+)", str(exc))
+    if first is None:
+        return " ".join(str(exc).split())
+    rank, code = first.group(1), int(first.group(2))
+    if rank in errors:
+        return f"worker rank {rank} failed: {errors[rank]}"
+    how = "exited"
+    if code > 128:  # the shell that runs the worker reports death by signal N as 128 + N
+        with contextlib.suppress(ValueError):
+            how = f"was killed by {signal.Signals(code - 128).name}"
+    return (f"worker rank {rank} {how} (exit code {code}) without a Python error, and horovod's runner stopped "
+            "the other workers; see the worker output above")
