@@ -183,3 +183,24 @@ def test_horovod_on_gpus_uses_nccl_and_trains(tmp_path):
     assert result["device"] == "cuda" and result["processes"] == gpus
     assert "memory/max_allocated_gib/rank0" in read_scalars(run_dir)
     assert "done: test accuracy" in out
+
+
+def _train_without_horovod(args, cwd):
+    """train.py in a process where `import horovod` fails, as on a machine without it (None in sys.modules
+    is Python's own way to make an import fail)."""
+    code = ("import runpy, sys; sys.modules['horovod'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, str(TRAIN), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_without_horovod_one_clear_error_names_the_install_command(tmp_path):
+    proc = _train_without_horovod(["strategy=horovod", *TINY], tmp_path)
+    assert proc.returncode != 0
+    assert "error: strategy=horovod is not allowed: horovod is not usable here" in proc.stderr
+    assert "install it with: bash scripts/setup.d/10-horovod.sh .venv" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_other_strategies_never_import_horovod(tmp_path):
+    check_ok(_train_without_horovod(["strategy=single", *TINY, "trainer.max_steps=2"], tmp_path))

@@ -23,8 +23,13 @@ die() { echo "setup: horovod: $*" >&2; echo "setup: horovod: (HYDRA_DIST_HOROVOD
 pip() { "$py" -m pip --disable-pip-version-check "$@"; }
 
 [ "${HYDRA_DIST_HOROVOD:-1}" = 0 ] && { say "skipped (HYDRA_DIST_HOROVOD=0)"; exit 0; }
-if "$py" -c "import horovod.torch" 2>/dev/null; then
-    exit 0  # already installed and loadable against this torch
+# Done before, for these torch and horovod versions (read from package metadata: no torch import, ~0.1 s)?
+stamp="$venv/.hydra-dist-horovod"
+installed=$("$py" -c "from importlib.metadata import version as v; print(v('torch'), v('horovod'))" 2>/dev/null || true)
+[ -n "$installed" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$installed" ] && exit 0
+if [ -n "$installed" ] && "$py" -c "import horovod.torch" 2>/dev/null; then
+    echo "$installed" >"$stamp"  # installed some other way, and it loads against this torch
+    exit 0
 fi
 
 for tool in g++ cmake make; do
@@ -106,3 +111,4 @@ fi
 pip install --quiet "$wheel" 2>&1 | grep -v "^WARNING: Location" || true
 "$py" -c "import horovod.torch as hvd; print('setup: horovod: ready:', 'gloo' if hvd.gloo_built() else 'NO gloo', '+ nccl' if hvd.nccl_built() else '(no nccl)')" \
     || die "horovod is installed but does not load against torch $torch_version; delete $wheel_dir and run setup again"
+"$py" -c "from importlib.metadata import version as v; print(v('torch'), v('horovod'))" >"$stamp"
