@@ -6,6 +6,7 @@ default, every core; ddp: cores / workers per worker). Rounds alternate the stra
 each strategy's speed-up over single (target: ddp with 2 workers >= 1.7x on a compute-bound model).
 
     .venv/bin/python bench/strategies.py --repeats 3
+    .venv/bin/python bench/strategies.py --strategies ddp,horovod   # same 2 workers, horovod's runner and allreduce
 """
 from __future__ import annotations
 
