@@ -44,13 +44,15 @@ def test_two_horovod_workers_train_and_log_per_rank_throughput(tmp_path):
     assert out.count("training LeNet") == 1, "progress lines come from rank 0 only"
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_horovod_two_workers_match_one_process_for_ten_steps(tmp_path, optimizer):
+@pytest.mark.parametrize("extra", [["optimizer=sgd"], ["optimizer=adam"], ["optimizer=sgd", "trainer.grad_clip=0.5"]],
+                         ids=["sgd", "adam", "sgd-clipped"])
+def test_horovod_two_workers_match_one_process_for_ten_steps(tmp_path, extra):
+    """Clipping takes HorovodPrecision's path: synchronize, clip the averaged gradients, step without re-syncing."""
     losses = {}
     for strategy in ("single", "horovod"):
         cwd = tmp_path / strategy
         cwd.mkdir()
-        check_ok(run_train([f"strategy={strategy}", f"optimizer={optimizer}", *EQUIVALENCE], cwd))
+        check_ok(run_train([f"strategy={strategy}", *extra, *EQUIVALENCE], cwd))
         [run_dir] = run_dirs(cwd)
         losses[strategy] = read_scalars(run_dir)["loss/train"]
     assert [s for s, _ in losses["horovod"]] == list(range(1, 11))
@@ -71,6 +73,13 @@ def test_gradient_accumulation_matches_one_process(tmp_path):
         losses[strategy] = read_scalars(run_dir)["loss/train"]
     for (step, a), (_, b) in zip(losses["single"], losses["horovod"]):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs horovod with accumulation {b}"
+
+
+def test_fp16_compression_and_sum_op_train(tmp_path):
+    check_ok(run_train(["strategy=horovod", "strategy.compression=fp16", "strategy.op=sum", "optimizer=sgd",
+                        *EQUIVALENCE, "trainer.max_steps=16"], tmp_path))
+    [run_dir] = run_dirs(tmp_path)
+    assert _decreasing(read_scalars(run_dir)["loss/train"])
 
 
 def test_checkpoint_and_resume_give_the_same_losses(tmp_path):

@@ -91,7 +91,7 @@ if [ -z "$wheel" ]; then
         env_vars+=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_NCCL_HOME=$nccl_home" HOROVOD_NCCL_LINK=SHARED)
     fi
     say "building horovod $version for torch $torch_version ($flavour, C++$cxx_std) into $wheel_dir"
-    say "this compiles C++ once (about 3 minutes on 2 cores, longer with CUDA); later setups reuse the wheel"
+    say "this compiles C++ once (3 to 12 minutes on 2 cores, depending on their load); later setups reuse the wheel"
     pip install --quiet wheel setuptools packaging psutil pyyaml cloudpickle cffi 2>&1 | grep -v "^WARNING: Location" || true
     build_log="$wheel_dir/build.log"
     tmp=$(mktemp -d "$wheel_dir/.build.XXXXXX")
