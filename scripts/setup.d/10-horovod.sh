@@ -61,12 +61,13 @@ if [ "$torch_cuda" != none ]; then
     # then go unused: without NCCL, training stays on the CPU). HOROVOD_BUILD_CUDA_CC_LIST overrides.
     gpu_cc=$("$py" -c "import torch; print('%d%d' % torch.cuda.get_device_capability() if torch.cuda.is_available() else '')")
     gpu_visible=$([ -n "$gpu_cc" ] && echo 1 || echo 0)
-    env_vars+=("CUDA_HOME=$cuda_home" "HOROVOD_CUDA_HOME=$cuda_home" "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-${gpu_cc:-80}}")
+    cc_list=${HOROVOD_BUILD_CUDA_CC_LIST:-${gpu_cc:-80}}
+    env_vars+=("CUDA_HOME=$cuda_home" "HOROVOD_CUDA_HOME=$cuda_home" "HOROVOD_BUILD_CUDA_CC_LIST=$cc_list")
     flavour=cuda
     if [ "${HYDRA_DIST_HOROVOD_NCCL:-$gpu_visible}" = 1 ]; then
         nccl_pkg=$("$py" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null) \
             || die "NCCL operations asked for, but torch's nvidia-nccl package is not in $venv"
-        flavour=cuda-nccl
+        flavour=cuda-nccl-cc${cc_list//,/-}  # the GPU kernels are compiled for these architectures only
     fi
 fi
 
