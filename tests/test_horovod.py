@@ -44,8 +44,8 @@ def test_two_horovod_workers_train_and_log_per_rank_throughput(tmp_path):
     assert out.count("training LeNet") == 1, "progress lines come from rank 0 only"
 
 
-@pytest.mark.parametrize("extra", [["optimizer=sgd"], ["optimizer=adam"], ["optimizer=sgd", "trainer.grad_clip=0.5"]],
-                         ids=["sgd", "adam", "sgd-clipped"])
+@pytest.mark.parametrize("extra", [["optimizer=adam"], ["optimizer=sgd", "trainer.grad_clip=0.5"]],
+                         ids=["adam", "sgd-clipped"])
 def test_horovod_two_workers_match_one_process_for_ten_steps(tmp_path, extra):
     """Clipping takes HorovodPrecision's path: synchronize, clip the averaged gradients, step without re-syncing."""
     losses = {}
@@ -122,7 +122,7 @@ def test_sweep_over_ddp_and_horovod_makes_one_folder_per_job(tmp_path):
     (["strategy.hosts=node1"], "strategy.hosts='node1' is not allowed: expected HOST:SLOTS[,HOST:SLOTS...]"),
     (["strategy.hosts=localhost:1", "strategy.np=2"], "strategy.np=2 is not allowed with strategy.hosts='localhost:1'"),
     (["strategy.np=3", "trainer.batch_size=64"], "trainer.batch_size=64 is not allowed with 3 process(es)"),
-])
+], ids=["np", "compression", "op", "adasum", "backward_passes", "hosts_form", "hosts_slots", "batch_split"])
 def test_bad_horovod_values_fail_before_any_worker_starts(tmp_path, args, message):
     proc = run_train(["strategy=horovod", *args, *TINY], tmp_path, timeout=120)
     assert proc.returncode != 0
