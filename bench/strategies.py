@@ -6,6 +6,7 @@ default, every core; ddp: cores / workers per worker). Rounds alternate the stra
 each strategy's speed-up over single (target: ddp with 2 workers >= 1.7x on a compute-bound model).
 
     .venv/bin/python bench/strategies.py --repeats 3
+    .venv/bin/python bench/strategies.py --strategies ddp,horovod   # same 2 workers, horovod's runner and allreduce
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--ddp-workers", type=int, default=2)
+    p.add_argument("--ddp-workers", type=int, default=2, help="workers of ddp and horovod")
     p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     return p.parse_args()
@@ -49,6 +50,8 @@ def run_strategy(variant: str, args, workdir: Path):
     ]
     if strategy in ("ddp", "deepspeed"):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
+    if strategy == "horovod":  # same workers as ddp, started by horovod's runner
+        overrides.append(f"strategy.np={args.ddp_workers}")
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))

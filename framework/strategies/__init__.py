@@ -8,6 +8,7 @@ from framework.strategies.base import Strategy, cuda_wanted
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.deepspeed import DeepSpeedStrategy
 from framework.strategies.dp import DataParallelStrategy
+from framework.strategies.horovod import HorovodStrategy
 from framework.strategies.single import SingleStrategy
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -15,6 +16,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "dp": DataParallelStrategy,
     "ddp": DDPStrategy,
     "deepspeed": DeepSpeedStrategy,  # imports DeepSpeed itself only in its workers
+    "horovod": HorovodStrategy,  # imports horovod only when chosen
 }
 
 

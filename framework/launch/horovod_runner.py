@@ -1,0 +1,97 @@
+"""Start workers with Horovod's own runner (horovod.runner.run, the Python API behind horovodrun) on the
+gloo controller, and bring rank 0's result back to the driver."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from framework.interrupts import Interrupted
+from framework.launch.elastic import WorkersFailed
+from framework.launch.environment import threads_per_worker
+
+# horovod's runner must finish its checks (and, with remote hosts, start them over ssh) within this time.
+START_TIMEOUT_S = 120
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> Any:
+    """What horovod's runner executes in every worker: the entry, with its error written down for the driver
+    (the runner itself only reports an exit code)."""
+    try:
+        return entry(payload)
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            rank = os.environ.get("HOROVOD_RANK", "?")
+            with contextlib.suppress(OSError):
+                Path(error_dir, f"rank{rank}").write_text(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, hosts: str | None, local_workers: int,
+                   use_cuda: bool) -> Any:
+    from horovod.runner import run as horovod_run
+
+    error_dir = tempfile.mkdtemp(prefix="hydra-dist-horovod-")
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    if not use_cuda and env_before is None:
+        # Workers inherit the driver's environment; without this each of N CPU workers uses every core.
+        os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(local_workers))
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    # horovod's runner installs its own SIGINT/SIGTERM handlers (they stop every worker) and leaves them
+    # installed. A wakeup fd records which signal arrived whatever handler runs, so we can report it.
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    old_wakeup = signal.set_wakeup_fd(wake_w.fileno())
+    try:
+        results = horovod_run(run_worker, args=(entry, payload, error_dir), num_proc=np,
+                              hosts=hosts or f"localhost:{np}", use_gloo=True, start_timeout=START_TIMEOUT_S)
+    except RuntimeError as exc:
+        signum = _signal_received(wake_r)
+        if signum is not None:
+            raise Interrupted(signum) from None
+        raise WorkersFailed(_root_cause(error_dir, exc)) from exc
+    finally:
+        signal.set_wakeup_fd(old_wakeup)
+        wake_r.close()
+        wake_w.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        shutil.rmtree(error_dir, ignore_errors=True)
+    return next((r for r in results if r is not None), None)
+
+
+def _signal_received(wake_r: socket.socket) -> int | None:
+    try:
+        data = wake_r.recv(64)
+    except BlockingIOError:
+        return None
+    signums = [b for b in data if b in _SIGNALS]
+    return signums[0] if signums else None
+
+
+def _root_cause(error_dir: str, exc: RuntimeError) -> str:
+    """The first worker to fail (horovod's runner names it) and its Python error; other ranks' errors
+    are usually just 'Horovod has been shut down' and are left out."""
+    errors = {p.name[4:]: p.read_text() for p in Path(error_dir).glob("rank*")}
+    first = re.search(r"Process name: (\S+)\s+Exit code: (-?\d+)", str(exc))
+    if first is None:
+        return " ".join(str(exc).split())
+    rank, code = first.group(1), int(first.group(2))
+    if rank in errors:
+        return f"worker rank {rank} failed: {errors[rank]}"
+    how = "exited"
+    if code > 128:  # the shell that runs the worker reports death by signal N as 128 + N
+        with contextlib.suppress(ValueError):
+            how = f"was killed by {signal.Signals(code - 128).name}"
+    return (f"worker rank {rank} {how} (exit code {code}) without a Python error, and horovod's runner stopped "
+            "the other workers; see the worker output above")

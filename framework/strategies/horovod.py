@@ -1,0 +1,179 @@
+"""Horovod: one process per GPU (or N CPU workers), started by Horovod's own runner (gloo controller),
+gradients averaged by hvd.DistributedOptimizer. horovod is imported only here, and only when this
+strategy is chosen."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+
+import torch
+from torch import nn
+
+from framework.config_checks import int_at_least, one_of, value_at
+from framework.errors import ConfigError
+from framework.launch.environment import threads_per_worker
+from framework.precision import Precision
+from framework.strategies.base import Strategy
+
+CPU_WORKERS_WITHOUT_GPU = 2
+INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"
+
+
+def import_horovod():
+    """horovod.torch, or one clear error naming the install command."""
+    try:
+        return importlib.import_module("horovod.torch")
+    except ImportError as exc:
+        raise ConfigError(f"strategy=horovod is not allowed: horovod is not usable here ({exc}); install it with: "
+                          f"{INSTALL}") from None
+
+
+class HorovodPrecision(Precision):
+    """Horovod all-reduces gradients inside optimizer.step(). Clipping, the NaN check and fp16's unscale must
+    see the averaged gradients, so those paths synchronize first and then step without synchronizing again."""
+
+    def optimizer_step(self, model, optimizer, max_norm, skip_nonfinite) -> bool:
+        if not (max_norm or skip_nonfinite or self.scaler):
+            return super().optimizer_step(model, optimizer, max_norm, skip_nonfinite)
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            return super().optimizer_step(model, optimizer, max_norm, skip_nonfinite)
+
+
+class HorovodStrategy(Strategy):
+    name = "horovod"
+    runs_in_process = False
+
+    # ---- driver side -------------------------------------------------------------------------
+    def np(self) -> int:
+        if self.options.np is not None:
+            return self.options.np
+        return torch.cuda.device_count() if self.use_cuda else CPU_WORKERS_WITHOUT_GPU
+
+    def processes(self) -> int:
+        return self.np()
+
+    def validate(self) -> None:
+        cfg = self.cfg
+        np = int_at_least(cfg, "strategy.np", 1, optional=True)
+        hosts = value_at(cfg, "strategy.hosts")
+        one_of(cfg, "strategy.compression", ["none", "fp16"])
+        op = one_of(cfg, "strategy.op", ["average", "sum", "adasum"])
+        passes = value_at(cfg, "strategy.backward_passes_per_step")
+        if passes != cfg.trainer.grad_accum:
+            raise ConfigError(
+                f"strategy.backward_passes_per_step={passes!r} is not allowed: it is trainer.grad_accum "
+                f"({cfg.trainer.grad_accum}), the one setting for gradient accumulation; set trainer.grad_accum instead"
+            )
+        if hosts is not None:
+            slots = self.host_slots()
+            if np is None:
+                raise ConfigError(f"strategy.hosts={hosts!r} needs strategy.np (the total number of workers)")
+            if np > sum(slots.values()):
+                raise ConfigError(f"strategy.np={np} is not allowed with strategy.hosts={hosts!r}: they offer only "
+                                  f"{sum(slots.values())} slot(s); raise the slots or lower strategy.np")
+        hvd = import_horovod()
+        if not hvd.gloo_built():
+            raise ConfigError(f"strategy=horovod is not allowed: this horovod has no gloo controller; rebuild it: {INSTALL}")
+        if self.use_cuda and not hvd.nccl_built():
+            raise ConfigError(
+                "strategy=horovod on GPUs is not allowed with this horovod build: it has no NCCL operations; rebuild "
+                "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see README, Horovod), or use trainer.accelerator=cpu"
+            )
+        if self.use_cuda and self.options.hosts is None and self.np() > torch.cuda.device_count():
+            gpus = torch.cuda.device_count()
+            raise ConfigError(f"strategy.np={self.np()} is not allowed: this machine has {gpus} GPU(s) and horovod "
+                              f"with NCCL needs one GPU per worker; use at most {gpus}")
+        if op == "adasum" and not hvd.mpi_built():
+            raise ConfigError("strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built "
+                              "with MPI (ours uses gloo); use average or sum")
+        if op == "adasum" and cfg.trainer.grad_accum > 1:
+            raise ConfigError("strategy.op=adasum is not allowed with trainer.grad_accum > 1 in this framework; "
+                              "use average or sum")
+
+    def host_slots(self) -> dict[str, int]:
+        hosts = self.options.hosts
+        slots: dict[str, int] = {}
+        for item in str(hosts).split(","):
+            name, _, count = item.strip().partition(":")
+            if not name or not count.isdigit() or int(count) < 1:
+                raise ConfigError(f"strategy.hosts={hosts!r} is not allowed: expected HOST:SLOTS[,HOST:SLOTS...], "
+                                  "e.g. node1:2,node2:2")
+            slots[name] = int(count)
+        return slots
+
+    def launch(self, entry, payload):
+        from framework.launch.horovod_runner import launch_horovod
+
+        o = self.options
+        if o.np is None and not self.use_cuda:
+            print(f"strategy=horovod: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
+                  "(set strategy.np to change)", flush=True)
+        local = self.np() if o.hosts is None else max(self.host_slots().values())
+        return launch_horovod(entry, payload, np=self.np(), hosts=o.hosts, local_workers=local, use_cuda=self.use_cuda)
+
+    # ---- worker side -------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.hvd = hvd = import_horovod()
+        hvd.init()
+        self.rank, self.local_rank, self.world_size = hvd.rank(), hvd.local_rank(), hvd.size()
+        if self.use_cuda:
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(hvd.local_size()))))
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        hvd, o = self.hvd, self.options
+        hvd.broadcast_parameters(self.unwrap(model).state_dict(), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=self.unwrap(model).named_parameters(),
+            compression=hvd.Compression.fp16 if o.compression == "fp16" else hvd.Compression.none,
+            op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[o.op],
+            backward_passes_per_step=self.cfg.trainer.grad_accum,
+        )
+        # Not hvd.broadcast_optimizer_state: on a fresh optimizer it first takes a step with zero gradients to
+        # create the state, which advances Adam's step count (and applies weight decay), so the run would no
+        # longer match one process. Sending rank 0's state dict does the same job without a step.
+        optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=0))
+        _accept_set_to_none(optimizer)
+        return model, optimizer
+
+    def make_precision(self, name: str) -> Precision:
+        return HorovodPrecision(name, self.device)
+
+    def sync(self, model: nn.Module, on: bool):
+        # DistributedOptimizer counts backward passes itself (backward_passes_per_step = trainer.grad_accum)
+        # and all-reduces after the last one, so every micro-batch's backward runs the same way.
+        return contextlib.nullcontext()
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        return self.hvd.allgather(t.unsqueeze(0).contiguous())
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return self.hvd.allreduce(t, op=self.hvd.Sum)
+
+    def gather_objects(self, obj) -> list:
+        return self.hvd.allgather_object(obj)
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def teardown(self) -> None:
+        if getattr(self, "hvd", None) is not None and self.hvd.is_initialized():
+            self.hvd.shutdown()
+
+
+def _accept_set_to_none(optimizer) -> None:
+    """Horovod 0.28.1's zero_grad() takes no arguments (it predates set_to_none); the loop passes
+    set_to_none=True, torch's default, so route that to Horovod's own zero_grad and its race check."""
+    horovod_zero_grad = optimizer.zero_grad
+
+    def zero_grad(set_to_none: bool = True):
+        if set_to_none:
+            return horovod_zero_grad()
+        return torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
+
+    optimizer.zero_grad = zero_grad
