@@ -8,6 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from framework.launch.clean_exit import exit_now
 from framework.launch.environment import env_rank, launched_externally
 from framework.paths import CONF_DIR
 
@@ -23,8 +24,11 @@ def main() -> None:
     if launched_externally() and env_rank() != 0:  # torchrun's other ranks take config and folder from rank 0
         from framework.run import follow_rank0
 
-        sys.exit(follow_rank0(sys.argv[1:]))
+        code = follow_rank0(sys.argv[1:])
+        exit_now(code)  # see framework/launch/clean_exit.py
     train_app()
+    if launched_externally():  # rank 0 under torchrun/SLURM, run finished (errors leave through sys.exit above)
+        exit_now(0)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -11,6 +12,7 @@ from torch import nn
 
 from framework.config_checks import boolean, int_at_least, one_of, positive_number
 from framework.errors import ConfigError
+from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
 from framework.launch.environment import launched_externally, restart_attempt, threads_per_worker
 from framework.strategies.base import Strategy
@@ -168,5 +170,10 @@ class DDPStrategy(Strategy):
         dist.barrier()
 
     def teardown(self) -> None:
+        finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
         if dist.is_initialized():
+            if finished:
+                dist.barrier()  # nobody leaves while a peer still talks to it
             dist.destroy_process_group()
+        if finished:
+            exit_at_end_of_finished_worker()

@@ -4,13 +4,10 @@ gloo on CPU with DeepSpeed's cpu accelerator, nccl on CUDA. DeepSpeed is importe
 of a deepspeed run, so the other strategies never need it installed."""
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import json
 import logging
-import multiprocessing
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -51,15 +48,6 @@ def _innermost_torch_optimizer(optimizer):
     while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
         optimizer = optimizer.optimizer
     return optimizer
-
-
-def _exit_without_native_teardown() -> None:
-    # After a finished run every result is handed over and the process group is shut down; what is left is
-    # interpreter teardown, where a C++ thread destructor rarely aborts ("terminate called without an active
-    # exception") and would turn a finished run into a failed one. Registered last, so it runs first.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class DeepSpeedStrategy(DDPStrategy):
@@ -151,12 +139,7 @@ class DeepSpeedStrategy(DDPStrategy):
             raise RuntimeError(f"DeepSpeed could not load checkpoint {folder / tag}")
 
     def teardown(self) -> None:
-        finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
         if self.engine is not None:
             self.engine.destroy()
             self.engine = None
-        if finished and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # nobody leaves while a peer still talks to it
         super().teardown()
-        if finished and multiprocessing.parent_process() is not None:  # a worker the elastic agent spawned
-            atexit.register(_exit_without_native_teardown)
