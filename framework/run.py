@@ -196,9 +196,9 @@ def _follow(cfg: DictConfig) -> str | None:
     strategy.setup()
     payload = strategy.broadcast_object(None)
     if "error" in payload:
-        strategy.teardown()
         if scheduler_name():  # each SLURM/submitit task has a log of its own; under torchrun rank 0 said it
             print(f"error: {payload['error']}", file=sys.stderr, flush=True)
+        strategy.teardown()  # after saying it: rank 0 waits here for us, and its exit ends the job
         return payload["error"]
     worker_entry(payload, strategy, stop=NoStop())
     return None
