@@ -33,16 +33,17 @@ def run(cfg: DictConfig) -> float | None:
     of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    if launched_externally() and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
+    external = launched_externally()
+    if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
         _follow(cfg)
         return None
-    if launched_externally() and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
+    if external and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
         # rank 0 of `torchrun/srun train.py -m ...`: the other ranks refused already, so nobody would join
         sys.exit(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
                  "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
     try:
         _pin_parallel_job(hydra_cfg)
-        return _drive(cfg, run_dir, hydra_cfg)
+        return _drive(cfg, run_dir, hydra_cfg, external)
     except (ConfigError, WorkersFailed) as exc:
         if hydra_cfg.mode == RunMode.MULTIRUN:  # let the other jobs run; the sweep summary lists this one as failed
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -88,14 +89,13 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
     return strategy, note
 
 
-def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg) -> float | None:
-    external = launched_externally()
+def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float | None:
     try:
         strategy, note = prepare(cfg, external, run_dir)
     except ConfigError as exc:
         if external:  # say it first: torchrun stops this process as soon as a follower exits
             print(f"error: {exc}", file=sys.stderr, flush=True)
-            _tell_followers(cfg, str(exc))
+            _error_through_rank0_group(cfg, str(exc))
             if hydra_cfg.mode == RunMode.MULTIRUN:
                 return None
             sys.exit(2)
@@ -142,29 +142,19 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
     sys.exit(128 + signum)
 
 
-def _tell_followers(cfg: DictConfig, message: str) -> None:
-    """Under torchrun, ranks > 0 wait for rank 0's payload; send them the error instead so none hangs."""
+def _error_through_rank0_group(cfg: DictConfig, message: str | None) -> str | None:
+    """Rank 0's config error, shared over a short-lived process group: rank 0 passes its message, the
+    followers pass None and get it back, so no rank waits for a payload that never comes. None if even
+    that fails (the others then time out on their own)."""
     try:
         from framework.strategies.ddp import DDPStrategy
 
         link = DDPStrategy(cfg)
         link.setup()
-        link.broadcast_object({"error": message})
-        link.teardown()
-    except Exception:  # the followers time out on their own if even this fails
-        pass
-
-
-def _take_error_from_rank0(cfg: DictConfig) -> str | None:
-    try:
-        from framework.strategies.ddp import DDPStrategy
-
-        link = DDPStrategy(cfg)
-        link.setup()
-        payload = link.broadcast_object(None)
+        payload = link.broadcast_object(None if message is None else {"error": message})
         link.teardown()
         return payload.get("error")
-    except Exception:  # rank 0 times out on its own if even this fails
+    except Exception:
         return None
 
 
@@ -192,7 +182,7 @@ def _follow(cfg: DictConfig) -> str | None:
         if scheduler_name() is None:
             return str(exc)
         # SLURM/submitit stop nothing: rank 0 found the same error and waits to send it; take it so it can end.
-        return _take_error_from_rank0(cfg) or str(exc)
+        return _error_through_rank0_group(cfg, None) or str(exc)
     strategy.setup()
     payload = strategy.broadcast_object(None)
     if "error" in payload:
