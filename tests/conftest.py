@@ -45,4 +45,17 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """loss/train by step; after a restart the redone steps appear again and the last value wins."""
+    return dict(read_scalars(run_dir)["loss/train"])
+
+
+def train_loss_curve(args: list[str], cwd: Path) -> list[tuple[int, float]]:
+    """Train once in the folder cwd (made here) and return its loss/train series, (step, loss) in order."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    check_ok(run_train(args, cwd))
+    [run_dir] = run_dirs(cwd)
+    return read_scalars(run_dir)["loss/train"]
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, TRAIN, check_ok, needs_gpu, read_scalars, run_dirs, run_train
+from conftest import REPO, TRAIN, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train
 
 try:
     import deepspeed  # noqa: F401  (only to know whether it is installed; the runs import it themselves)
@@ -49,14 +49,9 @@ def runs(tmp_path_factory):
     return folders
 
 
-def _losses(run_dir):
-    """loss/train by step; after a restart the redone steps appear again and the last value wins."""
-    return dict(read_scalars(run_dir)["loss/train"])
-
-
 @pytest.mark.parametrize("stage", STAGES)
 def test_zero_stage_with_two_workers_matches_one_process(runs, stage):
-    single, ds = _losses(runs["single"]), _losses(runs[f"zero{stage}"])
+    single, ds = losses_by_step(runs["single"]), losses_by_step(runs[f"zero{stage}"])
     assert sorted(single) == sorted(ds) == list(range(1, STEPS + 1))
     for step in range(1, 11):
         assert abs(ds[step] - single[step]) <= REL * abs(single[step]), f"step {step}: single {single[step]} vs ZeRO-{stage} {ds[step]}"
@@ -86,7 +81,7 @@ def test_gradient_accumulation_and_clipping_match_one_process(accumulated_single
     accumulation boundary and clips to gradient_clipping there. Same losses as one process doing the same."""
     check_ok(_run(tmp_path, [*DEEPSPEED, f"strategy.zero_stage={stage}", *ACCUMULATE]))
     [run_dir] = run_dirs(tmp_path)
-    single, ds = _losses(accumulated_single), _losses(run_dir)
+    single, ds = losses_by_step(accumulated_single), losses_by_step(run_dir)
     assert sorted(single) == sorted(ds) == list(range(1, STEPS + 1))
     for step in range(1, 11):
         assert abs(ds[step] - single[step]) <= REL * abs(single[step]), f"step {step}: single {single[step]} vs ZeRO-{stage} {ds[step]}"
@@ -148,7 +143,7 @@ def test_worker_killed_while_writing_a_checkpoint_resumes_the_same_loss_curve(ru
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == 4 and result["steps"] == STEPS
-    expected, got = _losses(runs[f"zero{stage}"]), _losses(run_dir)
+    expected, got = losses_by_step(runs[f"zero{stage}"]), losses_by_step(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
@@ -165,7 +160,7 @@ def test_a_stopped_run_resumes_with_resume_auto(runs, tmp_path):
     [run_dir] = run_dirs(tmp_path)
     out = check_ok(_run(tmp_path, [*args, f"hydra.run.dir={run_dir}"]))
     assert "resumed from" in out and "step-00000008 (step 8" in out
-    expected, got = _losses(runs["zero2"]), _losses(run_dir)
+    expected, got = losses_by_step(runs["zero2"]), losses_by_step(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
@@ -237,7 +232,7 @@ def test_cuda_bf16_zero_trains_on_every_gpu_with_nccl(tmp_path, stage):
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
     assert config[precision] == {"enabled": True} and config["gradient_accumulation_steps"] == 2
     assert config["gradient_clipping"] == 1.0
-    losses = _losses(run_dir)
+    losses = losses_by_step(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
     scalars = read_scalars(run_dir)
     assert all(f"memory/max_allocated_gib/rank{r}" in scalars for r in range(gpus))

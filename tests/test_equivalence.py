@@ -5,7 +5,7 @@ single process's batch, and DDP averages the gradients. The only difference left
 (about 1e-7 relative, measured), well inside the 1e-5 bound."""
 import pytest
 
-from conftest import check_ok, read_scalars, run_dirs, run_train
+from conftest import train_loss_curve
 
 COMMON = ["trainer.max_steps=10", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
           "dataset.max_train_samples=1024", "dataset.max_test_samples=256"]
@@ -15,11 +15,8 @@ COMMON = ["trainer.max_steps=10", "trainer.batch_size=32", "trainer.log_every_n_
 def test_ddp_two_workers_matches_single_process_for_ten_steps(tmp_path, optimizer):
     losses = {}
     for strategy in ("single", "ddp"):
-        cwd = tmp_path / strategy
-        cwd.mkdir()
-        check_ok(run_train([f"strategy={strategy}", f"optimizer={optimizer}", *COMMON], cwd))
-        [run_dir] = run_dirs(cwd)
-        losses[strategy] = read_scalars(run_dir)["loss/train"]
+        losses[strategy] = train_loss_curve([f"strategy={strategy}", f"optimizer={optimizer}", *COMMON],
+                                            tmp_path / strategy)
     assert [s for s, _ in losses["single"]] == list(range(1, 11))
     assert [s for s, _ in losses["ddp"]] == list(range(1, 11))
     for (step, a), (_, b) in zip(losses["single"], losses["ddp"]):
@@ -31,10 +28,7 @@ def test_in_memory_input_path_matches_the_dataloader_path(tmp_path):
     """The fast path (whole split on the device, index gather) trains exactly like DataLoader + DistributedSampler."""
     losses = {}
     for in_memory in ("true", "false"):
-        cwd = tmp_path / in_memory
-        cwd.mkdir()
-        check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", f"dataset.in_memory={in_memory}",
-                            "trainer.num_workers=0", *COMMON], cwd))
-        [run_dir] = run_dirs(cwd)
-        losses[in_memory] = read_scalars(run_dir)["loss/train"]
+        losses[in_memory] = train_loss_curve(["strategy=ddp", "strategy.nproc_per_node=2",
+                                              f"dataset.in_memory={in_memory}", "trainer.num_workers=0", *COMMON],
+                                             tmp_path / in_memory)
     assert losses["true"] == losses["false"]

@@ -6,17 +6,12 @@ import json
 import pytest
 import torch
 
-from conftest import check_ok, read_scalars, run_dirs, run_train
+from conftest import check_ok, losses_by_step, run_dirs, run_train
 
 # 16 steps per epoch, 2 epochs; a checkpoint every 4 steps and at each epoch end; a loss point every step.
 RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
        "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
 TOTAL = 32
-
-
-def _losses(run_dir):
-    """loss/train by step; after a restart the redone steps appear again and the last value wins."""
-    return dict(read_scalars(run_dir)["loss/train"])
 
 
 def _only_run(tmp_path):
@@ -38,7 +33,7 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == 8 and result["steps"] == TOTAL
 
-    expected, got = _losses(reference), _losses(run_dir)
+    expected, got = losses_by_step(reference), losses_by_step(run_dir)
     assert sorted(got) == list(range(1, TOTAL + 1)) == sorted(expected)
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
@@ -58,7 +53,7 @@ def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, 
     run_dir, result = _only_run(tmp_path)
     assert f"(step {resumed_from}, " in out
     assert result["steps"] == TOTAL and result["resumed_from_step"] == resumed_from
-    assert sorted(_losses(run_dir)) == list(range(1, TOTAL + 1)), "no gap in the loss curve"
+    assert sorted(losses_by_step(run_dir)) == list(range(1, TOTAL + 1)), "no gap in the loss curve"
     assert not list((run_dir / "checkpoints").glob("*.tmp")) or fault.startswith("kill_in_checkpoint")
     final = torch.load(result["checkpoint"], weights_only=True)
     assert final["position"]["step"] == TOTAL and "model" in final
@@ -83,5 +78,5 @@ def test_nan_loss_can_skip_the_step_instead(tmp_path):
     assert "step 6: non-finite loss or gradient, step skipped" in out
     run_dir, result = _only_run(tmp_path)
     assert result["skipped_steps"] == 1 and result["test_acc"] > 0.3
-    losses = _losses(run_dir)
+    losses = losses_by_step(run_dir)
     assert all(v == v for v in losses.values()), "no NaN reached the logs"

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import TINY, TRAIN, check_ok, needs_gpu, read_scalars, run_dirs, run_train
+from conftest import TINY, TRAIN, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train, train_loss_curve
 
 try:
     import horovod.torch  # noqa: F401
@@ -50,11 +50,7 @@ def test_horovod_two_workers_match_one_process_for_ten_steps(tmp_path, extra):
     """Clipping takes HorovodPrecision's path: synchronize, clip the averaged gradients, step without re-syncing."""
     losses = {}
     for strategy in ("single", "horovod"):
-        cwd = tmp_path / strategy
-        cwd.mkdir()
-        check_ok(run_train([f"strategy={strategy}", *extra, *EQUIVALENCE], cwd))
-        [run_dir] = run_dirs(cwd)
-        losses[strategy] = read_scalars(run_dir)["loss/train"]
+        losses[strategy] = train_loss_curve([f"strategy={strategy}", *extra, *EQUIVALENCE], tmp_path / strategy)
     assert [s for s, _ in losses["horovod"]] == list(range(1, 11))
     for (step, a), (_, b) in zip(losses["single"], losses["horovod"]):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs horovod {b}"
@@ -65,12 +61,8 @@ def test_gradient_accumulation_matches_one_process(tmp_path):
     """backward_passes_per_step follows trainer.grad_accum: 2 workers x 2 micro-batches = one process's batch."""
     losses = {}
     for strategy, accum in (("single", 1), ("horovod", 2)):
-        cwd = tmp_path / strategy
-        cwd.mkdir()
-        check_ok(run_train([f"strategy={strategy}", f"trainer.grad_accum={accum}", "optimizer=sgd",
-                            *EQUIVALENCE, "trainer.max_steps=4"], cwd))
-        [run_dir] = run_dirs(cwd)
-        losses[strategy] = read_scalars(run_dir)["loss/train"]
+        losses[strategy] = train_loss_curve([f"strategy={strategy}", f"trainer.grad_accum={accum}", "optimizer=sgd",
+                                             *EQUIVALENCE, "trainer.max_steps=4"], tmp_path / strategy)
     for (step, a), (_, b) in zip(losses["single"], losses["horovod"]):
         assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs horovod with accumulation {b}"
 
@@ -96,8 +88,8 @@ def test_checkpoint_and_resume_give_the_same_losses(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == 6 and result["steps"] == 10
     [full_dir] = run_dirs(full)
-    expected = dict(read_scalars(full_dir)["loss/train"])
-    resumed = dict(read_scalars(run_dir)["loss/train"])
+    expected = losses_by_step(full_dir)
+    resumed = losses_by_step(run_dir)
     for step in range(7, 11):
         assert abs(expected[step] - resumed[step]) <= 1e-5 * abs(expected[step]), f"step {step}"
 
