@@ -1,6 +1,7 @@
 """Startup on CPU: seconds from the command to the first training step, for `train.py strategy=single`
 and `strategy=ddp` (2 gloo workers), next to the hand-written baselines started the same way
-(bench/baselines/plain_loop.py, `torchrun bench/baselines/ddp_torchrun.py`).
+(bench/baselines/plain_loop.py, `torchrun bench/baselines/ddp_torchrun.py`), and for single the floor of any
+PyTorch program here (bench/baselines/torch_floor.py: import torch, one optimizer step of a tiny model).
 
 Runs train 1 step with a progress line after it; this script stamps the output lines as they arrive:
 'training ...' (printed right before the loop) gives the time to the loop, 'step 1/1' the time to the
@@ -37,7 +38,8 @@ def commands_for(mode: str, workers: int) -> dict[str, list[str]]:
     one_step = ["trainer.max_steps=1", "trainer.log_every_n_steps=1", "dataset.max_test_samples=500"]
     if mode == "single":
         return {"train.py": commands.train_py("strategy=single", *one_step),
-                "plain_loop.py": commands.baseline("plain_loop.py", "--steps=1", "--log-every=1")}
+                "plain_loop.py": commands.baseline("plain_loop.py", "--steps=1", "--log-every=1"),
+                "torch_floor.py": commands.baseline("torch_floor.py")}
     return {"train.py": commands.train_py("strategy=ddp", f"strategy.nproc_per_node={workers}", *one_step),
             "torchrun ddp_torchrun.py": commands.torchrun("ddp_torchrun.py", workers, "--steps=1", "--log-every=1")}
 

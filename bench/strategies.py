@@ -4,6 +4,12 @@ run's TensorBoard files (median over the logged intervals after the first, which
 and its result.json (whole run, warm-up included). Threads are left to train.py (single and dp: torch's
 default, every core; ddp: cores / workers per worker). Rounds alternate the strategies; medians, and
 each strategy's speed-up over single (target: ddp with 2 workers >= 1.7x on a compute-bound model).
+Every strategy trains in the default memory layout (trainer.channels_last=false: DeepSpeed cannot use
+channels_last, and the comparison is of strategies, not layouts).
+
+--batch-per-process makes --batch-size the batch of each process (weak scaling, as when a second GPU is
+added and each GPU keeps its batch): multi-process strategies then train a global batch of batch x workers.
+Without it the global batch is fixed and each of 2 workers gets half of it (strong scaling).
 
     .venv/bin/python bench/strategies.py --repeats 3
     .venv/bin/python bench/strategies.py --strategies ddp,horovod   # same 2 workers, horovod's runner and allreduce
@@ -34,6 +40,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--ddp-workers", type=int, default=2, help="workers of ddp and horovod")
+    p.add_argument("--batch-per-process", action="store_true",
+                   help="--batch-size is per process: ddp, deepspeed and horovod train batch x workers")
     p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     return p.parse_args()
@@ -42,9 +50,11 @@ def parse_args():
 def run_strategy(variant: str, args, workdir: Path):
     strategy, _, threads = variant.partition("@")
     strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
+    multi_process = strategy in ("ddp", "deepspeed", "horovod")
+    batch = args.batch_size * args.ddp_workers if args.batch_per_process and multi_process else args.batch_size
     overrides = [
         f"strategy={strategy}", *([f"strategy.zero_stage={zero_stage}"] if zero_stage else []),
-        f"model={args.model}", f"trainer.batch_size={args.batch_size}",
+        f"model={args.model}", f"trainer.batch_size={batch}", "trainer.channels_last=false",
         f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
         "dataset.max_test_samples=1000", *args.override,
     ]
@@ -77,7 +87,8 @@ def per_rank_medians(samples: list[dict], key: str) -> list[float]:
 def main() -> None:
     args = parse_args()
     names = args.strategies.split(",")
-    print(f"model={args.model}, global batch {args.batch_size}, {args.steps} steps per run, "
+    batch = f"batch {args.batch_size} per process" if args.batch_per_process else f"global batch {args.batch_size}"
+    print(f"model={args.model}, {batch}, {args.steps} steps per run, "
           f"log every {args.log_every}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-strategies-") as tmp:
         samples = alternate({name: run_strategy(name, args, Path(tmp)) for name in names}, args.repeats)
@@ -96,7 +107,7 @@ def main() -> None:
     print()
     print_table(["strategy", "processes", "samples/s (steady)", "per rank", "samples/s (result.json)",
                  f"x {names[0]}"], rows)
-    write_results("strategies", vars(args), results)
+    write_results("strategies_batch_per_process" if args.batch_per_process else "strategies", vars(args), results)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
-"""Time to a Fashion-MNIST test accuracy (default 0.90): train.py with its defaults (LeNet, Adam, batch 128,
-in-memory data) against the seed-style tutorial script bench/baselines/tutorial_fashion_mnist.py
-(ToTensor + DataLoader(batch_size=64, shuffle=True), loss.item() every step), on CPU.
+"""Time to a Fashion-MNIST test accuracy (default 0.90): train.py with its defaults (LeNet, SGD with Nesterov
+momentum under a warm-up + cosine lr schedule, 3 epochs, batch 128, in-memory data, channels_last on CPU)
+against the seed-style tutorial script bench/baselines/tutorial_fashion_mnist.py (ToTensor +
+DataLoader(batch_size=64, shuffle=True), loss.item() every step, Adam lr 1e-3), on CPU.
 
 Seconds from the command to the line reporting a test accuracy >= target: everything a user waits for
 (start-up, data loading, training, the evaluations on the way). A run stops as soon as it gets there.
-Both sides evaluate after every epoch. A, B, A, B; medians and the speed-up tutorial / train.py
-(target >= 5x).
+Both sides evaluate after every epoch. train.py runs exactly as configured (its schedule spans its
+epochs, so no epoch count is forced on it; a run that ends below the target counts as a miss); the tutorial
+trains up to --max-epochs. A, B, A, B; medians and the speed-up tutorial / train.py (target >= 5x).
 
     .venv/bin/python bench/time_to_accuracy.py --repeats 1
+    # the tutorial's own recipe inside train.py: what the input path and loop alone are worth
+    .venv/bin/python bench/time_to_accuracy.py --override optimizer=adam --override lr_schedule=constant \
+        --override trainer.epochs=15
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=float, default=0.90)
     p.add_argument("--repeats", type=int, default=1, help="rounds of train.py, tutorial")
-    p.add_argument("--max-epochs", type=int, default=15, help="give up after this many epochs")
+    p.add_argument("--max-epochs", type=int, default=15, help="the tutorial gives up after this many epochs")
     p.add_argument("--override", action="append", default=[],
                    help="extra train.py override (repeatable), e.g. --override trainer.batch_size=256")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -56,12 +61,11 @@ def measure(command: list[str], cwd_root: Path, args) -> dict:
 
 def main() -> None:
     args = parse_args()
-    framework_cmd = commands.train_py(f"trainer.epochs={args.max_epochs}", "trainer.eval_every_n_epochs=1",
-                                      *args.override)
+    framework_cmd = commands.train_py("trainer.eval_every_n_epochs=1", *args.override)
     tutorial_cmd = commands.baseline("tutorial_fashion_mnist.py", f"--epochs={args.max_epochs}")
     run_timed(commands.baseline("tutorial_fashion_mnist.py", "--prepare-only"), commands.REPO,
               commands.environment(None), 120).check()  # torchvision's folder layout, made once, untimed
-    print(f"time to test accuracy {args.target} (at most {args.max_epochs} epochs per run)", flush=True)
+    print(f"time to test accuracy {args.target} (the tutorial: at most {args.max_epochs} epochs)", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-tta-") as tmp:
         samples = alternate({
             "train.py": lambda: measure(framework_cmd, Path(tmp), args),
@@ -83,7 +87,7 @@ def main() -> None:
     ])
     print(f"speed-up (tutorial / train.py, target >= 5x): {results['speedup'] or float('nan'):.2f}x")
     # Runs with overrides (e.g. trainer.channels_last=true) are kept beside the default one.
-    suffix = "".join("_" + o.replace("trainer.", "").replace("=", "-").replace(".", "-") for o in args.override)
+    suffix = "".join("_" + o.replace("trainer.", "").replace("=", "-").replace(".", "-") for o in args.override)[:80]
     write_results("time_to_accuracy" + suffix, vars(args), results)
 
 

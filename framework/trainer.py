@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from framework.checkpoints.state import Position
 from framework.interrupts import Interrupted
+from framework.lr_schedule import LrSchedule
 from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.precision import Precision
 from framework.progress import Progress
@@ -62,6 +63,8 @@ class Trainer:
         planned = self.t.epochs * self.steps_per_epoch
         self.total_steps = min(self.t.max_steps, planned) if self.t.max_steps else planned
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.lr_schedule = LrSchedule(cfg.lr_schedule, self.total_steps)
+        self.lr_schedule.attach(optimizer)
         self.skip_nonfinite = self.t.on_nonfinite == "skip"
         device = strategy.device
         memory_devices = [torch.device("cuda", i) for i in getattr(strategy, "device_ids", [])] or (
@@ -120,6 +123,7 @@ class Trainer:
                     per_sample = per_sample * float("nan")
                 self.precision.backward(per_sample.mean() / k)
             losses.append(per_sample)
+        self.lr_schedule.apply(self.optimizer, step)
         if not self.precision.optimizer_step(self.model, self.optimizer, self.t.grad_clip, self.skip_nonfinite):
             self.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")

@@ -12,6 +12,7 @@ from framework.config_checks import (boolean, fail, int_at_least, int_list, numb
                                      value_at)
 from framework.data.registry import DATASET_NAMES, input_facts, prepare_dataset, train_size
 from framework.errors import ConfigError
+from framework.lr_schedule import SCHEDULES
 from framework.models.build import check_model_fits
 from framework.precision import PRECISIONS
 from framework.strategies import Strategy
@@ -20,9 +21,11 @@ from framework.strategies import Strategy
 def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     _trainer(cfg)
     _optimizer(cfg)
+    _lr_schedule(cfg)
     _dataset(cfg)
     check_model_fits(cfg.model, *input_facts(cfg.dataset))
     strategy.validate()
+    _channels_last_with(cfg, strategy)
     _precision_on_device(cfg, strategy)
     _batch_split(cfg, strategy)
     _resume(cfg, strategy, run_dir)
@@ -67,7 +70,9 @@ def _trainer(cfg: DictConfig) -> None:
     boolean(cfg, "trainer.progress_bar")
     boolean(cfg, "trainer.log_all_ranks")
     boolean(cfg, "trainer.compile")
-    boolean(cfg, "trainer.channels_last")
+    channels_last = value_at(cfg, "trainer.channels_last")
+    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+        fail("trainer.channels_last", channels_last, "expected auto, true or false")
     if cfg.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
 
@@ -80,6 +85,16 @@ def _optimizer(cfg: DictConfig) -> None:
         number_in(cfg, "optimizer.momentum", 0.0, 1.0, high_open=True)
     if "weight_decay" in cfg.optimizer:
         number_in(cfg, "optimizer.weight_decay", 0.0, 1.0)
+    if "nesterov" in cfg.optimizer and boolean(cfg, "optimizer.nesterov") and not cfg.optimizer.get("momentum"):
+        raise ConfigError(f"optimizer.nesterov=true is not allowed with optimizer.momentum="
+                          f"{cfg.optimizer.get('momentum')}: Nesterov needs a momentum > 0; set one, or nesterov=false")
+
+
+def _lr_schedule(cfg: DictConfig) -> None:
+    if one_of(cfg, "lr_schedule.name", SCHEDULES) == "warmup_cosine":
+        number_in(cfg, "lr_schedule.warmup_fraction", 0.0, 1.0, high_open=True)
+        number_in(cfg, "lr_schedule.start_factor", 0.0, 1.0)
+        number_in(cfg, "lr_schedule.final_factor", 0.0, 1.0)
 
 
 def _dataset(cfg: DictConfig) -> None:
@@ -96,6 +111,12 @@ def _dataset(cfg: DictConfig) -> None:
         int_at_least(cfg, "dataset.seed", 0)
     else:
         boolean(cfg, "dataset.download")
+
+
+def _channels_last_with(cfg: DictConfig, strategy: Strategy) -> None:
+    if cfg.trainer.channels_last is True and not strategy.channels_last_ok:
+        raise ConfigError(f"trainer.channels_last=true is not allowed with strategy={strategy.name}: "
+                          f"{strategy.channels_last_refusal}; use auto or false")
 
 
 def _precision_on_device(cfg: DictConfig, strategy: Strategy) -> None:

@@ -20,7 +20,7 @@ from framework.interrupts import NoStop
 from framework.models.build import build_model
 from framework.optim import build_optimizer
 from framework.progress import Console
-from framework.speedups import apply_speedups
+from framework.speedups import apply_speedups, use_channels_last
 from framework.strategies import build_strategy
 from framework.tensorboard_logger import TensorBoardLogger
 from framework.trainer import Trainer, TrainingStopped
@@ -60,12 +60,13 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     seed_everything(t.seed)
     splits = load_splits(cfg.dataset)
     model = build_model(cfg.model, splits.in_shape, splits.num_classes)
-    model = strategy.wrap_model(apply_speedups(model, t, strategy.device, splits.in_shape))
+    channels_last = use_channels_last(t.channels_last, model, strategy.device, splits.in_shape, strategy.channels_last_ok)
+    model = strategy.wrap_model(apply_speedups(model, t, strategy.device, splits.in_shape, strategy.channels_last_ok))
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
     model, optimizer = strategy.wrap_optimizer(model, optimizer)
     micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
-    normalizer = Normalizer(splits, strategy.device, channels_last=t.channels_last)
+    normalizer = Normalizer(splits, strategy.device, channels_last=channels_last)
     loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
     precision = strategy.make_precision(t.precision)
     faults = Faults(strategy.rank)

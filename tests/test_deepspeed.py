@@ -184,6 +184,7 @@ def test_a_deepspeed_checkpoint_is_not_resumed_by_another_stage_or_strategy(runs
      "strategy.config.zero_optimization.stage=3 is not allowed: it contradicts strategy.zero_stage=1"),
     (["+strategy.config.optimizer.type=Adam"], "strategy.config.optimizer is not allowed"),
     (["trainer.on_nonfinite=skip"], "trainer.on_nonfinite=skip is not allowed with strategy=deepspeed"),
+    (["trainer.channels_last=true"], "trainer.channels_last=true is not allowed with strategy=deepspeed"),
     pytest.param(["trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is allowed with a GPU")),
 ])

@@ -75,7 +75,9 @@ def test_fp16_compression_and_sum_op_train(tmp_path):
 
 
 def test_checkpoint_and_resume_give_the_same_losses(tmp_path):
-    args = ["strategy=horovod", *EQUIVALENCE, "trainer.checkpoint_every_n_steps=4"]
+    # The first part stops through trainer.max_steps=6, which would also shorten a warm-up/cosine schedule
+    # (it spans the run's total steps): a constant lr keeps both parts on the full run's curve.
+    args = ["strategy=horovod", *EQUIVALENCE, "trainer.checkpoint_every_n_steps=4", "lr_schedule=constant"]
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir()
     part.mkdir()
@@ -106,6 +108,7 @@ def test_sweep_over_ddp_and_horovod_makes_one_folder_per_job(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["strategy.np=0"], "strategy.np=0 is not allowed: expected an integer >= 1 or null"),
+    (["trainer.channels_last=true"], "trainer.channels_last=true is not allowed with strategy=horovod"),
     (["strategy.compression=int8"], "strategy.compression='int8' is not allowed: expected one of none, fp16"),
     (["strategy.op=max"], "strategy.op='max' is not allowed: expected one of average, sum, adasum"),
     (["strategy.op=adasum"], "strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built with MPI"),
@@ -114,7 +117,8 @@ def test_sweep_over_ddp_and_horovod_makes_one_folder_per_job(tmp_path):
     (["strategy.hosts=node1"], "strategy.hosts='node1' is not allowed: expected HOST:SLOTS[,HOST:SLOTS...]"),
     (["strategy.hosts=localhost:1", "strategy.np=2"], "strategy.np=2 is not allowed with strategy.hosts='localhost:1'"),
     (["strategy.np=3", "trainer.batch_size=64"], "trainer.batch_size=64 is not allowed with 3 process(es)"),
-], ids=["np", "compression", "op", "adasum", "backward_passes", "hosts_form", "hosts_slots", "batch_split"])
+], ids=["np", "channels_last", "compression", "op", "adasum", "backward_passes", "hosts_form", "hosts_slots",
+        "batch_split"])
 def test_bad_horovod_values_fail_before_any_worker_starts(tmp_path, args, message):
     proc = run_train(["strategy=horovod", *args, *TINY], tmp_path, timeout=120)
     assert proc.returncode != 0

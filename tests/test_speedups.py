@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.models.lenet import LeNet
-from framework.speedups import apply_speedups, channels_last_applies, original_module
+from framework.speedups import apply_speedups, channels_last_applies, original_module, use_channels_last
 
 CPU = torch.device("cpu")
 SAMPLE = (1, 28, 28)
@@ -75,3 +75,21 @@ def test_original_module_gives_the_plain_state_dict_keys():
     assert list(compiled.state_dict()) != list(plain.state_dict())
     assert original_module(compiled) is plain
     assert original_module(plain) is plain
+
+
+@pytest.mark.parametrize("setting, model, device, shape, expected", [
+    ("auto", "lenet", "cpu", SAMPLE, True),           # measured faster: LeNet says channels_last_helps
+    ("auto", "simple_cnn", "cpu", SAMPLE, False),     # not measured faster: off unless asked for
+    ("auto", "lenet", "cuda", SAMPLE, False),         # never measured on a GPU
+    ("auto", "lenet", "cpu", (5,), False),            # flat samples have no channels
+    (True, "simple_cnn", "cpu", SAMPLE, True),
+    (False, "lenet", "cpu", SAMPLE, False),
+])
+def test_channels_last_auto_turns_on_where_it_was_measured_to_pay(setting, model, device, shape, expected):
+    from framework.models.simple_cnn import SimpleCNN
+    module = {"lenet": LeNet, "simple_cnn": SimpleCNN}[model](SAMPLE, 10)
+    assert use_channels_last(setting, module, torch.device(device), shape) is expected
+
+
+def test_channels_last_auto_stays_off_for_engines_that_flatten_parameters():
+    assert use_channels_last("auto", LeNet(SAMPLE, 10), CPU, SAMPLE, strategy_ok=False) is False

@@ -1,5 +1,5 @@
 """Hand-written baseline for bench/overhead.py and bench/startup.py: the plainest single-process PyTorch
-loop doing train.py's default work. LeNet, Adam, Fashion-MNIST already in memory as one
+loop doing the work bench/overhead.py asks of train.py. LeNet, Adam, Fashion-MNIST already in memory as one
 uint8 tensor, a fresh permutation per epoch, normalization per batch. Never imports framework (shared pieces: lenet_fashion_mnist.py).
 
     python bench/baselines/plain_loop.py --steps 400 --log-every 100

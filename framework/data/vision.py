@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from framework.data.decoded_cache import cached_decode
 from framework.data.idx import check_idx_header, read_idx
 from framework.data.splits import Splits
 from framework.errors import ConfigError
@@ -76,11 +77,14 @@ def check_idx_dataset(name: str, root: str | None, download: bool, download_dir:
 
 def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> Splits:
     _, _, mean, std = _IDX_DATASETS[name]
-    return _splits_from_idx(locate_idx_files(name, root, download, download_dir), mean, std)
+    decoded = (Path(download_dir) if download_dir else default_download_dir()) / "decoded"
+    return _splits_from_idx(locate_idx_files(name, root, download, download_dir), mean, std, decoded)
 
 
-def _splits_from_idx(files: list[Path], mean, std) -> Splits:
-    train_x, train_y, test_x, test_y = (torch.from_numpy(read_idx(f).copy()) for f in files)
+def _splits_from_idx(files: list[Path], mean, std, decoded: Path) -> Splits:
+    train_x, train_y, test_x, test_y = (
+        torch.from_numpy(cached_decode(f, read_idx, decoded) if f.suffix == ".gz" else read_idx(f).copy())
+        for f in files)
     if len(train_x) != len(train_y) or len(test_x) != len(test_y):
         raise ConfigError(f"dataset files in {files[0].parent} disagree: images and labels counts differ")
     return Splits(

@@ -82,6 +82,14 @@ class Strategy:
         return sum(t.numel() * t.element_size() for state in optimizer.state.values()
                    for t in state.values() if torch.is_tensor(t))
 
+    # Why this strategy cannot train channels_last parameters (None: it can). trainer.channels_last=auto
+    # then stays off, and an explicit true is refused before any worker starts.
+    channels_last_refusal: str | None = None
+
+    @property
+    def channels_last_ok(self) -> bool:
+        return self.channels_last_refusal is None
+
     # ---- checkpoints ----------------------------------------------------------------------------
     # "file": rank 0 writes model + optimizer into one .pt (framework/checkpoints/store.py). Any other value
     # names an engine that writes a folder of shards from every rank through the two methods below; the

@@ -52,6 +52,7 @@ def _innermost_torch_optimizer(optimizer):
 
 class DeepSpeedStrategy(DDPStrategy):
     name = "deepspeed"
+    channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
 
     @property
     def checkpoint_format(self) -> str:  # a ZeRO-n checkpoint only loads into a ZeRO-n engine

@@ -43,6 +43,7 @@ class HorovodPrecision(Precision):
 
 class HorovodStrategy(Strategy):
     name = "horovod"
+    channels_last_refusal = "Horovod's collectives take contiguous tensors only"
     runs_in_process = False
 
     # ---- driver side -------------------------------------------------------------------------
