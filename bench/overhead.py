@@ -52,7 +52,8 @@ def framework_side(mode: str, args, total: int, workers: int, threads: int, work
     overrides = [
         f"strategy={mode}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
         f"trainer.log_every_n_steps={args.log_every}", "dataset.max_test_samples=1000", "model=lenet",
-        "optimizer=adam", "lr_schedule=constant", "trainer.channels_last=false", "dataset=fashion_mnist",
+        "optimizer=adam", "lr_schedule=constant", "trainer.channels_last=false", "trainer.grad_clip=null",
+        "dataset=fashion_mnist",
         "trainer.precision=fp32",
     ]
     if mode == "ddp":
