@@ -28,11 +28,12 @@ def time_to_accuracy(r: dict, settings: dict) -> list[list[str]]:
 
 def strategies(r: dict, settings: dict) -> list[list[str]]:
     reference = next(iter(r))
+    batch = f", batch {settings.get('batch_size')} per process" if settings.get("batch_per_process") else ""
     rows = []
     for name, s in r.items():
         per_rank = ", ".join(f"{v:,.0f}" for v in s["per_rank_samples_per_sec"])
-        target = ">= 1.7x" if name == "ddp" else ""
-        rows.append([f"strategy {name}", f"{_f(s['samples_per_sec'], 0)} samples/s (per rank: {per_rank})",
+        target = ">= 1.7x" if name == "ddp" and reference.startswith("single") else ""
+        rows.append([f"strategy {name}{batch}", f"{_f(s['samples_per_sec'], 0)} samples/s (per rank: {per_rank})",
                      f"{_f(s[f'speedup_over_{reference}'])}x {reference}", target])
     return rows
 

@@ -32,3 +32,15 @@ def test_in_memory_input_path_matches_the_dataloader_path(tmp_path):
                                               f"dataset.in_memory={in_memory}", "trainer.num_workers=0", *COMMON],
                                              tmp_path / in_memory)
     assert losses["true"] == losses["false"]
+
+
+def test_losses_kept_on_the_device_between_log_boundaries_average_the_logged_steps(tmp_path):
+    """The loop never reads the loss per step: it sums on the device and reads once per log interval. The
+    interval means of a run logged every 5 steps equal the means of the same run's per-step losses."""
+    every_step = dict(train_loss_curve(["strategy=single", *COMMON], tmp_path / "every_step"))
+    five = [a if not a.startswith("trainer.log_every_n_steps=") else "trainer.log_every_n_steps=5" for a in COMMON]
+    every_five = train_loss_curve(["strategy=single", *five], tmp_path / "every_five")
+    assert [s for s, _ in every_five] == [5, 10]
+    for step, mean in every_five:
+        expected = sum(every_step[s] for s in range(step - 4, step + 1)) / 5
+        assert abs(mean - expected) <= 1e-6 * abs(expected), f"steps {step - 4}-{step}: {mean} vs {expected}"
