@@ -31,7 +31,8 @@ def use_channels_last(setting, model: nn.Module, device: torch.device, sample_sh
 
 def apply_speedups(model: nn.Module, cfg_trainer, device: torch.device, sample_shape=None,
                    strategy_ok: bool = True) -> nn.Module:
-    """Return the model with the speed-ups `cfg_trainer` asks for, on `device`. A missing key means off."""
+    """Return the model with the speed-ups `cfg_trainer` asks for, on `device`. A missing key means off;
+    the worker passes its already resolved channels_last (a bool) so batches and model agree."""
     layout = use_channels_last(cfg_trainer.get("channels_last", False), model, device, sample_shape, strategy_ok)
     model = model.to(device=device, memory_format=torch.channels_last) if layout else model.to(device)
     if cfg_trainer.get("compile", False):

@@ -60,8 +60,10 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     seed_everything(t.seed)
     splits = load_splits(cfg.dataset)
     model = build_model(cfg.model, splits.in_shape, splits.num_classes)
+    # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(t.channels_last, model, strategy.device, splits.in_shape, strategy.channels_last_ok)
-    model = strategy.wrap_model(apply_speedups(model, t, strategy.device, splits.in_shape, strategy.channels_last_ok))
+    model = strategy.wrap_model(apply_speedups(model, {"channels_last": channels_last, "compile": t.compile},
+                                               strategy.device))
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
     model, optimizer = strategy.wrap_optimizer(model, optimizer)
