@@ -58,4 +58,11 @@ def train_loss_curve(args: list[str], cwd: Path) -> list[tuple[int, float]]:
     return read_scalars(run_dir)["loss/train"]
 
 
+def assert_curves_match(reference: list[tuple[int, float]], other: list[tuple[int, float]], rel: float,
+                        names: tuple[str, str]) -> None:
+    """Step by step (paired in order), other's loss is within rel of reference's."""
+    for (step, a), (_, b) in zip(reference, other):
+        assert abs(a - b) <= rel * abs(a), f"step {step}: {names[0]} {a} vs {names[1]} {b}"
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -5,7 +5,7 @@ single process's batch, and DDP averages the gradients. The only difference left
 (about 1e-7 relative, measured), well inside the 1e-5 bound."""
 import pytest
 
-from conftest import train_loss_curve
+from conftest import assert_curves_match, train_loss_curve
 
 COMMON = ["trainer.max_steps=10", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
           "dataset.max_train_samples=1024", "dataset.max_test_samples=256"]
@@ -19,8 +19,7 @@ def test_ddp_two_workers_matches_single_process_for_ten_steps(tmp_path, optimize
                                             tmp_path / strategy)
     assert [s for s, _ in losses["single"]] == list(range(1, 11))
     assert [s for s, _ in losses["ddp"]] == list(range(1, 11))
-    for (step, a), (_, b) in zip(losses["single"], losses["ddp"]):
-        assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs ddp {b}"
+    assert_curves_match(losses["single"], losses["ddp"], 1e-5, ("single", "ddp"))
     assert losses["single"][-1][1] < losses["single"][0][1]
 
 

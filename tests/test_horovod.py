@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from conftest import TINY, TRAIN, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train, train_loss_curve
+from conftest import (TINY, TRAIN, assert_curves_match, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs,
+                      run_train, train_loss_curve)
 
 try:
     import horovod.torch  # noqa: F401
@@ -52,8 +53,7 @@ def test_horovod_two_workers_match_one_process_for_ten_steps(tmp_path, extra):
     for strategy in ("single", "horovod"):
         losses[strategy] = train_loss_curve([f"strategy={strategy}", *extra, *EQUIVALENCE], tmp_path / strategy)
     assert [s for s, _ in losses["horovod"]] == list(range(1, 11))
-    for (step, a), (_, b) in zip(losses["single"], losses["horovod"]):
-        assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs horovod {b}"
+    assert_curves_match(losses["single"], losses["horovod"], 1e-5, ("single", "horovod"))
     assert losses["horovod"][-1][1] < losses["horovod"][0][1]
 
 
@@ -63,8 +63,7 @@ def test_gradient_accumulation_matches_one_process(tmp_path):
     for strategy, accum in (("single", 1), ("horovod", 2)):
         losses[strategy] = train_loss_curve([f"strategy={strategy}", f"trainer.grad_accum={accum}", "optimizer=sgd",
                                              *EQUIVALENCE, "trainer.max_steps=4"], tmp_path / strategy)
-    for (step, a), (_, b) in zip(losses["single"], losses["horovod"]):
-        assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: single {a} vs horovod with accumulation {b}"
+    assert_curves_match(losses["single"], losses["horovod"], 1e-5, ("single", "horovod with accumulation"))
 
 
 def test_fp16_compression_and_sum_op_train(tmp_path):
