@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from framework.errors import ConfigError
-from framework.gpu_monitor import GIB, nvml_status
+from framework.gpu_monitor import GIB, GpuMonitor, nvml_status
 from framework.launch.environment import cpu_cores
 
 
@@ -23,10 +23,11 @@ def gpu_table() -> list[str]:
     if count == 0:
         return [f"GPUs: none visible (torch.cuda.is_available() is {torch.cuda.is_available()})"]
     nvml_ok, why = nvml_status()
+    utilization = {r.index: r.util_percent for r in GpuMonitor(list(range(count))).read()}
     rows = [("index", "name", "memory total", "memory free", "utilization")]
     for i in range(count):
         free, total = torch.cuda.mem_get_info(i)
-        util = f"{torch.cuda.utilization(i)} %" if nvml_ok else "n/a"
+        util = f"{utilization[i]:.0f} %" if i in utilization else "n/a"
         rows.append((str(i), torch.cuda.get_device_name(i), f"{total / GIB:.1f} GiB", f"{free / GIB:.1f} GiB", util))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = [f"GPUs: {count} visible"] + ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-           "optimizer_state_mib")
-SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE = range(len(COLUMNS))
+           "optimizer_state_mib", "max_reserved_gib")
+(SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
+ MAX_RESERVED) = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -30,6 +31,8 @@ class IntervalMeter:
         self.samples = 0
         self.steps = 0
         self.data_seconds = 0.0
+        for dev in self.memory_devices:  # peaks are per interval: evaluation's peak must not show in training's
+            torch.cuda.reset_peak_memory_stats(dev)
         self.start = time.perf_counter()
 
     def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
@@ -65,6 +68,7 @@ class IntervalMeter:
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
+            rows[i, MAX_RESERVED] = torch.cuda.max_memory_reserved(dev) / 2**30
         rows = rows.to(self.device)
         rows[:, LOSS_SUM] = self.loss_sum
         rows[:, FIRST_NONFINITE] = self.first_nonfinite
@@ -82,6 +86,7 @@ class IntervalSummary:
     per_slot_samples_per_sec: list[float]
     per_slot_loss: list[float]
     per_slot_max_mem_gib: list[float]
+    per_slot_max_reserved_gib: list[float]
     per_slot_optimizer_state_mib: list[float]
     step_ms: float
     data_ms: float
@@ -106,6 +111,7 @@ class IntervalSummary:
             per_slot_samples_per_sec=(samples / seconds).tolist(),
             per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
             per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
+            per_slot_max_reserved_gib=rows[:, MAX_RESERVED].tolist(),
             per_slot_optimizer_state_mib=rows[:, OPTIMIZER_STATE].tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
             data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),

@@ -12,10 +12,15 @@ import torch
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+def autocast_dtype(name: str) -> torch.dtype | None:
+    """The dtype trainer.precision=name computes in under autocast (None: no autocast)."""
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 class Precision:
     def __init__(self, name: str, device: torch.device):
         self.name = name
-        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+        self.dtype = autocast_dtype(name)
         self.device_type = device.type
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
@@ -45,12 +50,18 @@ class Precision:
             optimizer.step()
 
     def optimizer_step(self, model, optimizer, max_norm: float | None, skip_nonfinite: bool) -> bool:
-        """Clip if asked, then step. Returns False when the step was skipped for a non-finite gradient."""
+        """Clip if asked, then step. Returns False when the step was skipped for a non-finite gradient
+        (reported in skip mode only: it costs a sync; in stop mode the loss check at the log boundary decides)."""
         if max_norm or skip_nonfinite:
             norm = self.clip_grad_norm(model, optimizer, max_norm)
             # Gradients are already all-reduced here, so every rank sees the same norm and makes the same choice.
-            # fp16's GradScaler already skips non-finite steps (and lowers its scale), so it is left to do that.
             if skip_nonfinite and not self.scaler and not torch.isfinite(norm):  # a sync, skip mode only
                 return False
+        if self.scaler and skip_nonfinite:
+            # fp16's GradScaler skips a non-finite step by itself and then lowers its scale; that drop is
+            # how we learn the step was skipped (its found-inf flags are private).
+            scale_before = self.scaler.get_scale()
+            self.step(optimizer)
+            return self.scaler.get_scale() >= scale_before
         self.step(optimizer)
         return True

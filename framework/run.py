@@ -152,7 +152,7 @@ def _error_through_rank0_group(cfg: DictConfig, message: str | None) -> str | No
         link = DDPStrategy(cfg)
         link.setup()
         payload = link.broadcast_object(None if message is None else {"error": message})
-        link.teardown()
+        link.leave_group(wait_for_peers=True)  # as the followers that got it from the payload do (_follow)
         return payload.get("error")
     except Exception:
         return None
@@ -188,7 +188,7 @@ def _follow(cfg: DictConfig) -> str | None:
     if "error" in payload:
         if scheduler_name():  # each SLURM/submitit task has a log of its own; under torchrun rank 0 said it
             print(f"error: {payload['error']}", file=sys.stderr, flush=True)
-        strategy.teardown()  # after saying it: rank 0 waits here for us, and its exit ends the job
+        strategy.leave_group(wait_for_peers=True)  # after saying it; rank 0 waits for us the same way
         return payload["error"]
     worker_entry(payload, strategy, stop=NoStop())
     return None

@@ -2,7 +2,8 @@
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
 loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
-optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} (CUDA),
+optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
+(CUDA: the peak within each logged interval, evaluation excluded),
 gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
 nvidia-ml-py is installed; read at log boundaries only), and the
 run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
@@ -37,6 +38,7 @@ class TensorBoardLogger:
             w.add_scalar(f"memory/optimizer_state_mib/rank{r}", s.per_slot_optimizer_state_mib[r], step)
             if self.cuda:
                 w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
+                w.add_scalar(f"memory/max_reserved_gib/rank{r}", s.per_slot_max_reserved_gib[r], step)
         for gpu in self.gpus.read() if self.gpus else []:
             w.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
             w.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)

@@ -28,6 +28,7 @@ class RunTotals:
     seconds: float = 0.0
     slot_samples: list[float] = field(default_factory=list)
     slot_seconds: list[float] = field(default_factory=list)
+    slot_max_mem_gib: list[float] = field(default_factory=list)  # the run's peak per GPU (CUDA; 0 on the CPU)
     train_loss: float = math.nan
     val_loss: float = math.nan
     val_acc: float = math.nan
@@ -39,9 +40,12 @@ class RunTotals:
         slot_samples, slot_seconds = rows[:, 0].tolist(), rows[:, 1].tolist()
         if len(self.slot_samples) != len(slot_samples):
             self.slot_samples, self.slot_seconds = [0.0] * len(slot_samples), [0.0] * len(slot_samples)
+        if len(self.slot_max_mem_gib) != len(slot_samples):
+            self.slot_max_mem_gib = [0.0] * len(slot_samples)
         for i, (n, sec) in enumerate(zip(slot_samples, slot_seconds)):
             self.slot_samples[i] += n
             self.slot_seconds[i] += sec
+            self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
         self.train_loss = s.loss
 
     def per_slot_samples_per_sec(self) -> list[float]:
@@ -66,10 +70,8 @@ class Trainer:
         self.lr_schedule = LrSchedule(cfg.lr_schedule, self.total_steps)
         self.lr_schedule.attach(optimizer)
         self.skip_nonfinite = self.t.on_nonfinite == "skip"
-        device = strategy.device
-        memory_devices = [torch.device("cuda", i) for i in getattr(strategy, "device_ids", [])] or (
-            [device] if device.type == "cuda" else [])
-        self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), device, memory_devices)
+        memory_devices = [torch.device("cuda", i) for i in strategy.cuda_devices()]
+        self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), strategy.device, memory_devices)
 
     def restore_totals(self, totals: dict) -> None:
         if totals:

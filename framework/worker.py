@@ -102,6 +102,7 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
             "train_loss": totals.train_loss,
             "samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,
             "per_rank_samples_per_sec": totals.per_slot_samples_per_sec(),
+            "per_rank_max_memory_gib": totals.slot_max_mem_gib,
             "train_seconds": totals.seconds,
             "steps": trainer.total_steps,
             "skipped_steps": totals.skipped_steps,

@@ -20,10 +20,20 @@ TINY = [
 ]
 
 
+def on_cpu(args: list[str]) -> list[str]:
+    """A run's overrides with trainer.accelerator=cpu added unless they name an accelerator: the suite passes on
+    machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU timings, exact float
+    sums) says so. GPU tests pass trainer.accelerator=gpu (or auto) themselves."""
+    if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
+        return list(args)
+    return [*args, "trainer.accelerator=cpu"]
+
+
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
               launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """train.py as a real subprocess, on CPU workers unless args name an accelerator (see on_cpu)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = (launcher or [sys.executable]) + [str(TRAIN), *args]
+    cmd = (launcher or [sys.executable]) + [str(TRAIN), *on_cpu(args)]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -65,4 +75,15 @@ def assert_curves_match(reference: list[tuple[int, float]], other: list[tuple[in
         assert abs(a - b) <= rel * abs(a), f"step {step}: {names[0]} {a} vs {names[1]} {b}"
 
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def needs_gpus(count: int = 1):
+    """Marks a test `gpu` (select them with -m gpu) and skips it where fewer than `count` CUDA GPUs are visible."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def mark(test):
+        test = pytest.mark.gpu(test)
+        return pytest.mark.skipif(have < count, reason=f"needs {count} CUDA GPU(s), {have} visible")(test)
+
+    return mark
+
+
+needs_gpu = needs_gpus(1)

@@ -36,7 +36,7 @@ def test_truncated_and_tampered_checkpoints_are_skipped_with_a_warning(tmp_path)
     assert found.step == 1
     assert "step-00000003.pt: it is truncated" in warnings[0]
     assert "step-00000002.pt: its checksum does not match" in warnings[1]
-    assert torch.equal(load_checkpoint(found, "cpu")["w"], torch.full((4,), 1.0))
+    assert torch.equal(load_checkpoint(found)["w"], torch.full((4,), 1.0))
 
 
 def test_a_half_written_checkpoint_does_not_count(tmp_path):
@@ -58,7 +58,7 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path):
     manifest = {**checkpoint.manifest, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     checkpoint.path.with_suffix(".json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="refused: it holds objects that would run code"):
-        load_checkpoint(find_checkpoint(checkpoint.path, print), "cpu")
+        load_checkpoint(find_checkpoint(checkpoint.path, print))
 
 
 def test_resume_path_errors_name_the_path(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, TRAIN, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train
+from conftest import REPO, TRAIN, check_ok, losses_by_step, needs_gpu, on_cpu, read_scalars, run_dirs, run_train
 
 try:
     import deepspeed  # noqa: F401  (only to know whether it is installed; the runs import it themselves)
@@ -185,8 +185,7 @@ def test_a_deepspeed_checkpoint_is_not_resumed_by_another_stage_or_strategy(runs
     (["+strategy.config.optimizer.type=Adam"], "strategy.config.optimizer is not allowed"),
     (["trainer.on_nonfinite=skip"], "trainer.on_nonfinite=skip is not allowed with strategy=deepspeed"),
     (["trainer.channels_last=true"], "trainer.channels_last=true is not allowed with strategy=deepspeed"),
-    pytest.param(["trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is allowed with a GPU")),
+    (["trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU"),
 ])
 def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
     proc = _run(tmp_path, [*DEEPSPEED, *overrides, *COMMON], timeout=120)
@@ -200,7 +199,7 @@ def test_without_deepspeed_the_strategy_says_how_to_install_it_and_others_never_
     # The same train.py, with `import deepspeed` made to fail as if the package were not installed.
     hide = ("import sys, runpy; sys.modules['deepspeed'] = None; "
             f"sys.argv = [{str(TRAIN)!r}] + sys.argv[1:]; runpy.run_path({str(TRAIN)!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", hide, *DEEPSPEED, *COMMON], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", hide, *on_cpu([*DEEPSPEED, *COMMON])], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode != 0
     assert "DeepSpeed is not installed" in proc.stderr and "pip install '.[deepspeed]'" in proc.stderr, proc.stderr

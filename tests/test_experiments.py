@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO, TINY, check_ok, run_dirs, run_train
+from conftest import REPO, TINY, check_ok, needs_gpus, run_dirs, run_train
 
 SMALL = ["trainer.max_steps=4", "trainer.log_every_n_steps=2"]
 
@@ -39,15 +39,23 @@ def test_presets_compose_to_the_tutorials_settings():
     assert sweep.hydra.sweeper.params.strategy.split(",") == ["single", "dp", "ddp"]
 
 
+def _replica_sizes(out: str) -> list[int]:
+    return [int(n) for n in re.findall(r"In Model: input size \((\d+), 5\) output size \(\d+, 2\)", out)]
+
+
 def test_dp_tutorial_prints_what_each_replica_got(tmp_path):
-    out = check_ok(run_train(["experiment=dp_tutorial"], tmp_path))
-    replicas = max(1, torch.cuda.device_count())
-    sizes = [int(n) for n in re.findall(r"In Model: input size \((\d+), 5\) output size \(\d+, 2\)", out)]
+    out = check_ok(run_train(["experiment=dp_tutorial"], tmp_path))  # on the CPU: one replica takes all 30
     steps = 100 // 30  # the tutorial's 100 samples in batches of 30, the tail dropped
-    assert sum(sizes[: steps * replicas]) == 30 * steps and len(set(sizes[: steps * replicas])) == 1
-    assert sizes[0] == 30 // replicas
+    assert _replica_sizes(out)[:steps] == [30] * steps
     [run_dir] = run_dirs(tmp_path)
     assert json.loads((run_dir / "result.json").read_text())["strategy"] == "dp"
+
+
+@needs_gpus(2)
+def test_dp_tutorial_splits_each_batch_over_every_gpu(tmp_path):
+    out = check_ok(run_train(["experiment=dp_tutorial", "trainer.accelerator=gpu"], tmp_path))
+    chunks = [len(c) for c in torch.arange(30).chunk(torch.cuda.device_count())]  # nn.DataParallel's scatter
+    assert sorted(_replica_sizes(out)[:len(chunks)]) == sorted(chunks)
 
 
 def test_d2l_preset_trains_lenet_with_ddp(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, check_ok, run_dirs, run_train
+from conftest import REPO, TINY, check_ok, on_cpu, run_dirs, run_train
 
 CONF_FILES = sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml"))
 
@@ -59,8 +59,8 @@ def test_installed_command_composes_from_the_packaged_conf(installed, tmp_path):
 
 
 def test_installed_command_trains_ddp_from_outside_the_repo(installed, tmp_path):
-    out = check_ok(_command(installed, "hydra-dist", ["strategy=ddp", "strategy.nproc_per_node=2", *TINY,
-                                                      "trainer.max_steps=8"], tmp_path))
+    out = check_ok(_command(installed, "hydra-dist", on_cpu(["strategy=ddp", "strategy.nproc_per_node=2", *TINY,
+                                                             "trainer.max_steps=8"]), tmp_path))
     assert "done: test accuracy" in out
     [run_dir] = run_dirs(tmp_path)
     assert (run_dir / "result.json").exists() and (run_dir / "train.log").exists()

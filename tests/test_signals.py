@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN, check_ok, run_train
+from conftest import TRAIN, check_ok, on_cpu, run_train
 from framework.checkpoints.store import newest_valid
 
 RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
@@ -33,7 +33,7 @@ def _processes_tagged(tag: str) -> list[int]:
 def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6):
     tag = uuid.uuid4().hex
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *args], cwd=cwd, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(args)], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
     for line in proc.stdout:

@@ -36,7 +36,7 @@ class Checkpointer:
 
     def save(self, model, optimizer, scaler, position: Position, totals: dict, tb) -> None:
         strategy = self.strategy
-        rngs = strategy.gather_objects(rng_state())
+        rngs = strategy.gather_objects(rng_state(strategy.cuda_devices()))
         if tb:
             tb.flush()  # everything logged up to this step is on disk before the checkpoint exists
         manifest = {"step": position.step, "epoch": position.epoch, "batch_in_epoch": position.batch_in_epoch,
@@ -63,11 +63,13 @@ class Checkpointer:
         return found.path if found else None
 
     def resume(self, checkpoint: Checkpoint, model, optimizer, scaler) -> tuple[Position, dict]:
-        state = load_checkpoint(checkpoint, self.strategy.device)
+        state = load_checkpoint(checkpoint)
+        strategy = self.strategy
         if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
-            self.strategy.load_engine_checkpoint(checkpoint.path.parent, checkpoint.path.name, model)
-            position, totals = restore_progress(state, self.strategy.rank)
+            strategy.load_engine_checkpoint(checkpoint.path.parent, checkpoint.path.name, model)
+            position, totals = restore_progress(state, strategy.rank, strategy.cuda_devices())
         else:
-            position, totals = restore(state, self.strategy.unwrap(model), optimizer, scaler, self.strategy.rank)
+            position, totals = restore(state, strategy.unwrap(model), optimizer, scaler, strategy.rank,
+                                       strategy.cuda_devices())
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1})")
         return position, totals

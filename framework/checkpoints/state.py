@@ -22,7 +22,9 @@ class Position:
     batch_in_epoch: int = 0
 
 
-def rng_state() -> dict:
+def rng_state(cuda_devices: list[int] = ()) -> dict:
+    """Every RNG stream this process draws from: Python, NumPy, torch's CPU generator and the generator of
+    each GPU in `cuda_devices` (the GPUs this process trains on: dp's replicas use one each)."""
     version, keys, gauss = random.getstate()
     kind, np_keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -31,19 +33,24 @@ def rng_state() -> dict:
                   "has_gauss": int(has_gauss), "cached": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
+    if cuda_devices:
+        state["cuda"] = {int(d): torch.cuda.get_rng_state(d) for d in cuda_devices}
     return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, cuda_devices: list[int] = ()) -> None:
+    """The inverse of rng_state. Generator states must be CPU ByteTensors, wherever the checkpoint was mapped."""
     version, keys, gauss = state["python"]
     random.setstate((version, tuple(keys), gauss))
     n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    np.random.set_state(("MT19937", n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"].cpu())
+    saved = state.get("cuda")
+    if torch.is_tensor(saved):  # checkpoints before per-device states held the current device's only
+        saved = {cuda_devices[0]: saved} if cuda_devices else {}
+    for device, generator_state in (saved or {}).items():
+        if int(device) in cuda_devices:  # a GPU this run no longer uses keeps its own stream
+            torch.cuda.set_rng_state(generator_state.cpu(), int(device))
 
 
 def signature(cfg: DictConfig, in_shape, num_classes: int) -> dict:
@@ -79,17 +86,18 @@ def capture(model: torch.nn.Module, optimizer, scaler, position: Position, total
     }
 
 
-def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int) -> tuple[Position, dict]:
+def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int,
+            cuda_devices: list[int] = ()) -> tuple[Position, dict]:
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    optimizer.load_state_dict(state["optimizer"])  # moves the state to each parameter's device
     if scaler and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
-    return restore_progress(state, rank)
+    return restore_progress(state, rank, cuda_devices)
 
 
-def restore_progress(state: dict, rank: int) -> tuple[Position, dict]:
+def restore_progress(state: dict, rank: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:
     """RNG streams, data position and run totals (all a sharded checkpoint's training_state.pt holds)."""
     rngs = state["rng"]
     if rank < len(rngs):  # a run resumed with more workers than it saved gives the new ones fresh streams
-        restore_rng(rngs[rank])
+        restore_rng(rngs[rank], cuda_devices)
     return Position(**state["position"]), state.get("totals", {})

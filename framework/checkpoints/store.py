@@ -192,11 +192,13 @@ def find_checkpoint(path: Path, warn: Callable[[str], None]) -> Checkpoint:
     return checkpoint
 
 
-def load_checkpoint(checkpoint: Checkpoint, map_location) -> dict:
-    """The loop's state: the whole checkpoint, or a sharded checkpoint's training_state.pt (the engine loads the rest)."""
+def load_checkpoint(checkpoint: Checkpoint) -> dict:
+    """The loop's state: the whole checkpoint, or a sharded checkpoint's training_state.pt (the engine loads the rest).
+    Always into CPU memory: RNG states must be CPU tensors, and load_state_dict copies weights and optimizer
+    state to wherever the parameters live (a GPU-mapped load would also hold a second copy there)."""
     path = checkpoint.path / TRAINING_STATE if checkpoint.path.is_dir() else checkpoint.path
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ConfigError(
             f"checkpoint {checkpoint.path} was refused: it holds objects that would run code when loaded "

@@ -21,15 +21,16 @@ class WorkersFailed(RuntimeError):
 
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
                    rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
-                   run_id: str | None, use_cuda: bool, log_all_ranks: bool = False,
+                   run_id: str | None, log_all_ranks: bool = False,
                    log_dir: str | None = None) -> Any:
     """Run entry(payload) in nproc_per_node fresh processes per node; return global rank 0's result
     (None on nodes that do not hold rank 0). Local rank 0 keeps this console (a terminal stays a terminal,
     so rank 0 can draw its progress bar); the other ranks write to files under log_dir
     (<run_id>_*/attempt_<n>/<local rank>/stdout.log, stderr.log), and with log_all_ranks also to the
     console, each line prefixed [rank N]."""
-    if not use_cuda and "OMP_NUM_THREADS" not in os.environ:
-        # Without this, each of N CPU workers starts one thread per core and they thrash (torchrun does the same).
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Without this, each of N workers (CPU or GPU: both run CPU ops, e.g. the optimizer of small tensors and
+        # the data path) starts one thread per core and they thrash. torchrun sets 1; we share the cores out.
         os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(nproc_per_node))
     if nnodes == 1 and not rdzv_endpoint:
         # Like torchrun --standalone: a private store on a free port, so parallel jobs never collide.

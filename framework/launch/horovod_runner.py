@@ -34,14 +34,14 @@ def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> A
         raise
 
 
-def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, hosts: str | None, local_workers: int,
-                   use_cuda: bool) -> Any:
+def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, hosts: str | None,
+                   local_workers: int) -> Any:
     from horovod.runner import run as horovod_run
 
     error_dir = tempfile.mkdtemp(prefix="hydra-dist-horovod-")
     env_before = os.environ.get("OMP_NUM_THREADS")
-    if not use_cuda and env_before is None:
-        # Workers inherit the driver's environment; without this each of N CPU workers uses every core.
+    if env_before is None:
+        # Workers inherit the driver's environment; without this each of N workers (CPU or GPU) uses every core.
         os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(local_workers))
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     # horovod's runner installs its own SIGINT/SIGTERM handlers (they stop every worker) and leaves them

@@ -2,7 +2,7 @@
 
 Driver side:  validate(cfg), processes(), describe(), save_settings(run_dir), launch(entry, payload)
 Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
-              sync(model, on), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
+              sync(model, on), local_slots(), cuda_devices(), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
               and for engines that shard checkpoints: checkpoint_format, save/load_engine_checkpoint
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
@@ -122,6 +122,10 @@ class Strategy:
     def local_slots(self) -> int:
         """GPUs (replicas) this process drives."""
         return 1
+
+    def cuda_devices(self) -> list[int]:
+        """Indices of the GPUs this process trains on (its RNG streams are checkpointed, its memory metered)."""
+        return [self.device.index] if self.device.type == "cuda" else []
 
     def slot_sizes(self, batch: int) -> list[int]:
         """How one local micro-batch splits over this process's slots (GPUs)."""

@@ -107,7 +107,7 @@ class DDPStrategy(Strategy):
         return launch_elastic(
             entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
             rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
-            use_cuda=self.use_cuda, log_all_ranks=self.cfg.trainer.log_all_ranks,
+            log_all_ranks=self.cfg.trainer.log_all_ranks,
             log_dir=os.path.join(payload["run_dir"], "worker_logs"),
         )
 
@@ -122,7 +122,7 @@ class DDPStrategy(Strategy):
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(local_world))))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(local_world))))
         if not dist.is_initialized():
             dist.init_process_group(
                 self.backend(), store=_attempt_store(self.rank, self.world_size), rank=self.rank,
@@ -169,11 +169,17 @@ class DDPStrategy(Strategy):
     def barrier(self) -> None:
         dist.barrier()
 
+    def leave_group(self, wait_for_peers: bool) -> None:
+        """Shut this process's group down; with wait_for_peers, only once every rank got here (so nobody leaves
+        while a peer still talks to it, and rank 0's store outlives the others). Every rank must pass the same
+        wait_for_peers: with nccl, one rank waiting for a peer that already left hangs until the group's timeout."""
+        if dist.is_initialized():
+            if wait_for_peers:
+                dist.barrier()
+            dist.destroy_process_group()
+
     def teardown(self) -> None:
         finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
-        if dist.is_initialized():
-            if finished:
-                dist.barrier()  # nobody leaves while a peer still talks to it
-            dist.destroy_process_group()
+        self.leave_group(wait_for_peers=finished)
         if finished:
             exit_at_end_of_finished_worker()

@@ -43,6 +43,13 @@ class DeepSpeedPrecision(Precision):
         return True
 
 
+def pin_deepspeed_to(device: torch.device) -> None:
+    """DeepSpeed picks its GPU from LOCAL_RANK, at initialize and again inside ZeRO-3 at run time. With one GPU
+    visible per task (SLURM --gpus-per-task, --gpu-bind) local rank 1 has only cuda:0, so LOCAL_RANK is set to
+    the GPU this rank already uses (ddp's local rank modulo the visible GPUs); nothing else here reads it later."""
+    os.environ["LOCAL_RANK"] = str(device.index)
+
+
 def _innermost_torch_optimizer(optimizer):
     """ZeRO wraps the torch optimizer (whose params are this rank's flat fp32 partitions)."""
     while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
@@ -89,6 +96,8 @@ class DeepSpeedStrategy(DDPStrategy):
         # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.use_cuda else "cpu")
         super().setup()
+        if self.use_cuda:
+            pin_deepspeed_to(self.device)
         self.engine = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -6,7 +6,22 @@ from torch import nn
 
 from framework.config_checks import int_list
 from framework.errors import ConfigError
+from framework.precision import autocast_dtype
 from framework.strategies.base import Strategy
+
+
+class ReplicaAutocast(nn.Module):
+    """Runs the wrapped module's forward under autocast with the run's dtype. nn.DataParallel runs each replica
+    in a thread of its own and re-enters autocast there without a dtype, and a new thread's CUDA autocast
+    dtype is fp16: bf16 runs would train their replicas in fp16. Entered inside the replica, the dtype holds."""
+
+    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.device_type, self.dtype = module, device_type, dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
 
 
 class DataParallelStrategy(Strategy):
@@ -18,6 +33,15 @@ class DataParallelStrategy(Strategy):
             raise ConfigError(
                 f"strategy.device_ids={ids} is not allowed: this machine has {torch.cuda.device_count()} GPUs "
                 f"(ids 0..{torch.cuda.device_count() - 1})"
+            )
+        if ids and len(set(ids)) != len(ids):
+            raise ConfigError(f"strategy.device_ids={ids} is not allowed: each GPU may appear once")
+        gpus = len(self._device_ids())
+        if self.cfg.trainer.compile and gpus > 1:
+            raise ConfigError(
+                f"trainer.compile=true is not allowed with strategy=dp on {gpus} GPUs: nn.DataParallel copies the "
+                "compiled module into every replica, and its compiled code stays bound to the first GPU's weights; "
+                "use strategy=ddp (one compiled model per process), or trainer.compile=false"
             )
 
     def _device_ids(self) -> list[int]:
@@ -32,6 +56,9 @@ class DataParallelStrategy(Strategy):
     def setup(self) -> None:
         if self.use_cuda:
             self.device_ids = self._device_ids()
+            # DataParallel keeps the master copy on device_ids[0]; make it the current device so that pinned
+            # memory, the current CUDA RNG and stray allocations never open a context on an excluded GPU.
+            torch.cuda.set_device(self.device_ids[0])
             self.device = torch.device("cuda", self.device_ids[0])
         else:
             self.device_ids = []
@@ -39,10 +66,24 @@ class DataParallelStrategy(Strategy):
             print("strategy=dp: no GPU in use, so nn.DataParallel runs the model on the CPU (one replica)", flush=True)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        return nn.DataParallel(model, device_ids=self.device_ids or None) if self.device_ids else model
+        if not self.device_ids:
+            return model
+        dtype = autocast_dtype(self.cfg.trainer.precision)
+        inner = ReplicaAutocast(model, self.device.type, dtype) if dtype is not None else model
+        return nn.DataParallel(inner, device_ids=self.device_ids)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        if isinstance(model, nn.DataParallel):
+            model = model.module
+        if isinstance(model, ReplicaAutocast):
+            model = model.module
+        return super().unwrap(model)
 
     def local_slots(self) -> int:
         return max(1, len(self.device_ids))
+
+    def cuda_devices(self) -> list[int]:
+        return list(self.device_ids)
 
     def slot_sizes(self, batch: int) -> list[int]:
         # nn.DataParallel scatters with torch.chunk semantics: ceil(batch / n) per replica, the rest on the last ones.

@@ -112,7 +112,7 @@ class HorovodStrategy(Strategy):
             print(f"strategy=horovod: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
                   "(set strategy.np to change)", flush=True)
         local = self.np() if o.hosts is None else max(self.host_slots().values())
-        return launch_horovod(entry, payload, np=self.np(), hosts=o.hosts, local_workers=local, use_cuda=self.use_cuda)
+        return launch_horovod(entry, payload, np=self.np(), hosts=o.hosts, local_workers=local)
 
     # ---- worker side -------------------------------------------------------------------------
     def setup(self) -> None:
@@ -124,7 +124,7 @@ class HorovodStrategy(Strategy):
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
-            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(hvd.local_size()))))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(hvd.local_size()))))
 
     def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         hvd, o = self.hvd, self.options
