@@ -26,7 +26,9 @@ def on_cpu(args: list[str]) -> list[str]:
     sums) says so. GPU tests pass trainer.accelerator=gpu (or auto) themselves."""
     if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
         return list(args)
-    return [*args, "trainer.accelerator=cpu"]
+    # beside the other overrides: Hydra's argument parser takes them as one run of positional arguments
+    first = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
+    return [*args[:first], "trainer.accelerator=cpu", *args[first:]]
 
 
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,

@@ -1,0 +1,124 @@
+"""`make test-gpu`: the gpu-marked tests, then every strategy x precision on this machine's GPUs, each killed once
+and resumed. Prints one table; exits non-zero when anything failed. Without a GPU it says so and runs nothing.
+
+Per cell: a run of 16 steps (checkpoint every 4) is SIGKILLed after step 6 on rank 0, then started again in the
+same run folder. ok means: the resumed run came back from step 4, trained exactly 16 steps, logged every step
+once with a finite loss, and the loss at the end is below the first one. One GPU: ddp runs 2 gloo ranks on it."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS, KILL_AFTER, RESUMED_FROM = 16, 6, 4
+COMMON = ["trainer.accelerator=gpu", "trainer.epochs=1", "trainer.batch_size=64", "trainer.log_every_n_steps=1",
+          "trainer.checkpoint_every_n_steps=4", f"dataset.max_train_samples={STEPS * 64}",
+          "dataset.max_test_samples=512", "trainer.progress_bar=false"]
+
+
+def strategies(gpus: int) -> dict[str, list[str]]:
+    return {
+        "single": ["strategy=single"],
+        "dp": ["strategy=dp"],
+        "ddp": ["strategy=ddp"] if gpus > 1 else ["strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo"],
+        "deepspeed z2": ["strategy=deepspeed", "strategy.zero_stage=2"],
+        "deepspeed z3": ["strategy=deepspeed", "strategy.zero_stage=3"],
+        "horovod": ["strategy=horovod"],
+    }
+
+
+def missing_engine(name: str) -> str | None:
+    module = {"deepspeed": "deepspeed", "horovod": "horovod.torch"}.get(name.split()[0])
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except Exception as exc:  # an engine built for another torch fails in many ways
+        return f"skipped: {module} not usable ({str(exc).splitlines()[0][:60]})"
+    return None
+
+
+def train(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, timeout=300)
+
+
+def last_error(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if "error" in line.lower()]
+    return (lines[-1] if lines else f"exit {proc.returncode}").strip()[:90]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars("loss/train")}
+
+
+def cell(strategy_args: list[str], precision: str, work: Path) -> str:
+    args = [*strategy_args, *COMMON, f"trainer.precision={precision}"]
+    work.mkdir(parents=True)
+    killed = train(args, work, env={"HYDRA_DIST_FAULT": f"kill_after_step:{KILL_AFTER}:0"})
+    folders = [p.parent for p in (work / "outputs").rglob(".hydra")]
+    if killed.returncode == 0 or len(folders) != 1:
+        return f"failed: first run {'was not killed' if killed.returncode == 0 else last_error(killed)}"
+    resumed = train([*args, f"hydra.run.dir={folders[0]}"], work)
+    if resumed.returncode != 0:
+        return f"failed: resume: {last_error(resumed)}"
+    result = json.loads((folders[0] / "result.json").read_text())
+    curve = losses(folders[0])
+    problems = []
+    if result["resumed_from_step"] != RESUMED_FROM or result["steps"] != STEPS:
+        problems.append(f"resumed from {result['resumed_from_step']}, {result['steps']} steps")
+    if sorted(curve) != list(range(1, STEPS + 1)) or not all(math.isfinite(v) for v in curve.values()):
+        problems.append("loss curve has gaps or NaN")
+    elif curve[STEPS] >= curve[1]:
+        problems.append(f"loss did not fall ({curve[1]:.3f} -> {curve[STEPS]:.3f})")
+    if problems:
+        return "failed: " + "; ".join(problems)
+    rates = "/".join(f"{r:,.0f}" for r in result["per_rank_samples_per_sec"])
+    memory = "/".join(f"{m:.2f}" for m in result.get("per_rank_max_memory_gib", []))
+    return f"ok {rates} samples/s, {memory} GiB"
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("make test-gpu: no CUDA GPU is visible on this machine, so there is nothing to run (exit 0)")
+        return 0
+    gpus = torch.cuda.device_count()
+    print(f"make test-gpu: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=REPO)
+    precisions = ["fp32", "bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp32", "fp16"]
+    rows = strategies(gpus)
+    with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-smoke-") as tmp, ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {}
+        for name, strategy_args in rows.items():
+            skip = missing_engine(name)
+            for precision in precisions:
+                work = Path(tmp) / f"{name.replace(' ', '_')}-{precision}"
+                futures[name, precision] = skip or pool.submit(cell, strategy_args, precision, work)
+        table = {key: f if isinstance(f, str) else f.result() for key, f in futures.items()}
+    width = max(len(v) for v in table.values())
+    print(f"\n| strategy | {' | '.join(p.ljust(width) for p in precisions)} |")
+    print("|---" * (len(precisions) + 1) + "|")
+    for name in rows:
+        print(f"| {name} | {' | '.join(table[name, p].ljust(width) for p in precisions)} |")
+    print("\nok: samples/s per GPU (rank), peak allocated memory per GPU; each cell killed after step "
+          f"{KILL_AFTER} and resumed from step {RESUMED_FROM}")
+    failed = tests.returncode not in (0, 5) or any(v.startswith("failed") for v in table.values())
+    print(f"gpu tests: {'passed' if tests.returncode in (0, 5) else 'FAILED'}; matrix: "
+          f"{sum(v.startswith('ok') for v in table.values())} ok, {sum(v.startswith('failed') for v in table.values())} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The CUDA paths: what a CPU can show runs everywhere; the rest is marked gpu and skips where the machine has
+fewer GPUs than it needs (select them with `pytest -m gpu`, or `make test-gpu` for these plus the smoke matrix)."""
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import REPO, TINY, TRAIN, check_ok, losses_by_step, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
+from framework.checkpoints.state import restore_rng, rng_state
+from framework.checkpoints.store import load_checkpoint, save_checkpoint
+from framework.precision import Precision
+from framework.strategies.dp import ReplicaAutocast
+
+RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
+       "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
+TOTAL = 32  # 16 steps per epoch
+
+
+def _draws():
+    return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+
+def test_rng_states_come_back_from_a_checkpoint_file_as_usable_cpu_tensors(tmp_path):
+    """Checkpoints are always read into CPU memory (a GPU-mapped read gave CUDA RNG tensors, and every resume on
+    a GPU crashed in torch.set_rng_state); the restored streams continue exactly where they were saved."""
+    state = {"rng": [rng_state()]}
+    expected = _draws()
+    saved = save_checkpoint(tmp_path, state, {"step": 1}, keep=1)
+    _draws()  # move every stream on
+    loaded = load_checkpoint(saved)
+    tensors = [loaded["rng"][0]["torch"], loaded["rng"][0]["numpy"]["keys"]]
+    assert all(t.device.type == "cpu" for t in tensors)
+    restore_rng(loaded["rng"][0])
+    assert _draws() == expected
+
+
+def test_fp16_steps_the_grad_scaler_skips_are_reported_as_skipped():
+    """trainer.precision=fp16 with on_nonfinite=skip: the GradScaler skips a non-finite step by itself; the loop
+    must hear of it (skipped_steps, no NaN in the loss meter) instead of counting it as trained."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = Precision("fp16", torch.device("cpu"))  # a real GradScaler (torch's CPU one)
+    assert precision.scaler is not None
+    before = [p.detach().clone() for p in model.parameters()]
+
+    precision.backward(model(torch.randn(8, 4)).sum() * float("nan"))
+    assert precision.optimizer_step(model, optimizer, None, skip_nonfinite=True) is False
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "a skipped step changes nothing"
+
+    optimizer.zero_grad()
+    precision.backward(model(torch.randn(8, 4)).pow(2).mean())
+    assert precision.optimizer_step(model, optimizer, None, skip_nonfinite=True) is True
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default():
+    """nn.DataParallel runs each replica in a new thread and enters autocast there without a dtype (CUDA's
+    per-thread default is fp16). The wrapper enters the run's dtype inside the replica; shown here with CPU
+    autocast, whose thread default (bf16) also differs from the dtype asked for (fp16)."""
+    layer = nn.Linear(8, 8)
+    wrapped = ReplicaAutocast(nn.Linear(8, 8), "cpu", torch.float16)  # its own weights: autocast caches casts
+    dtypes = {}
+
+    def replica_thread():
+        with torch.autocast("cpu", enabled=True):  # what parallel_apply does: enabled, no dtype
+            x = torch.randn(2, 8)
+            dtypes["bare"], dtypes["wrapped"] = layer(x).dtype, wrapped(x).dtype
+
+    thread = threading.Thread(target=replica_thread)
+    thread.start()
+    thread.join()
+    assert dtypes == {"bare": torch.get_autocast_dtype("cpu"), "wrapped": torch.float16}
+    assert dtypes["bare"] != torch.float16
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+def _composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@needs_gpu
+@pytest.mark.parametrize("strategy", ["single", "dp", "ddp"])
+def test_a_killed_gpu_run_resumes_and_continues_its_loss_curve(tmp_path, strategy):
+    args = [f"strategy={strategy}", *RUN, "trainer.accelerator=gpu"]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    check_ok(run_train(args, reference))
+    [reference_dir] = run_dirs(reference)
+    killed = run_train(args, tmp_path, env={"HYDRA_DIST_FAULT": "kill_after_step:10:0"})
+    assert killed.returncode != 0
+    [run_dir] = run_dirs(tmp_path)
+    out = check_ok(run_train([*args, f"hydra.run.dir={run_dir}"], tmp_path))
+    assert "resumed from" in out
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["device"] == "cuda" and result["resumed_from_step"] == 8 and result["steps"] == TOTAL
+    expected, got = losses_by_step(reference_dir), losses_by_step(run_dir)
+    assert sorted(got) == list(range(1, TOTAL + 1))
+    for step in range(9, TOTAL + 1):  # GPU kernels may sum in another order; a restart from scratch is far off
+        assert got[step] == pytest.approx(expected[step], rel=2e-2), f"step {step}"
+
+
+@needs_gpu
+def test_memory_peaks_are_per_interval_so_evaluation_does_not_leak_into_training(tmp_path):
+    # evaluation takes 1024 samples at a time, training 32: evaluation's peak is far above training's
+    check_ok(run_train(["strategy=single", "trainer.accelerator=gpu", "trainer.epochs=2", "trainer.batch_size=32",
+                        "trainer.log_every_n_steps=4", "dataset.max_train_samples=512",
+                        "dataset.max_test_samples=4096"], tmp_path))
+    [run_dir] = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    allocated = scalars["memory/max_allocated_gib/rank0"]
+    assert "memory/max_reserved_gib/rank0" in scalars
+    epoch1 = [v for step, v in allocated if step <= 16]
+    epoch2 = [v for step, v in allocated if step > 16]
+    assert epoch1 and epoch2
+    assert max(epoch2) <= 1.5 * max(epoch1), f"epoch 1 {epoch1}, epoch 2 {epoch2}"
+
+
+@needs_gpus(2)
+def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
+    from framework.strategies.dp import DataParallelStrategy
+
+    cfg = _composed("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16", "trainer.accelerator=gpu")
+    strategy = DataParallelStrategy(cfg)
+    strategy.setup()
+    assert torch.cuda.current_device() == 1 and strategy.cuda_devices() == [1, 0]
+    layer = nn.Linear(16, 16).to(strategy.device)
+    seen = []
+    layer.register_forward_hook(lambda module, args, out: seen.append((out.device.index, out.dtype)))
+    model = strategy.wrap_model(layer)
+    with strategy.make_precision("bf16").autocast():
+        model(torch.randn(8, 16, device=strategy.device))
+    assert sorted(seen) == [(0, torch.bfloat16), (1, torch.bfloat16)]
+    assert strategy.unwrap(model) is layer
+
+
+@needs_gpus(2)
+def test_dp_with_compile_on_several_gpus_is_refused_before_training(tmp_path):
+    proc = run_train(["strategy=dp", "trainer.compile=true", "trainer.accelerator=gpu", *TINY], tmp_path)
+    assert proc.returncode != 0
+    assert "trainer.compile=true is not allowed with strategy=dp on" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_gpus(2)
+@pytest.mark.parametrize("strategy", ["strategy=ddp", "strategy=deepspeed strategy.zero_stage=3"])
+def test_one_visible_gpu_per_task_trains(tmp_path, strategy):
+    """What SLURM's --gpus-per-task starts: every task sees one GPU as cuda:0, while LOCAL_RANK counts 0, 1."""
+    if "deepspeed" in strategy:
+        pytest.importorskip("deepspeed")
+    port = str(_free_port())
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}
+    tasks = []
+    for rank in range(2):
+        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "CUDA_VISIBLE_DEVICES": str(rank),
+               "PYTHONUNBUFFERED": "1"}
+        tasks.append(subprocess.Popen([sys.executable, str(TRAIN), *strategy.split(), *TINY, "trainer.max_steps=8",
+                                       "trainer.accelerator=gpu"], cwd=tmp_path, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [task.communicate(timeout=300) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outs
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["processes"] == 2 and result["device"] == "cuda" and result["steps"] == 8
