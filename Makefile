@@ -1,5 +1,5 @@
 # The two commands of the README. Both set everything up first (idempotent, quick when done).
-.PHONY: setup train test
+.PHONY: setup train test test-gpu
 PY := .venv/bin/python
 
 setup:
@@ -10,3 +10,7 @@ train: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# On a GPU machine: the gpu-marked tests plus every strategy x precision, killed and resumed (scripts/gpu_smoke.py).
+test-gpu: setup
+	$(PY) scripts/gpu_smoke.py
