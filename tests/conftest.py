@@ -26,8 +26,9 @@ def on_cpu(args: list[str]) -> list[str]:
     sums) says so. GPU tests pass trainer.accelerator=gpu (or auto) themselves."""
     if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
         return list(args)
-    # beside the other overrides: Hydra's argument parser takes them as one run of positional arguments
-    first = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
+    # right after the first override: Hydra's argument parser takes the overrides as one run of positional
+    # arguments, and the user's own overrides keep their order (the sweep summary lists them as given)
+    first = next((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
     return [*args[:first], "trainer.accelerator=cpu", *args[first:]]
 
 
