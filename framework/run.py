@@ -29,8 +29,8 @@ RESOLVED_CONFIG = "resolved_config.yaml"
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Hydra's task function. Returns the test accuracy (the objective for sweepers); None for a failed job
-    of a sweep, and on ranks > 0."""
+    """Hydra's task function. Returns the test value of trainer.objective (a metric, or loss: what sweepers
+    optimize); None for a failed job of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     external = launched_externally()
@@ -123,12 +123,14 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
     result.update(run_dir=str(run_dir), job=hydra_cfg.job.get("num", 0), overrides=list(hydra_cfg.overrides.task))
     write_result(run_dir, result)
     per_rank = ", ".join(format_rate(r) for r in result["per_rank_samples_per_sec"])
+    shown = "".join(f"test {'accuracy' if name == 'acc' else name} {result[f'test_{name}']:.4f} | "
+                    for name in result["metrics"])
     print(
-        f"done: test accuracy {result['test_acc']:.4f} | {format_rate(result['samples_per_sec'])} samples/s "
+        f"done: {shown}{format_rate(result['samples_per_sec'])} samples/s "
         f"(per rank: {per_rank}) | {result['train_seconds']:.1f} s training | run folder {run_dir}",
         flush=True,
     )
-    return result["test_acc"]
+    return result[f"test_{result['objective']}"]
 
 
 def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:

@@ -11,7 +11,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.results import format_rate, read_result
 
-COLUMNS = ("job", "overrides", "status", "train_loss", "test_acc", "samples_per_sec", "per_rank_samples_per_sec", "run_dir")
+BEFORE_METRICS = ("job", "overrides", "status", "train_loss", "test_loss")
+AFTER_METRICS = ("samples_per_sec", "per_rank_samples_per_sec", "run_dir")
+
+
+def columns(rows: list[dict]) -> list[str]:
+    """The fixed columns around one test_<metric> column for every metric any job reported."""
+    metrics = [key for row in rows for key in row if key.startswith("test_") and key not in BEFORE_METRICS]
+    return [*BEFORE_METRICS, *dict.fromkeys(metrics), *AFTER_METRICS]
 
 
 def summarize(sweep_dir: Path) -> list[dict]:
@@ -28,7 +35,8 @@ def summarize(sweep_dir: Path) -> list[dict]:
             "overrides": " ".join(result["overrides"]),
             "status": "ok",
             "train_loss": f"{result['train_loss']:.4f}",
-            "test_acc": f"{result['test_acc']:.4f}",
+            "test_loss": f"{result['test_loss']:.4f}",
+            **{f"test_{name}": f"{result[f'test_{name}']:.4f}" for name in result.get("metrics", [])},
             "samples_per_sec": format_rate(result["samples_per_sec"]),
             "per_rank_samples_per_sec": " / ".join(format_rate(r) for r in result["per_rank_samples_per_sec"]),
             "run_dir": str(job_dir),
@@ -38,8 +46,9 @@ def summarize(sweep_dir: Path) -> list[dict]:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in COLUMNS) + " |" for r in rows]
+    names = columns(rows)
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in names) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -47,7 +56,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     rows = summarize(sweep_dir)
     (sweep_dir / "summary.md").write_text(to_markdown(rows))
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns(rows))
         writer.writeheader()
         writer.writerows(rows)
     return rows

@@ -1,7 +1,7 @@
 """Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
-loss/val, acc/val, time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
+loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
 optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
 (CUDA: the peak within each logged interval, evaluation excluded),
 gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
@@ -43,9 +43,10 @@ class TensorBoardLogger:
             w.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
             w.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)
 
-    def log_eval(self, step: int, loss: float, accuracy: float) -> None:
+    def log_eval(self, step: int, loss: float, metrics: dict[str, float]) -> None:
         self.writer.add_scalar("loss/val", loss, step)
-        self.writer.add_scalar("acc/val", accuracy, step)
+        for name, value in metrics.items():
+            self.writer.add_scalar(f"{name}/val", value, step)
 
     def log_hparams(self, params: dict, metrics: dict) -> None:
         """Written into this run's own event file (SummaryWriter.add_hparams would make a sub-run)."""

@@ -6,12 +6,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from framework.checkpoints.state import Position
 from framework.interrupts import Interrupted
 from framework.lr_schedule import LrSchedule
 from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
+from framework.metrics import per_sample_losses
 from framework.precision import Precision
 from framework.progress import Progress
 
@@ -31,7 +31,7 @@ class RunTotals:
     slot_max_mem_gib: list[float] = field(default_factory=list)  # the run's peak per GPU (CUDA; 0 on the CPU)
     train_loss: float = math.nan
     val_loss: float = math.nan
-    val_acc: float = math.nan
+    val_metrics: dict[str, float] = field(default_factory=dict)
     skipped_steps: int = 0
 
     def add(self, s: IntervalSummary, rows: torch.Tensor) -> None:
@@ -54,12 +54,13 @@ class RunTotals:
 
 class Trainer:
     def __init__(self, cfg, strategy, model, optimizer, train_loader, micro_batch: int, eval_batches,
-                 precision: Precision, tb, say, checkpointer, faults, stop):
+                 precision: Precision, tb, say, checkpointer, faults, stop, loss, metrics: dict):
         self.cfg, self.t = cfg, cfg.trainer
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.train_loader, self.eval_batches = train_loader, eval_batches
         self.precision, self.tb, self.say = precision, tb, say
         self.checkpointer, self.faults, self.stop = checkpointer, faults, stop
+        self.loss, self.metrics = loss, metrics
         self.totals = RunTotals()
         self.steps_per_epoch = len(train_loader) // self.t.grad_accum
         if self.steps_per_epoch < 1:
@@ -75,6 +76,9 @@ class Trainer:
 
     def restore_totals(self, totals: dict) -> None:
         if totals:
+            totals = dict(totals)
+            if "val_acc" in totals:  # checkpoints written before metrics were components
+                totals["val_metrics"] = {"acc": totals.pop("val_acc")}
             self.totals = RunTotals(**totals)
 
     def fit(self, start: Position = Position()) -> RunTotals:
@@ -120,7 +124,7 @@ class Trainer:
             with self.strategy.sync(self.model, on=micro == k - 1):
                 with self.precision.autocast():
                     logits = self.model(x)
-                per_sample = F.cross_entropy(logits.float(), y, reduction="none")
+                per_sample = per_sample_losses(self.loss, logits.float(), y)
                 if self.faults.due("nan_loss", step):
                     per_sample = per_sample * float("nan")
                 self.precision.backward(per_sample.mean() / k)
@@ -176,19 +180,26 @@ class Trainer:
     def _evaluate(self, step: int, epoch: int) -> None:
         model = self.strategy.eval_model(self.model)
         model.eval()
-        sums = torch.zeros(3, device=self.strategy.device, dtype=torch.float64)  # loss sum, correct, count
+        names = list(self.metrics)
+        # count, loss sum, then each metric's sum of per-sample scores
+        sums = torch.zeros(2 + len(names), device=self.strategy.device, dtype=torch.float64)
         for i, (x, y) in enumerate(self.eval_batches()):
             if i == 0:
                 self.faults.kill_if_due("kill_in_eval", step)
             with self.precision.autocast():
-                logits = model(x)
-            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
-            sums[1] += (logits.argmax(1) == y).sum()
-            sums[2] += len(y)
-        loss_sum, correct, count = self.strategy.all_reduce_sum(sums).tolist()
+                logits = model(x).float()
+            sums[0] += len(y)
+            sums[1] += per_sample_losses(self.loss, logits, y).sum()
+            for j, name in enumerate(names):
+                sums[2 + j] += self.metrics[name](logits, y)
+        count, loss_sum, *metric_sums = self.strategy.all_reduce_sum(sums).tolist()
         if not self.strategy.is_main:
             return
-        self.totals.val_loss, self.totals.val_acc = loss_sum / max(count, 1), correct / max(count, 1)
+        count = max(count, 1)
+        self.totals.val_loss = loss_sum / count
+        self.totals.val_metrics = {name: total / count for name, total in zip(names, metric_sums)}
         if self.tb:
-            self.tb.log_eval(step, self.totals.val_loss, self.totals.val_acc)
-        self.say(f"epoch {epoch + 1}/{self.epochs} test loss {self.totals.val_loss:.4f} | test accuracy {self.totals.val_acc:.4f}")
+            self.tb.log_eval(step, self.totals.val_loss, self.totals.val_metrics)
+        shown = "".join(f" | test {'accuracy' if name == 'acc' else name} {value:.4f}"
+                        for name, value in self.totals.val_metrics.items())
+        self.say(f"epoch {epoch + 1}/{self.epochs} test loss {self.totals.val_loss:.4f}{shown}")

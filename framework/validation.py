@@ -10,9 +10,11 @@ from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.state import signature, signature_mismatch
 from framework.config_checks import (boolean, fail, int_at_least, int_list, number_in, one_of, positive_number,
                                      value_at)
-from framework.data.registry import DATASET_NAMES, input_facts, prepare_dataset, train_size
+from framework.data.augment import build_augment
+from framework.data.build import Data, build_data
 from framework.errors import ConfigError
 from framework.lr_schedule import SCHEDULES
+from framework.metrics import build_loss, build_metrics
 from framework.models.build import check_model_fits
 from framework.precision import PRECISIONS
 from framework.strategies import Strategy
@@ -22,17 +24,26 @@ def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     _trainer(cfg)
     _optimizer(cfg)
     _lr_schedule(cfg)
-    _dataset(cfg)
-    check_model_fits(cfg.model, *input_facts(cfg.dataset))
     strategy.validate()
     _channels_last_with(cfg, strategy)
     _precision_on_device(cfg, strategy)
-    _batch_split(cfg, strategy)
-    _resume(cfg, strategy, run_dir)
-    prepare_dataset(cfg.dataset)  # last: it may download
+    data = _dataset(cfg)  # builds both splits once (finding, or downloading, their files) and checks them
+    check_model_fits(cfg.model, data.in_shape, data.num_classes)
+    build_augment(cfg.dataset, data.in_shape)
+    _loss_and_metrics(cfg, data)
+    _batch_split(cfg, strategy, len(data.train))
+    _resume(cfg, strategy, run_dir, data)
 
 
-def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
+def _loss_and_metrics(cfg: DictConfig, data: Data) -> None:
+    build_loss(cfg)
+    metrics = build_metrics(cfg, data.num_classes)
+    objective = value_at(cfg, "trainer.objective")
+    if objective != "loss" and objective not in metrics:
+        fail("trainer.objective", objective, f"expected loss or a metric of this run ({', '.join(metrics) or 'none'})")
+
+
+def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path, data: Data) -> None:
     """The checkpoint a run would resume from must exist, belong to this model, dataset and optimizer, and be
     in the format this strategy reads (one file, or a sharding engine's folder)."""
     resume = cfg.trainer.resume
@@ -41,7 +52,7 @@ def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     checkpoint = choose_checkpoint(resume, run_dir, warn=lambda m: print(f"warning: {m}", flush=True))
     if checkpoint is None:
         return
-    mismatch = signature_mismatch(checkpoint.manifest.get("signature", {}), signature(cfg, *input_facts(cfg.dataset)))
+    mismatch = signature_mismatch(checkpoint.manifest.get("signature", {}), signature(cfg, data.in_shape, data.num_classes))
     if mismatch:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
                           f"different setup ({mismatch}); use trainer.resume=none or a matching checkpoint")
@@ -97,20 +108,17 @@ def _lr_schedule(cfg: DictConfig) -> None:
         number_in(cfg, "lr_schedule.final_factor", 0.0, 1.0)
 
 
-def _dataset(cfg: DictConfig) -> None:
-    one_of(cfg, "dataset.name", DATASET_NAMES)
-    boolean(cfg, "dataset.in_memory")
-    int_at_least(cfg, "dataset.max_train_samples", 1, optional=True)
-    int_at_least(cfg, "dataset.max_test_samples", 1, optional=True)
-    if cfg.dataset.name == "synthetic":
-        int_list(cfg, "dataset.shape", 1)
-        int_at_least(cfg, "dataset.num_classes", 2)
-        int_at_least(cfg, "dataset.train_size", 1)
-        int_at_least(cfg, "dataset.test_size", 1)
-        number_in(cfg, "dataset.noise", 0.0, 1e6)
-        int_at_least(cfg, "dataset.seed", 0)
-    else:
-        boolean(cfg, "dataset.download")
+def _dataset(cfg: DictConfig) -> Data:
+    """The dataset group's own keys (each optional in a user's config), then both splits built and checked."""
+    for key in ("in_memory", "download"):
+        if cfg.dataset.get(key) is not None:
+            boolean(cfg, f"dataset.{key}")
+    for key in ("max_train_samples", "max_test_samples", "num_classes"):
+        if key in cfg.dataset:
+            int_at_least(cfg, f"dataset.{key}", 2 if key == "num_classes" else 1, optional=True)
+    if cfg.dataset.get("in_shape") is not None:
+        int_list(cfg, "dataset.in_shape", 1)
+    return build_data(cfg.dataset, check=True)
 
 
 def _channels_last_with(cfg: DictConfig, strategy: Strategy) -> None:
@@ -130,7 +138,7 @@ def _precision_on_device(cfg: DictConfig, strategy: Strategy) -> None:
         )
 
 
-def _batch_split(cfg: DictConfig, strategy: Strategy) -> None:
+def _batch_split(cfg: DictConfig, strategy: Strategy, samples: int) -> None:
     t = cfg.trainer
     processes = strategy.processes()
     if t.batch_size % (processes * t.grad_accum):
@@ -139,7 +147,6 @@ def _batch_split(cfg: DictConfig, strategy: Strategy) -> None:
             f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
             f"{processes * t.grad_accum}"
         )
-    samples = train_size(cfg.dataset)
     if t.batch_size > samples:
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed: the training split has only {samples} samples "

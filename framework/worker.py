@@ -13,10 +13,12 @@ from omegaconf import OmegaConf
 from framework.allocator import keep_freed_memory
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
-from framework.data.loaders import Normalizer, build_train_loader, eval_batches
-from framework.data.registry import load_splits
+from framework.data.augment import build_augment
+from framework.data.build import build_data, dataset_name
+from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
 from framework.faults import Faults
 from framework.interrupts import NoStop
+from framework.metrics import build_loss, build_metrics
 from framework.models.build import build_model
 from framework.optim import build_optimizer
 from framework.progress import Console
@@ -58,37 +60,41 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     say = console(run_dir, strategy.is_main, cfg.trainer)
     t = cfg.trainer
     seed_everything(t.seed)
-    splits = load_splits(cfg.dataset)
-    model = build_model(cfg.model, splits.in_shape, splits.num_classes)
+    data = build_data(cfg.dataset)
+    model = build_model(cfg.model, data.in_shape, data.num_classes)
     # resolved once: the model's layout and the batches' layout must agree
-    channels_last = use_channels_last(t.channels_last, model, strategy.device, splits.in_shape, strategy.channels_last_ok)
+    channels_last = use_channels_last(t.channels_last, model, strategy.device, data.in_shape, strategy.channels_last_ok)
     model = strategy.wrap_model(apply_speedups(model, {"channels_last": channels_last, "compile": t.compile},
                                                strategy.device))
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
     model, optimizer = strategy.wrap_optimizer(model, optimizer)
     micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
-    normalizer = Normalizer(splits, strategy.device, channels_last=channels_last)
-    loader = build_train_loader(splits, cfg, normalizer, strategy.device, micro_batch, strategy.rank, strategy.world_size)
+    augment = build_augment(cfg.dataset, data.in_shape)
+    train_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last, augment)
+    eval_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last)  # no augment
+    loader = build_train_loader(data, cfg, train_pipeline, strategy.device, micro_batch, strategy.rank,
+                                strategy.world_size)
     precision = strategy.make_precision(t.precision)
     faults = Faults(strategy.rank)
-    checkpointer = Checkpointer(cfg, strategy, run_dir, signature(cfg, splits.in_shape, splits.num_classes), faults, say)
+    checkpointer = Checkpointer(cfg, strategy, run_dir, signature(cfg, data.in_shape, data.num_classes), faults, say)
+    loss, metrics = build_loss(cfg), build_metrics(cfg, data.num_classes)
 
     def test_batches():
-        return eval_batches(splits.test_x, splits.test_y, normalizer, strategy.device,
-                            EVAL_BATCH_PER_DEVICE, strategy.rank, strategy.world_size)
+        return eval_batches(data.test, eval_pipeline, strategy.device, EVAL_BATCH_PER_DEVICE, strategy.rank,
+                            strategy.world_size, t.num_workers)
 
     tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
     try:
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
-                          checkpointer, faults, stop)
+                          checkpointer, faults, stop, loss, metrics)
         start = Position()
         checkpoint = choose_checkpoint(t.resume, run_dir, warn=say)
         if checkpoint is not None:
             start, totals = checkpointer.resume(checkpoint, model, optimizer, precision.scaler)
             trainer.restore_totals(totals)
         say(
-            f"training {cfg.model._target_.rsplit('.', 1)[-1]} on {cfg.dataset.name} with strategy={strategy.name}: "
+            f"training {cfg.model._target_.rsplit('.', 1)[-1]} on {dataset_name(cfg.dataset)} with strategy={strategy.name}: "
             f"{strategy.world_size} process(es) on {strategy.device.type}, global batch {t.batch_size} = "
             f"{strategy.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
             f"{trainer.total_steps} steps"
@@ -97,7 +103,9 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
         if not strategy.is_main:
             return None
         result = {
-            "test_acc": totals.val_acc,
+            **{f"test_{name}": value for name, value in totals.val_metrics.items()},
+            "metrics": list(totals.val_metrics),
+            "objective": t.objective,
             "test_loss": totals.val_loss,
             "train_loss": totals.train_loss,
             "samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,
@@ -116,8 +124,9 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
             "checkpoint": str(checkpointer.last_saved() or ""),
         }
         tb.log_hparams(hparams_of(cfg, result), {
-            "hparam/test_acc": result["test_acc"], "hparam/test_loss": result["test_loss"],
-            "hparam/train_loss": result["train_loss"], "hparam/samples_per_sec": result["samples_per_sec"],
+            **{f"hparam/test_{name}": value for name, value in totals.val_metrics.items()},
+            "hparam/test_loss": result["test_loss"], "hparam/train_loss": result["train_loss"],
+            "hparam/samples_per_sec": result["samples_per_sec"],
         })
         return result
     finally:
@@ -138,7 +147,7 @@ def hparams_of(cfg, result: dict) -> dict:
     return {
         "strategy": result["strategy"],
         "model": cfg.model._target_.rsplit(".", 1)[-1],
-        "dataset": cfg.dataset.name,
+        "dataset": dataset_name(cfg.dataset),
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": float(cfg.optimizer.lr),
         "global_batch": cfg.trainer.batch_size,

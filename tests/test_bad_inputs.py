@@ -35,7 +35,7 @@ CASES = {
                                    "strategy.nnodes=2 needs strategy.rdzv_endpoint=HOST:PORT"),
     "accelerator_unknown": (["trainer.accelerator=tpu"], "trainer.accelerator='tpu' is not allowed: expected one of auto, cpu, gpu"),
     "missing_dataset": (["dataset=mnist", "dataset.root=/nonexistent/mnist", "dataset.download=false"],
-                        "dataset=mnist: no usable files found. Tried: /nonexistent/mnist"),
+                        "dataset.root=/nonexistent/mnist holds no usable mnist files. Tried: /nonexistent/mnist"),
     "model_cannot_take_input": (["model=lenet", "dataset=synthetic", "dataset.shape=[5]"],
                                 "model=lenet needs image input (channels, height, width); the dataset gives shape (5,)"),
     "unknown_model": (["model=transformer"], "Could not find 'model/transformer'"),

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from framework.data.build import dataset_name
+
 
 @dataclass
 class Position:
@@ -57,7 +59,7 @@ def signature(cfg: DictConfig, in_shape, num_classes: int) -> dict:
     """What must match for a checkpoint to be resumable by this config."""
     return {
         "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "dataset": cfg.dataset.name,
+        "dataset": dataset_name(cfg.dataset),
         "in_shape": list(in_shape),
         "num_classes": int(num_classes),
         "optimizer": cfg.optimizer._target_,

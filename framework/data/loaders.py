@@ -1,34 +1,44 @@
-"""Batches for one worker. Both paths shard exactly like DistributedSampler (same seed -> same
-indices per rank and epoch), so the in-memory path and the DataLoader path give the same losses.
+"""Batches for one worker. Both paths shard exactly like DistributedSampler (same seed -> same indices per rank
+and epoch, drop_last), so the in-memory path and the DataLoader path give the same losses.
 
-- InMemoryLoader: the whole split lives as one tensor on the training device; a batch is an index
-  gather plus on-device normalization. No per-sample Python, no worker processes.
-- DataLoaderLoader: torch DataLoader + DistributedSampler, for `dataset.in_memory=false`
-  (per-sample work, data that should not sit on the device, `trainer.num_workers`).
+- InMemoryLoader: the fast path, chosen by what the dataset is (its whole split available as two tensors: the
+  built-ins, a TensorDataset, or a dataset with `tensors()`). The split lives as one tensor on the training
+  device; a batch is an index gather plus on-device normalization. No per-sample Python, no worker processes.
+- DataLoaderLoader: torch's DataLoader + DistributedSampler for any map-style Dataset (per-sample transforms,
+  data that should not sit on the device, `trainer.num_workers`), pinned memory and non-blocking copies on CUDA.
+Both then run the same on-device steps (BatchPipeline): normalize, augment (training only), memory layout.
 """
 from __future__ import annotations
 
 import itertools
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
-from framework.data.splits import Splits
+from framework.data.augment import batch_generator
+from framework.data.build import tensors_of
 
 
-class Normalizer:
-    """Raw pixels (or features) to standardized floats, on the device the batch is on."""
+class BatchPipeline:
+    """Device-side steps for a batch: raw pixels (or features) -> standardized floats, the optional batched
+    augmentation, then channels_last for image batches when the model uses it."""
 
-    def __init__(self, splits: Splits, device: torch.device, channels_last: bool = False):
-        images = splits.train_x.dim() == 4
-        shape = (1, -1, 1, 1) if images else (-1,)
-        self.mean = torch.tensor(splits.mean, device=device).view(shape)[: None if images else 1]
-        self.std = torch.tensor(splits.std, device=device).view(shape)[: None if images else 1]
-        self.scale = splits.scale
+    def __init__(self, normalization, in_shape, device: torch.device, channels_last: bool = False, augment=None):
+        images = len(tuple(in_shape)) == 3
         self.channels_last = channels_last and images
+        self.augment = augment
+        self.scale = None
+        if normalization is not None:
+            shape = (1, -1, 1, 1) if images else (1,)
+            self.scale = normalization.scale
+            self.mean = torch.tensor(normalization.mean, device=device).view(shape)[: None if images else 1]
+            self.std = torch.tensor(normalization.std, device=device).view(shape)[: None if images else 1]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = (x.float() * self.scale - self.mean) / self.std
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if self.scale is not None:
+            x = (x.float() * self.scale - self.mean) / self.std
+        if generator is not None and self.augment is not None:
+            x = self.augment(x, generator)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
 
@@ -38,37 +48,49 @@ def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> list[
     return list(sampler)
 
 
-class InMemoryLoader:
-    def __init__(self, x, y, normalizer: Normalizer, device, micro_batch: int, rank: int, world: int, seed: int):
-        self.x = x.to(device, non_blocking=True)
-        self.y = y.to(device, non_blocking=True)
-        self.normalizer, self.device = normalizer, device
+class _Sharded:
+    """What both training loaders share: the shard, the epoch and the per-batch augmentation generator."""
+
+    def __init__(self, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int):
+        self.pipeline, self.device = pipeline, device
         self.micro_batch, self.rank, self.world, self.seed = micro_batch, rank, world, seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __len__(self) -> int:
-        return (len(self.x) // self.world) // self.micro_batch
-
     def __iter__(self):
         return self.iterate(0)
+
+    def _prepared(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        generator = None
+        if self.pipeline.augment is not None:
+            generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
+        return self.pipeline(x, generator)
+
+
+class InMemoryLoader(_Sharded):
+    def __init__(self, x, y, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int):
+        super().__init__(pipeline, device, micro_batch, rank, world, seed)
+        self.x = x.to(device, non_blocking=True)
+        self.y = y.to(device, non_blocking=True)
+
+    def __len__(self) -> int:
+        return (len(self.x) // self.world) // self.micro_batch
 
     def iterate(self, start: int):
         """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
         order = torch.tensor(shard_indices(len(self.x), self.rank, self.world, self.epoch, self.seed), device=self.device)
         for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
-            yield self.normalizer(self.x[idx]), self.y[idx]
+            yield self._prepared(self.x[idx], i), self.y[idx]
 
 
-class DataLoaderLoader:
-    """The same batches, produced by a DataLoader from host memory and copied to the device per batch."""
+class DataLoaderLoader(_Sharded):
+    """Any map-style dataset through a DataLoader, copied to the device per batch."""
 
-    def __init__(self, x, y, normalizer: Normalizer, device, micro_batch, rank, world, seed, num_workers: int):
-        self.normalizer, self.device = normalizer, device
-        dataset = TensorDataset(x, y)
+    def __init__(self, dataset, pipeline: BatchPipeline, device, micro_batch, rank, world, seed, num_workers: int):
+        super().__init__(pipeline, device, micro_batch, rank, world, seed)
         self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.loader = DataLoader(
             dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True,
@@ -76,30 +98,41 @@ class DataLoaderLoader:
         )
 
     def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
-        return self.iterate(0)
-
     def iterate(self, start: int):
-        for x, y in itertools.islice(self.loader, start, None):
-            yield self.normalizer(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
+        for i, (x, y) in enumerate(itertools.islice(self.loader, start, None), start):
+            x, y = x.to(self.device, non_blocking=True), torch.as_tensor(y).to(self.device, non_blocking=True)
+            yield self._prepared(x, i), y
 
 
-def eval_batches(x, y, normalizer: Normalizer, device, batch: int, rank: int, world: int):
+def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0):
     """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
-    of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch)."""
-    batches = -(-len(x[0::world]) // batch)  # rank 0 holds the largest share
-    x, y = x[rank::world].to(device), y[rank::world].to(device)
-    for xs, ys in zip(x.tensor_split(batches), y.tensor_split(batches)):
-        yield normalizer(xs), ys
+    of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch). Never
+    augmented."""
+    share = torch.arange(rank, len(dataset), world)
+    batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
+    tensors = tensors_of(dataset)
+    if tensors is not None:
+        x, y = tensors[0][rank::world].to(device), tensors[1][rank::world].to(device)
+        for xs, ys in zip(x.tensor_split(batches), y.tensor_split(batches)):
+            yield pipeline(xs), ys
+        return
+    chunks = [c.tolist() for c in share.tensor_split(batches)]
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, pin_memory=device.type == "cuda")
+    for xs, ys in loader:
+        yield pipeline(xs.to(device, non_blocking=True)), torch.as_tensor(ys).to(device, non_blocking=True)
 
 
-def build_train_loader(splits: Splits, cfg, normalizer: Normalizer, device, micro_batch: int, rank: int, world: int):
-    args = (splits.train_x, splits.train_y, normalizer, device, micro_batch, rank, world, cfg.trainer.seed)
-    if cfg.dataset.in_memory:
-        return InMemoryLoader(*args)
-    return DataLoaderLoader(*args, num_workers=cfg.trainer.num_workers)
+def build_train_loader(data, cfg, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int):
+    """The in-memory path when the training split offers its tensors and dataset.in_memory is on (the default);
+    the DataLoader path otherwise."""
+    tensors = tensors_of(data.train)
+    common = (pipeline, device, micro_batch, rank, world, cfg.trainer.seed)
+    if tensors is not None and cfg.dataset.get("in_memory", True) is not False:
+        return InMemoryLoader(*tensors, *common)
+    return DataLoaderLoader(data.train, *common, num_workers=cfg.trainer.num_workers)

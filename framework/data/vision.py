@@ -1,7 +1,12 @@
-"""Fashion-MNIST, MNIST and CIFAR-10 from local files first, torchvision's download second."""
+"""Files of Fashion-MNIST, MNIST and CIFAR-10: found locally first, downloaded with torchvision second.
+
+With `dataset.root` set, only that folder counts (and torchvision downloads into it when allowed): a root that
+holds no usable files is an error naming it, never a silent fall-back to a copy found elsewhere. Without a
+root, the usual places are searched (Debian's dataset packages, then the download folder)."""
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -9,16 +14,19 @@ import torch
 
 from framework.data.decoded_cache import cached_decode
 from framework.data.idx import check_idx_header, read_idx
-from framework.data.splits import Splits
 from framework.errors import ConfigError
 
-_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+__all__ = ["IDX_MEAN_STD", "check_idx_header", "locate_idx_files", "read_idx_split", "locate_cifar10",
+           "load_cifar10_split", "default_download_dir"]
 
-# name -> (torchvision class, well-known local folders, mean, std)
-_IDX_DATASETS = {
-    "fashion_mnist": ("FashionMNIST", ["/usr/share/datasets/fashion-mnist"], (0.2860,), (0.3530,)),
-    "mnist": ("MNIST", ["/usr/share/datasets/mnist"], (0.1307,), (0.3081,)),
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+# kind -> torchvision class name, well-known local folders
+_IDX_SOURCES = {
+    "fashion_mnist": ("FashionMNIST", ["/usr/share/datasets/fashion-mnist"]),
+    "mnist": ("MNIST", ["/usr/share/datasets/mnist"]),
 }
+IDX_MEAN_STD = {"fashion_mnist": ((0.2860,), (0.3530,)), "mnist": ((0.1307,), (0.3081,))}
+_CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 
 
 def default_download_dir() -> Path:
@@ -32,99 +40,82 @@ def _idx_file(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _idx_candidates(root: str | None, tv_name: str, well_known: list[str], download_dir: Path) -> list[Path]:
-    folders: list[Path] = []
-    if root:
-        folders += [Path(root), Path(root) / tv_name / "raw"]
-    folders += [Path(p) for p in well_known]
-    folders.append(download_dir / tv_name / "raw")
-    return folders
+def _no_data_error(kind: str, tried: list[str], note: str, root: str | None) -> ConfigError:
+    where = (f"dataset.root={root} holds no usable {kind} files" if root
+             else f"dataset={kind}: no usable files found")
+    hint = ("Point dataset.root at a folder that has them, or leave it null to search the usual places"
+            if root else "Set dataset.root to a folder with the files, or use dataset=synthetic to train on random data")
+    return ConfigError(f"{where}. Tried: {'; '.join(tried)}. {note} {hint}.")
 
 
-def _no_data_error(name: str, tried: list[str], download_note: str) -> ConfigError:
-    return ConfigError(
-        f"dataset={name}: no usable files found. Tried: {'; '.join(tried)}. {download_note} "
-        f"Set dataset.root to a folder with the files, or use dataset=synthetic to train on random data."
-    )
-
-
-def locate_idx_files(name: str, root: str | None, download: bool, download_dir: str | None) -> list[Path]:
-    """The four IDX files of `name`, found locally or downloaded with torchvision (in the driver, once)."""
-    tv_name, well_known, _, _ = _IDX_DATASETS[name]
-    target = Path(download_dir) if download_dir else default_download_dir()
+def locate_idx_files(kind: str, root: str | None, download: bool, download_dir: str | None) -> list[Path]:
+    """The four IDX files (train images, train labels, test images, test labels), found or downloaded once."""
+    tv_name, well_known = _IDX_SOURCES[kind]
+    target = Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
+    folders = [Path(root), Path(root) / tv_name / "raw"] if root else (
+        [Path(p) for p in well_known] + [target / tv_name / "raw"])
     tried = []
-    for folder in _idx_candidates(root, tv_name, well_known, target):
+    for folder in folders:
         files = [_idx_file(folder, stem) for stem in _IDX_FILES]
         if all(files):
             return files
         tried.append(str(folder))
     if not download:
-        raise _no_data_error(name, tried, "dataset.download=false, so nothing was downloaded.")
+        raise _no_data_error(kind, tried, "dataset.download=false, so nothing was downloaded.", root)
     try:
         import torchvision.datasets as tvd
 
         for train in (True, False):
             getattr(tvd, tv_name)(str(target), train=train, download=True)
     except Exception as exc:  # no network, proxy, disk full: the user needs the summary, not the stack
-        raise _no_data_error(name, tried, f"torchvision's download into {target} failed: {exc}.") from exc
+        raise _no_data_error(kind, tried, f"torchvision's download into {target} failed: {exc}.", root) from exc
     return [_idx_file(target / tv_name / "raw", stem) for stem in _IDX_FILES]
 
 
-def check_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> None:
-    for path in locate_idx_files(name, root, download, download_dir):
-        check_idx_header(path)
-
-
-def load_idx_dataset(name: str, root: str | None, download: bool, download_dir: str | None) -> Splits:
-    _, _, mean, std = _IDX_DATASETS[name]
+def read_idx_split(images: Path, labels: Path, download_dir: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N x 1 x H x W uint8 images, N int64 labels) of one split; .gz files decoded once into a cache."""
     decoded = (Path(download_dir) if download_dir else default_download_dir()) / "decoded"
-    return _splits_from_idx(locate_idx_files(name, root, download, download_dir), mean, std, decoded)
+    x, y = (torch.from_numpy(cached_decode(f, read_idx, decoded) if f.suffix == ".gz" else read_idx(f).copy())
+            for f in (images, labels))
+    if len(x) != len(y):
+        raise ConfigError(f"dataset files {images} and {labels} disagree: {len(x)} images, {len(y)} labels")
+    return x.unsqueeze(1), y.long()
 
 
-def _splits_from_idx(files: list[Path], mean, std, decoded: Path) -> Splits:
-    train_x, train_y, test_x, test_y = (
-        torch.from_numpy(cached_decode(f, read_idx, decoded) if f.suffix == ".gz" else read_idx(f).copy())
-        for f in files)
-    if len(train_x) != len(train_y) or len(test_x) != len(test_y):
-        raise ConfigError(f"dataset files in {files[0].parent} disagree: images and labels counts differ")
-    return Splits(
-        train_x.unsqueeze(1), train_y.long(), test_x.unsqueeze(1), test_y.long(),
-        num_classes=10, mean=mean, std=std, scale=1 / 255,
-    )
-
-
-_CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-
-
-def _cifar_folder(root: str | None, download_dir: str | None) -> Path:
-    return Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
-
-
-def check_cifar10(root: str | None, download: bool, download_dir: str | None) -> None:
-    folder = _cifar_folder(root, download_dir)
-    if all((folder / "cifar-10-batches-py" / f).is_file() for f in _CIFAR_FILES):
-        return
+def locate_cifar10(root: str | None, download: bool, download_dir: str | None) -> Path:
+    """The folder holding cifar-10-batches-py/ (downloaded into it once when allowed)."""
+    folder = Path(root) if root else (Path(download_dir) if download_dir else default_download_dir())
+    batches = folder / "cifar-10-batches-py"
+    if all((batches / f).is_file() for f in _CIFAR_FILES):
+        return folder
     if not download:
-        raise _no_data_error("cifar10", [str(folder / "cifar-10-batches-py")], "dataset.download=false, so nothing was downloaded.")
-    load_cifar10(root, download, download_dir)  # downloads and verifies once, in the driver
-
-
-def load_cifar10(root: str | None, download: bool, download_dir: str | None) -> Splits:
-    import torchvision.datasets as tvd
-
-    folder = _cifar_folder(root, download_dir)
+        raise _no_data_error("cifar10", [str(batches)], "dataset.download=false, so nothing was downloaded.", root)
     try:
-        train = tvd.CIFAR10(str(folder), train=True, download=download)
-        test = tvd.CIFAR10(str(folder), train=False, download=download)
+        import torchvision.datasets as tvd
+
+        tvd.CIFAR10(str(folder), train=True, download=True)
     except Exception as exc:
-        note = "dataset.download=false, so nothing was downloaded." if not download else f"Download failed: {exc}."
-        raise _no_data_error("cifar10", [str(folder / "cifar-10-batches-py")], note) from exc
+        raise _no_data_error("cifar10", [str(batches)], f"torchvision's download into {folder} failed: {exc}.",
+                             root) from exc
+    return folder
 
-    def to_tensors(ds):
-        return torch.from_numpy(np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2))), torch.tensor(ds.targets)
 
-    (train_x, train_y), (test_x, test_y) = to_tensors(train), to_tensors(test)
-    return Splits(
-        train_x, train_y, test_x, test_y, num_classes=10,
-        mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616), scale=1 / 255,
-    )
+def load_cifar10_split(folder: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N x 3 x 32 x 32 uint8 images, N int64 labels) from the python-version batch files (pickled dicts of
+    `data`, N x 3072 uint8, and `labels`), as torchvision reads them."""
+    images, labels = [], []
+    for name in (_CIFAR_FILES[:5] if train else _CIFAR_FILES[5:]):
+        path = folder / "cifar-10-batches-py" / name
+        try:
+            with open(path, "rb") as f:
+                batch = pickle.load(f, encoding="latin1")
+            data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            targets = np.asarray(batch.get("labels", batch.get("fine_labels")), dtype=np.int64)
+        except Exception as exc:  # truncated pickle, wrong size, missing key: name the file
+            raise ConfigError(f"dataset file {path} is not a CIFAR-10 batch ({type(exc).__name__}: {exc}); "
+                              "delete it or point dataset.root elsewhere") from None
+        if len(data) != len(targets):
+            raise ConfigError(f"dataset file {path} holds {len(data)} images but {len(targets)} labels")
+        images.append(data)
+        labels.append(targets)
+    return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))

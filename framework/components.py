@@ -1,0 +1,33 @@
+"""Instantiate a user-pickable component (dataset split, loss, metric, augmentation) from its config node, with
+one clear error that names the key and the `_target_` when it cannot be built."""
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
+from framework.errors import ConfigError
+
+
+def _cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, InstantiationException) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+def build_component(node, key: str, **kwargs) -> Any:
+    """instantiate(node, **kwargs); `key` is where node sits in the config (e.g. dataset.train)."""
+    if node is None or "_target_" not in node:
+        raise ConfigError(f"{key} is missing or has no _target_ naming the class (or function) to build")
+    target = node._target_
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = _cause(exc)
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        if "Error locating target" in str(exc):
+            raise ConfigError(f"{key}._target_={target} is not allowed: it cannot be imported ({cause}); "
+                              "is its package on PYTHONPATH?") from None
+        raise ConfigError(f"{key}._target_={target} failed to build: {type(cause).__name__}: {cause}") from None

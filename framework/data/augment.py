@@ -1,0 +1,65 @@
+"""Batched augmentation on the training device, for `dataset.augment` (both input paths; evaluation never
+augments). One call per micro-batch, a few tensor ops for the whole batch, no per-sample Python: the
+random-crop-with-padding and horizontal-flip recipe of the fastest CIFAR-10 training scripts.
+
+Randomness comes from the generator the loader passes in, seeded from (trainer.seed, epoch, rank, batch), so a
+run is repeatable, every rank and epoch sees different crops, and a resumed run gets exactly the same ones."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from framework.components import build_component
+from framework.errors import ConfigError
+
+
+def build_augment(dataset_cfg, in_shape):
+    """dataset.augment (null: none): a batched on-device augmentation, checked against the input shape."""
+    if dataset_cfg.get("augment") is None:
+        return None
+    augment = build_component(dataset_cfg.augment, "dataset.augment")
+    if not callable(augment):
+        raise ConfigError(f"dataset.augment._target_={dataset_cfg.augment._target_} is not allowed: it built a "
+                          f"{type(augment).__name__}, which cannot be called as augment(batch, generator)")
+    if hasattr(augment, "check"):
+        augment.check(tuple(in_shape))
+    return augment
+
+
+class RandomCropFlip:
+    def __init__(self, padding: int = 4, flip: bool = True, pad_mode: str = "reflect"):
+        if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
+            raise ConfigError(f"dataset.augment.padding={padding!r} is not allowed: expected an integer >= 0")
+        if pad_mode not in ("reflect", "constant", "replicate"):
+            raise ConfigError(f"dataset.augment.pad_mode={pad_mode!r} is not allowed: expected reflect, constant or "
+                              "replicate")
+        self.padding, self.flip, self.pad_mode = padding, bool(flip), pad_mode
+
+    def check(self, in_shape: tuple[int, ...]) -> None:
+        if len(in_shape) != 3:
+            raise ConfigError(f"dataset.augment is not allowed for inputs of shape {list(in_shape)}: random crops and "
+                              "flips need images (channels, height, width)")
+        if self.pad_mode == "reflect" and self.padding >= min(in_shape[1:]):
+            raise ConfigError(f"dataset.augment.padding={self.padding} is not allowed with pad_mode=reflect for "
+                              f"{in_shape[1]}x{in_shape[2]} images: it must be smaller than the image")
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, _, h, w = x.shape
+        p = self.padding
+        if p:
+            padded = F.pad(x, (p, p, p, p), mode=self.pad_mode)
+            shifts = torch.randint(0, 2 * p + 1, (2, n), device=x.device, generator=generator)
+            rows = (torch.arange(h, device=x.device).view(1, h) + shifts[0].view(n, 1)).view(n, 1, h, 1)
+            cols = (torch.arange(w, device=x.device).view(1, w) + shifts[1].view(n, 1)).view(n, 1, 1, w)
+            batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
+            channel = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1)
+            x = padded[batch, channel, rows, cols]
+        if self.flip:
+            mirrored = torch.rand(n, device=x.device, generator=generator) < 0.5
+            x = torch.where(mirrored.view(n, 1, 1, 1), x.flip(3), x)
+        return x
+
+
+def batch_generator(device: torch.device, seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
+    """The generator for one micro-batch: a pure function of where the batch is, so a resume repeats it."""
+    return torch.Generator(device=device).manual_seed(((seed * 1_000_003 + epoch) * 65_537 + rank) * 1_000_033 + batch)
