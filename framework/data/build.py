@@ -19,6 +19,7 @@ from framework.errors import ConfigError
 
 SPLITS = ("train", "test")
 _SHAPE_SAMPLES = 8  # samples whose shapes are compared in the driver (all of them would read the whole dataset)
+_LABEL_SAMPLES = 1024  # labels read in the driver from a dataset that has no `targets`
 
 
 def option(cfg: DictConfig, key: str, default: Any = None) -> Any:
@@ -113,6 +114,14 @@ def _labels(dataset: Dataset) -> torch.Tensor | None:
     return torch.as_tensor(targets) if targets is not None else None
 
 
+def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
+    """Labels of up to _LABEL_SAMPLES samples spread over a dataset that keeps no label list (each read costs a
+    __getitem__, so a large one is checked on a sample, not whole)."""
+    count = min(len(dataset), _LABEL_SAMPLES)
+    indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
+    return torch.as_tensor([int(_sample(dataset, i, which)[1]) for i in indices])
+
+
 @dataclass
 class Data:
     train: Dataset
@@ -160,12 +169,12 @@ def _num_classes(cfg: DictConfig, data: dict[str, Dataset], check: bool) -> int:
     train = data["train"]
     said = getattr(train, "num_classes", None)  # trusted, like in_shape: no labels are read for it
     found = declared or said or len(getattr(train, "classes", None) or []) or None
-    labels = {which: _labels(dataset) for which, dataset in data.items()} if (check or not found) and not said else {}
+    labels = {}
+    if (check or not found) and not said:
+        labels = {which: _labels(dataset) for which, dataset in data.items()}
+        labels = {which: y if y is not None else _sampled_labels(data[which], which) for which, y in labels.items()}
     if found is None:
-        known = [t for t in labels.values() if t is not None]
-        if not known:  # nothing to count from without reading every sample
-            known = [torch.as_tensor([int(_sample(train, i, "train")[1]) for i in range(len(train))])]
-        found = int(max(int(t.max()) for t in known)) + 1
+        found = int(max(int(y.max()) for y in labels.values())) + 1
     if not isinstance(found, int) or found < 2:
         raise ConfigError(f"dataset.num_classes={found!r} is not allowed: expected an integer >= 2")
     for which, y in labels.items():
