@@ -2,40 +2,18 @@
 dir (`--config-dir`), selected on the command line like the built-ins. Real train.py processes."""
 import json
 import os
+import shutil
 import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import check_ok, losses_by_step, read_scalars, run_dirs, run_train
+from conftest import REPO, check_ok, losses_by_step, read_scalars, run_dirs, run_train
 
-DATA = '''
-import torch
-from torch.utils.data import Dataset, TensorDataset
-
-
-class Blobs(Dataset):
-    """Two Gaussian blobs per class in 8 dimensions; map-style, (input, label) per index."""
-
-    def __init__(self, train: bool = True, size: int = 512, classes: int = 3, label_offset: int = 0):
-        g = torch.Generator().manual_seed(0 if train else 1)
-        centers = torch.randn(classes, 8, generator=torch.Generator().manual_seed(42)) * 3
-        self.y = torch.randint(0, classes, (size,), generator=g)
-        self.x = centers[self.y] + torch.randn(size, 8, generator=g)
-        self.y = self.y + label_offset
-        self.classes = [f"class{i}" for i in range(classes)]
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], int(self.y[i])
-
-
-def blobs_tensors(train: bool = True, size: int = 512):
-    """A dataset built by a function: the same blobs as one TensorDataset (so the in-memory path applies)."""
-    b = Blobs(train, size)
-    return TensorDataset(b.x, b.y)
+EXAMPLE = REPO / "examples" / "my_project"  # the project README's "Your own model and data" shows
+# Extra pieces for the bad-input cases, added to a copy of the example.
+BAD_PIECES = '''
+from mypkg.data import Blobs
 
 
 class Ragged(Blobs):
@@ -50,59 +28,15 @@ def not_a_dataset(train: bool = True):
 def no_pairs(train: bool = True):
     return [1, 2, 3]
 '''
-
-MODELS = '''
-from torch import nn
-
-
-class MyNet(nn.Module):
-    def __init__(self, in_shape, num_classes, hidden: int = 32):
-        super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_shape[0], hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
-
-    def forward(self, x):
-        return self.net(x)
-'''
-
-CONFIGS = {
-    "dataset/blobs.yaml": """
-        train:
-          _target_: mypkg.data.Blobs
-          train: true
-        test:
-          _target_: mypkg.data.Blobs
-          train: false
-          size: 256
-    """,
-    "dataset/blobs_tensors.yaml": """
-        name: blobs_tensors
-        train:
-          _target_: mypkg.data.blobs_tensors
-          train: true
-        test:
-          _target_: mypkg.data.blobs_tensors
-          train: false
-          size: 256
-    """,
-    "model/my_net.yaml": """
-        _target_: mypkg.models.MyNet
-        hidden: 32
-    """,
-}
 COMMON = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=sgd",
-          "optimizer.lr=0.05", "lr_schedule=constant", "model=my_net"]
+          "optimizer.lr=0.05", "lr_schedule=constant", "model=mlp"]
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("my_project")
-    (root / "mypkg").mkdir()
-    (root / "mypkg" / "__init__.py").write_text("")
-    (root / "mypkg" / "data.py").write_text(DATA)
-    (root / "mypkg" / "models.py").write_text(MODELS)
-    for name, text in CONFIGS.items():
-        (root / "conf" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "conf" / name).write_text(textwrap.dedent(text))
+    root = tmp_path_factory.mktemp("projects") / "my_project"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "mypkg" / "bad.py").write_text(BAD_PIECES)
     return root
 
 
@@ -115,7 +49,7 @@ def _run(project, cwd, args, timeout=240):
 @pytest.mark.parametrize("strategy,ranks", [("single", 1), ("ddp", 2)])
 def test_own_dataset_and_model_train_from_their_own_package_and_config_dir(project, tmp_path, strategy, ranks):
     out = check_ok(_run(project, tmp_path, [f"strategy={strategy}", "dataset=blobs", *COMMON]))
-    assert "training MyNet on Blobs" in out
+    assert "training MLP on Blobs" in out
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["processes"] == ranks and result["test_acc"] > 0.9  # three well separated blobs
@@ -139,7 +73,7 @@ def test_dataloader_and_in_memory_paths_give_the_same_losses_for_a_dataset_built
 
 def test_loss_metrics_and_objective_are_components(project, tmp_path):
     out = check_ok(_run(project, tmp_path, ["strategy=single", "dataset=blobs", *COMMON, "trainer.epochs=1",
-                                            "loss.label_smoothing=0.1", "metrics=top5", "metrics.top5_acc.top_k=2",
+                                            "loss=focal", "metrics=top5", "metrics.top5_acc.top_k=2",
                                             "trainer.objective=loss"]))
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
@@ -189,13 +123,13 @@ def test_image_folder_with_a_torchvision_transform_pipeline(project, tmp_path):
 BAD = {
     "not_importable": (["dataset=blobs", "dataset.train._target_=mypkg.data.NoSuchThing"],
                        "dataset.train._target_=mypkg.data.NoSuchThing is not allowed: it cannot be imported"),
-    "not_a_dataset": (["dataset=blobs", "dataset.train._target_=mypkg.data.not_a_dataset"],
-                      "dataset.train._target_=mypkg.data.not_a_dataset is not allowed: it returned a generator, not a map-style torch Dataset"),
-    "items_not_pairs": (["dataset=blobs", "dataset.train._target_=mypkg.data.no_pairs"],
+    "not_a_dataset": (["dataset=blobs", "dataset.train._target_=mypkg.bad.not_a_dataset"],
+                      "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, not a map-style torch Dataset"),
+    "items_not_pairs": (["dataset=blobs", "dataset.train._target_=mypkg.bad.no_pairs"],
                         "dataset.train[0] is a int, not an (input, label) pair"),
     "labels_out_of_range": (["dataset=blobs", "+dataset.num_classes=3", "+dataset.train.label_offset=1"],
                             "dataset.train has label 3, outside [0, 3) for num_classes=3"),
-    "ragged_samples": (["dataset=blobs", "dataset.train._target_=mypkg.data.Ragged"],
+    "ragged_samples": (["dataset=blobs", "dataset.train._target_=mypkg.bad.Ragged"],
                        "dataset samples differ in shape (dataset.train[0]: [8], dataset.train[1]: [7]"),
     "model_cannot_take_input": (["dataset=blobs", "model=lenet"],
                                 "model=lenet needs image input (channels, height, width); the dataset gives shape (8,)"),
@@ -216,4 +150,18 @@ def test_bad_user_components_fail_in_the_driver_with_one_clear_message(project, 
     proc = _run(project, tmp_path, ["strategy=ddp", *COMMON, *args], timeout=120)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr and "training MyNet" not in proc.stdout
+    assert "Traceback" not in proc.stderr and "training MLP" not in proc.stdout
+
+
+def test_the_default_loss_is_cross_entropy_with_its_label_smoothing_option():
+    import torch
+    import torch.nn.functional as F
+    from hydra import compose, initialize_config_dir
+
+    from framework.metrics import build_loss, per_sample_losses
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["loss.label_smoothing=0.1"])
+    logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+    expected = F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="none")
+    assert torch.allclose(per_sample_losses(build_loss(cfg), logits, labels), expected)
