@@ -2,6 +2,8 @@
 
 single: `train.py strategy=single` vs bench/baselines/plain_loop.py (one process)
 ddp:    `train.py strategy=ddp` (2 gloo workers) vs `torchrun bench/baselines/ddp_torchrun.py`
+ddp_dataloader: the same two with the DataLoader input path on both sides (`dataset.in_memory=false` vs
+        `ddp_torchrun.py --dataloader`: DataLoader + DistributedSampler over the same uint8 tensors)
 
 Same model (LeNet), global batch, optimizer (Adam), data in memory and threads per process on both sides.
 Both sides print a progress line every --log-every steps; steps/s = measured steps / time between the
@@ -29,7 +31,7 @@ TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training split: the measured window mu
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp")
+    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp, ddp_dataloader")
     p.add_argument("--repeats", type=int, default=3, help="rounds of framework, baseline")
     p.add_argument("--warmup-steps", type=int, default=100, help="steps before timing starts (one log interval)")
     p.add_argument("--steps", type=int, default=300, help="timed steps after the warm-up")
@@ -50,14 +52,16 @@ def parse_args():
 
 def framework_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path):
     overrides = [
-        f"strategy={mode}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
+        f"strategy={'single' if mode == 'single' else 'ddp'}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
         f"trainer.log_every_n_steps={args.log_every}", "dataset.max_test_samples=1000", "model=lenet",
         "optimizer=adam", "lr_schedule=constant", "trainer.channels_last=false", "trainer.grad_clip=null",
         "dataset=fashion_mnist",
         "trainer.precision=fp32",
     ]
-    if mode == "ddp":
+    if mode != "single":
         overrides.append(f"strategy.nproc_per_node={workers}")
+    if mode == "ddp_dataloader":
+        overrides.append("dataset.in_memory=false")
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))
@@ -72,6 +76,8 @@ def framework_side(mode: str, args, total: int, workers: int, threads: int, work
 
 def baseline_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path):
     script_args = [f"--batch-size={args.batch_size}", f"--steps={total}", f"--log-every={args.log_every}"]
+    if mode == "ddp_dataloader":
+        script_args.append("--dataloader")
     command = (commands.baseline("plain_loop.py", *script_args) if mode == "single"
                else commands.torchrun("ddp_torchrun.py", workers, *script_args))
 

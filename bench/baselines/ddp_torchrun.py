@@ -4,16 +4,19 @@ global batch split over the workers, Fashion-MNIST in memory, each rank taking r
 per-epoch permutation (DistributedSampler's order). Never imports framework (shared pieces: lenet_fashion_mnist.py).
 
     torchrun --standalone --nproc_per_node=2 bench/baselines/ddp_torchrun.py --steps 400 --log-every 100
+    ... --dataloader   the tutorials' input path instead: DataLoader + DistributedSampler over a TensorDataset
 
 Rank 0 prints 'training ...' right before the loop and 'step S/T | loss L' every --log-every steps.
 """
 import argparse
+import itertools
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lenet_fashion_mnist import FASHION_MNIST, lenet, normalize, training_split
 
@@ -26,6 +29,7 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--dataloader", action="store_true", help="DataLoader + DistributedSampler input path")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -43,13 +47,21 @@ def main() -> None:
               f"{torch.get_num_threads()} threads per worker", flush=True)
     model.train()
     step, epoch, loss_sum = 0, 0, torch.zeros(())
+    if args.dataloader:
+        sampler = DistributedSampler(TensorDataset(images, labels), num_replicas=world, rank=rank, seed=args.seed,
+                                     drop_last=True)
+        loader = DataLoader(TensorDataset(images, labels), batch_size=micro_batch, sampler=sampler, drop_last=True)
     while step < args.steps:
-        order = torch.randperm(len(images), generator=torch.Generator().manual_seed(args.seed + epoch))
-        shard = order[rank:per_rank * world:world]
-        for i in range(min(steps_per_epoch, args.steps - step)):
-            idx = shard[i * micro_batch:(i + 1) * micro_batch]
-            x = normalize(images[idx])
-            loss = F.cross_entropy(model(x), labels[idx])
+        if args.dataloader:
+            sampler.set_epoch(epoch)
+            batches = ((normalize(x), y) for x, y in loader)
+        else:
+            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(args.seed + epoch))
+            shard = order[rank:per_rank * world:world]
+            batches = ((normalize(images[idx]), labels[idx])
+                       for idx in (shard[i * micro_batch:(i + 1) * micro_batch] for i in range(steps_per_epoch)))
+        for x, y in itertools.islice(batches, min(steps_per_epoch, args.steps - step)):
+            loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
