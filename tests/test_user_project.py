@@ -46,8 +46,10 @@ def _run(project, cwd, args, timeout=240):
     return run_train(["--config-dir", str(project / "conf"), *args], cwd, env=env, timeout=timeout)
 
 
-@pytest.mark.parametrize("strategy,ranks", [("single", 1), ("ddp", 2)])
+@pytest.mark.parametrize("strategy,ranks", [("single", 1), ("ddp", 2), ("dp", 1), ("deepspeed", 2), ("horovod", 2)])
 def test_own_dataset_and_model_train_from_their_own_package_and_config_dir(project, tmp_path, strategy, ranks):
+    if strategy in ("deepspeed", "horovod"):
+        pytest.importorskip({"deepspeed": "deepspeed", "horovod": "horovod.torch"}[strategy])
     out = check_ok(_run(project, tmp_path, [f"strategy={strategy}", "dataset=blobs", *COMMON]))
     assert "training MLP on Blobs" in out
     [run_dir] = run_dirs(tmp_path)
@@ -74,6 +76,7 @@ def test_dataloader_and_in_memory_paths_give_the_same_losses_for_a_dataset_built
 def test_loss_metrics_and_objective_are_components(project, tmp_path):
     out = check_ok(_run(project, tmp_path, ["strategy=single", "dataset=blobs", *COMMON, "trainer.epochs=1",
                                             "loss=focal", "metrics=top5", "metrics.top5_acc.top_k=2",
+                                            "+dataset.train._partial_=true",  # a factory the framework calls
                                             "trainer.objective=loss"]))
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
