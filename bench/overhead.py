@@ -111,7 +111,9 @@ def main() -> None:
             rows.append([mode, f"{workers} x {threads}", fw, base, ratio(fw, base)])
     print()
     print_table(["mode", "procs x threads", "train.py steps/s", "hand-written steps/s", "ratio (>= 0.98)"], rows)
-    write_results("overhead", vars(args), results)
+    # the default modes keep their file; other selections get their own, so one run never overwrites another's
+    write_results("overhead" if args.modes == "single,ddp" else "overhead_" + args.modes.replace(",", "_"),
+                  vars(args), results)
 
 
 if __name__ == "__main__":

@@ -44,20 +44,19 @@ class RandomCropFlip:
                               f"{in_shape[1]}x{in_shape[2]} images: it must be smaller than the image")
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        n, _, h, w = x.shape
+        # Crop and flip are one gather: output pixel (h, w) of sample n reads padded pixel
+        # (h + dy[n], w' + dx[n]), with w' = w or, for a mirrored sample, W-1-w.
+        n, c, h, w = x.shape
         p = self.padding
-        if p:
-            padded = F.pad(x, (p, p, p, p), mode=self.pad_mode)
-            shifts = torch.randint(0, 2 * p + 1, (2, n), device=x.device, generator=generator)
-            rows = (torch.arange(h, device=x.device).view(1, h) + shifts[0].view(n, 1)).view(n, 1, h, 1)
-            cols = (torch.arange(w, device=x.device).view(1, w) + shifts[1].view(n, 1)).view(n, 1, 1, w)
-            batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
-            channel = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1)
-            x = padded[batch, channel, rows, cols]
+        padded = F.pad(x, (p, p, p, p), mode=self.pad_mode) if p else x
+        shifts = torch.randint(0, 2 * p + 1, (2, n, 1, 1), device=x.device, generator=generator)
+        cols = torch.arange(w, device=x.device).view(1, 1, w)
         if self.flip:
             mirrored = torch.rand(n, device=x.device, generator=generator) < 0.5
-            x = torch.where(mirrored.view(n, 1, 1, 1), x.flip(3), x)
-        return x
+            cols = torch.where(mirrored.view(n, 1, 1), w - 1 - cols, cols)
+        rows = torch.arange(h, device=x.device).view(1, h, 1) + shifts[0]
+        index = (rows * (w + 2 * p) + cols + shifts[1]).view(n, 1, h * w).expand(n, c, h * w)
+        return padded.reshape(n, c, -1).gather(2, index).view(n, c, h, w)
 
 
 def batch_generator(device: torch.device, seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
