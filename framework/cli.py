@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from framework.launch.clean_exit import exit_now
-from framework.launch.environment import env_rank, launched_externally
+from framework.launch.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.paths import CONF_DIR
 
 
@@ -21,6 +21,7 @@ def train_app(cfg: DictConfig):
 
 
 def main() -> None:
+    sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
     if launched_externally() and env_rank() != 0:  # torchrun's other ranks take config and folder from rank 0
         from framework.run import follow_rank0
 

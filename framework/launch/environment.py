@@ -32,3 +32,29 @@ def cpu_cores() -> int:
 def threads_per_worker(local_workers: int) -> int:
     """CPU threads each local worker may use so that workers do not fight over cores."""
     return max(1, cpu_cores() // max(1, local_workers))
+
+
+_LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+
+
+def take_local_rank_argument(argv: list[str]) -> list[str]:
+    """argv without `--local_rank=N` / `--local-rank=N` (or `--local_rank N`), keeping N as LOCAL_RANK.
+
+    torch.distributed.launch (without --use_env) and DeepSpeed's launcher append it for scripts that read it;
+    Hydra would refuse it as an override before anything starts. Both launchers also set LOCAL_RANK, which wins."""
+    kept, i = [], 0
+    while i < len(argv):
+        name, has_value, value = argv[i].partition("=")
+        if name not in _LOCAL_RANK_FLAGS:
+            kept.append(argv[i])
+            i += 1
+            continue
+        if not has_value:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 1
+        if not value.isdigit():
+            raise SystemExit(f"error: {name}={value!r} is not allowed: expected a local rank (an integer >= 0), "
+                             "as torch.distributed.launch and DeepSpeed's launcher pass it")
+        os.environ.setdefault("LOCAL_RANK", value)
+        i += 1
+    return kept
