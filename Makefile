@@ -1,11 +1,15 @@
-# The two commands of the README. Both set everything up first (idempotent, quick when done).
-.PHONY: setup train test test-gpu
+# The two commands of the README. Each sets up what it needs first (idempotent, quick when done):
+# train only the core (torch, torchvision, Hydra, TensorBoard, the dataset); test everything, engines included.
+.PHONY: setup setup-all setup-core train test test-gpu
 PY := .venv/bin/python
 
-setup:
-	bash scripts/setup.sh
+setup setup-all:
+	bash scripts/setup.sh all
 
-train: setup
+setup-core:
+	bash scripts/setup.sh core
+
+train: setup-core
 	$(PY) train.py $(ARGS)
 
 test: setup

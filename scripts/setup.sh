@@ -1,36 +1,48 @@
 #!/usr/bin/env bash
-# Sets up everything a run or the tests need; idempotent, and quick the second time.
+# Sets up what a run (`core`) or the tests and every engine (`all`, the default) need; idempotent, and quick
+# the second time.   bash scripts/setup.sh [core|all]
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
-#   2. the project and its pinned dependency ranges (pyproject.toml), installed editable
-#   3. optional parts that need more than pip (scripts/setup.d/*.sh, in name order; each is idempotent)
+#   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `all` adds the
+#      test extra (pytest, the Hydra launcher and sweeper plugins)
+#   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
 #   4. Fashion-MNIST offline: Debian's dataset-fashion-mnist when apt can install it;
 #      otherwise the first run downloads it through torchvision (dataset.download=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${HYDRA_DIST_VENV:-.venv}
 python=${PYTHON:-python3}
+mode=${1:-all}
+case "$mode" in
+    core) extras="" ;;
+    all) extras="[test]" ;;
+    *) echo "setup: mode '$mode' is not allowed: expected core or all" >&2; exit 2 ;;
+esac
 
 if [ ! -x "$venv/bin/python" ]; then
     echo "setup: creating virtual environment $venv"
     "$python" -m venv "$venv"
 fi
 
-# Reinstall only when the dependency list or packaging changed since the last successful install.
+# Reinstall only when the dependency list or packaging changed since the last successful install, or when
+# `all` is asked of a venv set up for `core` (an `all` install serves `core` too).
 stamp="$venv/.hydra-dist-installed"
-want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+hash=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" != "$hash all" ] && [ "$have" != "$hash $mode" ]; then
     echo "setup: installing dependencies into $venv (torch is large: about a minute from a local wheel)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
     "$venv/bin/python" -c "import torch, torchvision, hydra, tensorboard" \
         || { echo "setup: dependency install failed (see pip output above)" >&2; exit 1; }
-    echo "$want" > "$stamp"
+    echo "$hash $mode" > "$stamp"
 fi
 
-for part in scripts/setup.d/*.sh; do
-    [ -e "$part" ] || continue
-    bash "$part" "$venv"
-done
+if [ "$mode" = all ]; then
+    for part in scripts/setup.d/*.sh; do
+        [ -e "$part" ] || continue
+        bash "$part" "$venv"
+    done
+fi
 
 fmnist=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
