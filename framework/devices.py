@@ -95,7 +95,7 @@ def strategy_plan(overrides: list[str]) -> list[str]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 check_trainer_options(cfg)
-                note = resolve_auto(cfg, external_launch=False).removeprefix("strategy=auto ")
+                note = resolve_auto(cfg, launcher=None).removeprefix("strategy=auto ")
                 strategy = build_strategy(cfg)
                 strategy.validate()
                 plan = f"{note}: {strategy.describe()}" if note else strategy.describe()

@@ -18,10 +18,10 @@ from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.errors import ConfigError
 from framework.interrupts import GracefulStop, Interrupted, NoStop
 from framework.launch.elastic import WorkersFailed
-from framework.launch.environment import env_rank, launched_externally
+from framework.launch.environment import env_rank, launched_externally, outer_launcher
 from framework.launch.slurm import in_submitit_task, scheduler_name
 from framework.results import format_rate, write_result
-from framework.strategies import build_strategy, resolve_auto
+from framework.strategies import STRATEGIES, build_strategy, resolve_auto, strategy_names
 from framework.validation import validate
 from framework.worker import worker_entry
 
@@ -60,14 +60,16 @@ def _outer_launcher() -> str:
 
 
 def choose_strategy(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto and build the strategy; under torchrun/SLURM only ddp and deepspeed fit the started
-    workers."""
-    note = resolve_auto(cfg, external)
+    """Resolve strategy=auto and build the strategy; under an outer launcher only a strategy that can train with the
+    workers that launcher started (Strategy.outer_launchers) is allowed."""
+    launcher = outer_launcher() if external else None
+    note = resolve_auto(cfg, launcher)
     strategy = build_strategy(cfg)
-    if external and strategy.name not in ("ddp", "deepspeed"):
+    if launcher is not None and launcher not in strategy.outer_launchers:
+        fits = ", ".join(name for name in strategy_names() if launcher in STRATEGIES[name].outer_launchers)
         raise ConfigError(
             f"strategy={strategy.name} is not allowed under {_outer_launcher()}: the launcher already started "
-            "several workers; use strategy=ddp, deepspeed or auto"
+            f"several workers; use strategy={fits} or auto"
         )
     return strategy, note
 

@@ -4,13 +4,29 @@ from __future__ import annotations
 import os
 
 
-def launched_externally() -> bool:
-    """True when torchrun (or another torch.distributed launcher), SLURM or submitit already started us as
-    one of many workers. A SLURM/submitit task gets torch's rank variables from the scheduler's here."""
+# Kinds of outer launcher, by the variables they leave in each worker's environment.
+TORCH = "torch"  # torchrun, torch.distributed.launch, DeepSpeed's `deepspeed`, SLURM/submitit tasks: RANK, WORLD_SIZE, ...
+HOROVOD = "horovod"  # horovodrun: HOROVOD_RANK, HOROVOD_SIZE, ...
+_HOROVOD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+
+
+def outer_launcher() -> str | None:
+    """Which kind of launcher already started this process as one of many workers (TORCH or HOROVOD), or None.
+    A SLURM/submitit task gets torch's rank variables from the scheduler's here."""
     from framework.launch.slurm import adopt_scheduler_ranks
 
     adopt_scheduler_ranks()
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return TORCH
+    if all(name in os.environ for name in _HOROVOD_VARS):
+        return HOROVOD
+    return None
+
+
+def launched_externally() -> bool:
+    """True when a launcher (torchrun and the like, SLURM, submitit, horovodrun) already started us as one of
+    many workers."""
+    return outer_launcher() is not None
 
 
 def restart_attempt() -> int:
@@ -19,7 +35,8 @@ def restart_attempt() -> int:
 
 
 def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    """This worker's global rank as its launcher set it (0 when no launcher did)."""
+    return int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", "0")))
 
 
 def cpu_cores() -> int:

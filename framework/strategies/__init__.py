@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig, open_dict
 
+from framework.errors import ConfigError
+from framework.launch.environment import HOROVOD
 from framework.strategies.base import Strategy, cuda_wanted
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.deepspeed import DeepSpeedStrategy
@@ -20,12 +22,15 @@ STRATEGIES: dict[str, type[Strategy]] = {
 }
 
 
-def resolve_auto(cfg: DictConfig, external_launch: bool) -> str:
-    """strategy=auto becomes ddp over all GPUs when there are several (or when a launcher started
-    several workers), else single. Returns the note to show, or an empty string."""
+def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
+    """strategy=auto becomes ddp over all GPUs (or the workers an outer torch launcher started) when there are
+    several, else single. Returns the note to show, or an empty string."""
     if cfg.strategy.name != "auto":
         return ""
-    several = external_launch or (cuda_wanted(cfg) and torch.cuda.device_count() > 1)
+    if launcher == HOROVOD:  # auto's options are ddp's: guessing horovod would run it without its own settings
+        raise ConfigError("strategy=auto is not allowed under horovodrun: name the engine the workers were started "
+                          "for, strategy=horovod")
+    several = launcher is not None or (cuda_wanted(cfg) and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
     with open_dict(cfg):
         cfg.strategy.name = chosen

@@ -31,6 +31,9 @@ def cuda_wanted(cfg: DictConfig) -> bool:
 class Strategy:
     name = "base"
     runs_in_process = True  # launch() trains in the driver process (so the driver handles Ctrl-C for it)
+    # Kinds of outer launcher (framework.launch.environment: TORCH, HOROVOD) whose already-started workers this
+    # strategy can train with; under any other, the driver refuses it before training.
+    outer_launchers: frozenset[str] = frozenset()
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg

@@ -14,7 +14,7 @@ from framework.config_checks import boolean, int_at_least, one_of, positive_numb
 from framework.errors import ConfigError
 from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
-from framework.launch.environment import launched_externally, restart_attempt, threads_per_worker
+from framework.launch.environment import TORCH, launched_externally, restart_attempt, threads_per_worker
 from framework.strategies.base import Strategy
 
 CPU_WORKERS_WITHOUT_GPU = 2
@@ -39,6 +39,7 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
 class DDPStrategy(Strategy):
     name = "ddp"
     runs_in_process = False
+    outer_launchers = frozenset({TORCH})
 
     # ---- driver side -------------------------------------------------------------------------
     def nproc_per_node(self) -> int:

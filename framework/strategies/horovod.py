@@ -12,7 +12,7 @@ from torch import nn
 
 from framework.config_checks import int_at_least, one_of, value_at
 from framework.errors import ConfigError
-from framework.launch.environment import threads_per_worker
+from framework.launch.environment import HOROVOD, threads_per_worker
 from framework.precision import Precision
 from framework.strategies.base import Strategy
 
@@ -45,6 +45,7 @@ class HorovodStrategy(Strategy):
     name = "horovod"
     channels_last_refusal = "Horovod's collectives take contiguous tensors only"
     runs_in_process = False
+    outer_launchers = frozenset({HOROVOD})
 
     # ---- driver side -------------------------------------------------------------------------
     def np(self) -> int:
