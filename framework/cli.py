@@ -3,6 +3,7 @@
 One Hydra app, so both take the same overrides, -m sweeps, --cfg job, --help and -sc (shell completion)."""
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -22,13 +23,16 @@ def train_app(cfg: DictConfig):
 
 def main() -> None:
     sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
-    if launched_externally() and env_rank() != 0:  # torchrun's other ranks take config and folder from rank 0
-        from framework.run import follow_rank0
+    if launched_externally() and env_rank() != 0:  # a launcher's other ranks take config and folder from rank 0
+        from framework.launch.outer import follow_rank0
 
-        code = follow_rank0(sys.argv[1:])
+        try:
+            code = follow_rank0(sys.argv[1:])
+        except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept
+            code = 128 + signal.SIGINT
         exit_now(code)  # see framework/launch/clean_exit.py
     train_app()
-    if launched_externally():  # rank 0 under torchrun/SLURM, run finished (errors leave through sys.exit above)
+    if launched_externally():  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
 
 

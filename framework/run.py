@@ -1,8 +1,8 @@
 """The driver: runs once per job, in the process Hydra started. Validates, saves the resolved config,
 hands the run to the strategy's launcher, and reports. Workers never run Hydra again.
 
-When a launcher already started one process per rank (torchrun; SLURM or submitit tasks), rank 0 drives
-and trains, and the other ranks follow it: they take the config and run folder from rank 0."""
+When a launcher already started one process per rank (torchrun and the like, SLURM or submitit tasks, horovodrun),
+rank 0 drives and trains, and the other ranks follow it (framework/launch/outer.py)."""
 from __future__ import annotations
 
 import shlex
@@ -16,12 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.errors import ConfigError
-from framework.interrupts import GracefulStop, Interrupted, NoStop
+from framework.interrupts import GracefulStop, Interrupted
 from framework.launch.elastic import WorkersFailed
-from framework.launch.environment import env_rank, launched_externally, outer_launcher
-from framework.launch.slurm import in_submitit_task, scheduler_name
+from framework.launch.environment import env_rank, launched_externally
+from framework.launch.outer import choose_strategy, error_through_rank0_group, follow, multirun_refusal
+from framework.launch.slurm import in_submitit_task
 from framework.results import format_rate, write_result
-from framework.strategies import STRATEGIES, build_strategy, resolve_auto, strategy_names
 from framework.validation import validate
 from framework.worker import worker_entry
 
@@ -35,12 +35,11 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     external = launched_externally()
     if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
-        _follow(cfg)
+        follow(cfg)
         return None
     if external and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
         # rank 0 of `torchrun/srun train.py -m ...`: the other ranks refused already, so nobody would join
-        sys.exit(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
-                 "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
+        sys.exit(f"error: {multirun_refusal()}")
     try:
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg, external)
@@ -53,25 +52,6 @@ def run(cfg: DictConfig) -> float | None:
         _exit_interrupted(signal.SIGINT, run_dir, hydra_cfg)
     except Interrupted as exc:
         _exit_interrupted(exc.signum, run_dir, hydra_cfg)
-
-
-def _outer_launcher() -> str:
-    return {"slurm": "SLURM tasks", "local": "submitit_local tasks"}.get(scheduler_name() or "", "torchrun")
-
-
-def choose_strategy(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto and build the strategy; under an outer launcher only a strategy that can train with the
-    workers that launcher started (Strategy.outer_launchers) is allowed."""
-    launcher = outer_launcher() if external else None
-    note = resolve_auto(cfg, launcher)
-    strategy = build_strategy(cfg)
-    if launcher is not None and launcher not in strategy.outer_launchers:
-        fits = ", ".join(name for name in strategy_names() if launcher in STRATEGIES[name].outer_launchers)
-        raise ConfigError(
-            f"strategy={strategy.name} is not allowed under {_outer_launcher()}: the launcher already started "
-            f"several workers; use strategy={fits} or auto"
-        )
-    return strategy, note
 
 
 def _pin_parallel_job(hydra_cfg) -> None:
@@ -97,7 +77,7 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
     except ConfigError as exc:
         if external:  # say it first: torchrun stops this process as soon as a follower exits
             print(f"error: {exc}", file=sys.stderr, flush=True)
-            _error_through_rank0_group(cfg, str(exc))
+            error_through_rank0_group(cfg, str(exc))
             if hydra_cfg.mode == RunMode.MULTIRUN:
                 return None
             sys.exit(2)
@@ -144,55 +124,3 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
             else "no checkpoint had been written yet, so a resumed run starts over")
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
-
-
-def _error_through_rank0_group(cfg: DictConfig, message: str | None) -> str | None:
-    """Rank 0's config error, shared over a short-lived process group: rank 0 passes its message, the
-    followers pass None and get it back, so no rank waits for a payload that never comes. None if even
-    that fails (the others then time out on their own)."""
-    try:
-        from framework.strategies.ddp import DDPStrategy
-
-        link = DDPStrategy(cfg)
-        link.setup()
-        payload = link.broadcast_object(None if message is None else {"error": message})
-        link.leave_group(wait_for_peers=True)  # as the followers that got it from the payload do (_follow)
-        return payload.get("error")
-    except Exception:
-        return None
-
-
-def follow_rank0(overrides: list[str]) -> int:
-    """Ranks > 0 under torchrun or srun: no Hydra run (so no extra folder); config and run folder come from rank 0."""
-    from hydra import compose, initialize_config_dir
-
-    from framework.paths import CONF_DIR
-
-    if any(o in ("-m", "--multirun") for o in overrides):
-        print(f"error: -m/--multirun is not allowed under {_outer_launcher()}; run the sweep without it "
-              "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)", file=sys.stderr)
-        return 2
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[o for o in overrides if not o.startswith(("hydra.", "--"))])
-    return 0 if _follow(cfg) is None else 2
-
-
-def _follow(cfg: DictConfig) -> str | None:
-    """Join rank 0's group, take its payload and train as one rank. Returns the error when there is one."""
-    try:
-        strategy, _ = choose_strategy(cfg, external=True)
-    except ConfigError as exc:  # torchrun stops rank 0 as soon as one rank fails, so say it here too
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        if scheduler_name() is None:
-            return str(exc)
-        # SLURM/submitit stop nothing: rank 0 found the same error and waits to send it; take it so it can end.
-        return _error_through_rank0_group(cfg, None) or str(exc)
-    strategy.setup()
-    payload = strategy.broadcast_object(None)
-    if "error" in payload:
-        if scheduler_name():  # each SLURM/submitit task has a log of its own; under torchrun rank 0 said it
-            print(f"error: {payload['error']}", file=sys.stderr, flush=True)
-        strategy.leave_group(wait_for_peers=True)  # after saying it; rank 0 waits for us the same way
-        return payload["error"]
-    worker_entry(payload, strategy, stop=NoStop())
-    return None

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, check_ok, losses_by_step, read_scalars, run_dirs, run_train
+from test_torchrun import TORCHRUN
 
 EXAMPLE = REPO / "examples" / "my_project"  # the project README's "Your own model and data" shows
 # Extra pieces for the bad-input cases, added to a copy of the example.
@@ -40,10 +41,10 @@ def project(tmp_path_factory):
     return root
 
 
-def _run(project, cwd, args, timeout=240):
+def _run(project, cwd, args, timeout=240, launcher=None):
     cwd.mkdir(parents=True, exist_ok=True)
     env = {"PYTHONPATH": f"{project}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return run_train(["--config-dir", str(project / "conf"), *args], cwd, env=env, timeout=timeout)
+    return run_train(["--config-dir", str(project / "conf"), *args], cwd, env=env, timeout=timeout, launcher=launcher)
 
 
 @pytest.mark.parametrize("strategy,ranks", [("single", 1), ("ddp", 2), ("dp", 1), ("deepspeed", 2), ("horovod", 2)])
@@ -60,6 +61,15 @@ def test_own_dataset_and_model_train_from_their_own_package_and_config_dir(proje
         assert f"throughput/samples_per_sec/rank{r}" in scalars and f"loss/train/rank{r}" in scalars
     losses = [v for _, v in scalars["loss/train"]]
     assert losses[-1] < losses[0] * 0.5
+
+
+def test_own_project_under_torchrun(project, tmp_path):
+    """The other ranks never run Hydra, but compose the config to join: from the user's --config-dir too."""
+    out = check_ok(_run(project, tmp_path, ["strategy=ddp", "dataset=blobs", *COMMON], launcher=TORCHRUN))
+    assert out.count("done: test accuracy") == 1
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["processes"] == 2 and result["test_acc"] > 0.9
 
 
 def test_dataloader_and_in_memory_paths_give_the_same_losses_for_a_dataset_built_by_a_function(project, tmp_path):

@@ -12,7 +12,7 @@ from torch import nn
 
 from framework.config_checks import int_at_least, one_of, value_at
 from framework.errors import ConfigError
-from framework.launch.environment import HOROVOD, threads_per_worker
+from framework.launch.environment import HOROVOD, outer_launcher, threads_per_worker
 from framework.precision import Precision
 from framework.strategies.base import Strategy
 
@@ -48,7 +48,14 @@ class HorovodStrategy(Strategy):
     outer_launchers = frozenset({HOROVOD})
 
     # ---- driver side -------------------------------------------------------------------------
+    @staticmethod
+    def under_horovodrun() -> bool:
+        """horovodrun (or another Horovod launcher) started the workers, this process among them."""
+        return outer_launcher() == HOROVOD
+
     def np(self) -> int:
+        if self.under_horovodrun():
+            return int(os.environ["HOROVOD_SIZE"])
         if self.options.np is not None:
             return self.options.np
         return torch.cuda.device_count() if self.use_cuda else CPU_WORKERS_WITHOUT_GPU
@@ -68,7 +75,9 @@ class HorovodStrategy(Strategy):
                 f"strategy.backward_passes_per_step={passes!r} is not allowed: it is trainer.grad_accum "
                 f"({cfg.trainer.grad_accum}), the one setting for gradient accumulation; set trainer.grad_accum instead"
             )
-        if hosts is not None:
+        if self.under_horovodrun():
+            self._validate_under_horovodrun(np, hosts)
+        elif hosts is not None:
             slots = self.host_slots()
             if np is None:
                 raise ConfigError(f"strategy.hosts={hosts!r} needs strategy.np (the total number of workers)")
@@ -83,16 +92,27 @@ class HorovodStrategy(Strategy):
                 "strategy=horovod on GPUs is not allowed with this horovod build: it has no NCCL operations; rebuild "
                 "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see README, Horovod), or use trainer.accelerator=cpu"
             )
-        if self.use_cuda and self.options.hosts is None and self.np() > torch.cuda.device_count():
+        local_workers = int(os.environ["HOROVOD_LOCAL_SIZE"]) if self.under_horovodrun() else self.np()
+        if self.use_cuda and self.options.hosts is None and local_workers > torch.cuda.device_count():
             gpus = torch.cuda.device_count()
-            raise ConfigError(f"strategy.np={self.np()} is not allowed: this machine has {gpus} GPU(s) and horovod "
-                              f"with NCCL needs one GPU per worker; use at most {gpus}")
+            raise ConfigError(f"strategy.np={local_workers} is not allowed: this machine has {gpus} GPU(s) and horovod "
+                              f"with NCCL needs one GPU per worker; use at most {gpus} on this machine")
         if op == "adasum" and not hvd.mpi_built():
             raise ConfigError("strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built "
                               "with MPI (ours uses gloo); use average or sum")
         if op == "adasum" and cfg.trainer.grad_accum > 1:
             raise ConfigError("strategy.op=adasum is not allowed with trainer.grad_accum > 1 in this framework; "
                               "use average or sum")
+
+    @staticmethod
+    def _validate_under_horovodrun(np: int | None, hosts) -> None:
+        started = int(os.environ["HOROVOD_SIZE"])
+        if np is not None and np != started:
+            raise ConfigError(f"strategy.np={np} is not allowed under horovodrun, which started {started} workers: "
+                              "leave strategy.np unset (horovodrun -np decides)")
+        if hosts is not None:
+            raise ConfigError(f"strategy.hosts={hosts!r} is not allowed under horovodrun: its -H option decides "
+                              "the hosts; leave strategy.hosts unset")
 
     def host_slots(self) -> dict[str, int]:
         hosts = self.options.hosts
@@ -160,12 +180,23 @@ class HorovodStrategy(Strategy):
     def gather_objects(self, obj) -> list:
         return self.hvd.allgather_object(obj)
 
+    def broadcast_object(self, obj):
+        # One explicit name: Horovod's default is the object's type name, and rank 0 sends a dict while the others
+        # pass None, so the collectives would never match.
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
+
     def barrier(self) -> None:
         self.hvd.barrier()
 
-    def teardown(self) -> None:
+    def leave_group(self, wait_for_peers: bool) -> None:
+        """As DDPStrategy.leave_group: shut Horovod down, with wait_for_peers only once every rank got here."""
         if getattr(self, "hvd", None) is not None and self.hvd.is_initialized():
+            if wait_for_peers:
+                self.hvd.barrier()
             self.hvd.shutdown()
+
+    def teardown(self) -> None:
+        self.leave_group(wait_for_peers=False)
 
 
 def _accept_set_to_none(optimizer) -> None:

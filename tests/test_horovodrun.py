@@ -1,0 +1,77 @@
+"""`horovodrun -np 2 -H localhost:2 python train.py strategy=horovod`, as Horovod users start every script: the
+workers horovodrun started are used, rank 0 runs Hydra (one run folder), every rank's throughput reaches
+TensorBoard, a bad value ends every rank with one message, Ctrl-C leaves no process."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, TRAIN, check_ok, on_cpu, read_scalars, run_dirs, run_train
+from test_signals import _processes_tagged
+
+pytest.importorskip("horovod.torch")
+HOROVODRUN = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "2", "-H", "localhost:2",
+              sys.executable]
+
+
+def test_horovodrun_trains_with_its_workers_in_one_run_folder(tmp_path):
+    out = check_ok(run_train(["strategy=horovod", *TINY, "trainer.epochs=1"], tmp_path, launcher=HOROVODRUN,
+                             timeout=300))
+    assert out.count("done: test accuracy") == 1
+    [run_dir] = run_dirs(tmp_path)  # the other rank never ran Hydra: no second folder
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["strategy"] == "horovod" and result["processes"] == 2
+    scalars = read_scalars(run_dir)
+    for r in (0, 1):
+        assert scalars[f"throughput/samples_per_sec/rank{r}"][-1][1] > 0
+    steps = [step for step, _ in scalars["loss/train"]]
+    assert steps == sorted(set(steps)) and steps[-1] == result["steps"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["strategy=horovod", "trainer.batch_size=0"], "trainer.batch_size=0 is not allowed: expected an integer >= 1"),
+    (["strategy=horovod", "strategy.np=3"], "strategy.np=3 is not allowed under horovodrun, which started 2 workers"),
+    (["strategy=ddp"], "strategy=ddp is not allowed under horovodrun: the launcher already started several workers; "
+                       "use strategy=horovod"),
+    (["strategy=auto"], "strategy=auto is not allowed under horovodrun: name the engine the workers were started for, "
+                        "strategy=horovod"),
+])
+def test_a_bad_value_under_horovodrun_ends_every_rank_with_one_message(tmp_path, args, message):
+    started = time.monotonic()
+    proc = run_train(args, tmp_path, launcher=HOROVODRUN, timeout=180)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert message in output, output
+    assert time.monotonic() - started < 90, "a rank waited for the others instead of ending"
+    # horovodrun prints its own RuntimeError when a worker exits non-zero (as torchrun does); ours print none
+    assert "framework/" not in output, output
+    assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("events.out.tfevents*"))
+
+
+def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
+    args = ["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+            "dataset.max_train_samples=1024", "dataset.max_test_samples=128"]
+    # a terminal's Ctrl-C reaches the whole foreground process group: horovodrun and every worker
+    proc = subprocess.Popen([*HOROVODRUN, str(TRAIN), *on_cpu(args)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if " step 6/" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    deadline = time.monotonic() + 15
+    while _processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_tagged(tag) == [], out
+    assert proc.returncode != 0
+    assert "framework/" not in out, out  # no traceback of ours; horovodrun stops the workers with SIGTERM
