@@ -11,7 +11,12 @@ progress line that ends the warm-up and the last one, stamped by this script as 
 startup, data loading and the warm-up are excluded, the framework's logging is included). A, B, A, B;
 medians and the ratio framework / baseline (target >= 0.98).
 
+--against DIR adds a third side in the same alternation: DIR's train.py (another checkout, e.g. `git worktree add
+/tmp/before HEAD~3`), with the same overrides; the table then also shows this checkout / that one, the cost of a
+change measured side by side.
+
     .venv/bin/python bench/overhead.py --repeats 3
+    .venv/bin/python bench/overhead.py --repeats 5 --against /tmp/before
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ def parse_args():
     p.add_argument("--threads", type=int, default=None,
                    help="threads per process, both sides (default: all cores for single, cores / workers for ddp)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    p.add_argument("--against", type=Path, default=None,
+                   help="another checkout whose train.py runs as a third side (e.g. the code before a change)")
     args = p.parse_args()
     if args.warmup_steps % args.log_every or args.steps % args.log_every:
         p.error("--warmup-steps and --steps must be multiples of --log-every (progress lines mark the window)")
@@ -50,7 +57,8 @@ def parse_args():
     return args
 
 
-def framework_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path):
+def framework_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path,
+                   repo: Path = commands.REPO):
     overrides = [
         f"strategy={'single' if mode == 'single' else 'ddp'}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
         f"trainer.log_every_n_steps={args.log_every}", "dataset.max_test_samples=1000", "model=lenet",
@@ -65,7 +73,8 @@ def framework_side(mode: str, args, total: int, workers: int, threads: int, work
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))
-        out = run_timed(commands.train_py(*overrides), cwd, commands.environment(threads), args.timeout).check()
+        out = run_timed(commands.train_py(*overrides, repo=repo), cwd, commands.environment(threads),
+                        args.timeout).check()
         result = read_result(only_run_folder(cwd))
         return {
             "steps_per_sec": steps_per_second(out.lines, args.warmup_steps, total),
@@ -97,10 +106,13 @@ def main() -> None:
             threads = args.threads or max(1, commands.cpu_cores() // workers)
             print(f"{mode}: {workers} process(es) x {threads} thread(s), global batch {args.batch_size}, "
                   f"{args.warmup_steps} warm-up + {args.steps} timed steps", flush=True)
-            samples = alternate({
+            sides = {
                 "framework": framework_side(mode, args, total, workers, threads, Path(tmp)),
                 "baseline": baseline_side(mode, args, total, workers, threads, Path(tmp)),
-            }, args.repeats)
+            }
+            if args.against:
+                sides["against"] = framework_side(mode, args, total, workers, threads, Path(tmp), args.against)
+            samples = alternate(sides, args.repeats)
             fw, base = median_of(samples["framework"], "steps_per_sec"), median_of(samples["baseline"], "steps_per_sec")
             results[mode] = {
                 "processes": workers, "threads_per_process": threads,
@@ -108,12 +120,21 @@ def main() -> None:
                 "framework_self_reported_samples_per_sec": median_of(samples["framework"], "self_reported_samples_per_sec"),
                 "samples": samples,
             }
-            rows.append([mode, f"{workers} x {threads}", fw, base, ratio(fw, base)])
+            row = [mode, f"{workers} x {threads}", fw, base, ratio(fw, base)]
+            if args.against:
+                other = median_of(samples["against"], "steps_per_sec")
+                results[mode].update(against=str(args.against), against_steps_per_sec=other,
+                                     ratio_to_against=ratio(fw, other))
+                row += [other, ratio(fw, other)]
+            rows.append(row)
     print()
-    print_table(["mode", "procs x threads", "train.py steps/s", "hand-written steps/s", "ratio (>= 0.98)"], rows)
+    header = ["mode", "procs x threads", "train.py steps/s", "hand-written steps/s", "ratio (>= 0.98)"]
+    if args.against:
+        header += [f"{args.against.name} steps/s", "ratio to it"]
+    print_table(header, rows)
     # the default modes keep their file; other selections get their own, so one run never overwrites another's
-    write_results("overhead" if args.modes == "single,ddp" else "overhead_" + args.modes.replace(",", "_"),
-                  vars(args), results)
+    name = "overhead" if args.modes == "single,ddp" else "overhead_" + args.modes.replace(",", "_")
+    write_results(name + ("_against" if args.against else ""), {**vars(args), "against": str(args.against)}, results)
 
 
 if __name__ == "__main__":

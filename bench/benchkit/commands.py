@@ -30,8 +30,10 @@ def environment(threads_per_process: int | None) -> dict[str, str]:
     return env
 
 
-def train_py(*overrides: str) -> list[str]:
-    return [PYTHON, str(TRAIN_PY), *overrides]
+def train_py(*overrides: str, repo: Path = REPO) -> list[str]:
+    """train.py of this checkout, or of another one (its own framework package is imported: train.py's folder
+    comes first on the path)."""
+    return [PYTHON, str(repo / "train.py"), *overrides]
 
 
 def baseline(script: str, *args: str) -> list[str]:
