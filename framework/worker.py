@@ -21,6 +21,7 @@ from framework.interrupts import NoStop
 from framework.metrics import build_loss, build_metrics
 from framework.models.build import build_model
 from framework.optim import build_optimizer
+from framework.per_gpu import PerGpu
 from framework.progress import Console
 from framework.speedups import apply_speedups, use_channels_last
 from framework.strategies import build_strategy
@@ -86,8 +87,9 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
 
     tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
     try:
+        per_gpu = PerGpu.start(strategy, model, data.in_shape, micro_batch, t, say)
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
-                          checkpointer, faults, stop, loss, metrics)
+                          checkpointer, faults, stop, loss, metrics, per_gpu)
         start = Position()
         checkpoint = choose_checkpoint(t.resume, run_dir, warn=say)
         if checkpoint is not None:
