@@ -55,12 +55,13 @@ class PerGpu:
 
     @staticmethod
     def start(strategy, model, in_shape, micro_batch: int, t, say) -> "PerGpu":
-        """Every rank calls this once (it gathers); rank 0 also counts the FLOPs and says what it can report."""
+        """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
+        the FLOPs and says what it can report."""
         slots = [s for rank_slots in strategy.gather_objects(local_slots(strategy, t.precision)) for s in rank_slots]
         flops = None
         if strategy.is_main:
             try:
-                flops = training_flops_per_sample(strategy.unwrap(model), in_shape, micro_batch)
+                flops = training_flops_per_sample(model, in_shape, micro_batch)
                 say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
                     f"{_mfu_note(slots, t.precision)}")
             except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
