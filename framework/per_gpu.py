@@ -79,7 +79,8 @@ class PerGpu:
 
     def stragglers(self, s: IntervalSummary) -> list[Straggler]:
         busy = s.per_slot_busy_ms
-        if len(busy) < 2:
+        # Without measured waits busy is the lock-stepped wall time, the same on every rank: nothing to compare.
+        if len(busy) < 2 or any(math.isnan(w) for w in s.per_slot_wait_ms):
             return []
         median = statistics.median(busy)
         if not median > 0 or math.isnan(median):
