@@ -24,17 +24,17 @@ from framework.meters import IntervalSummary
 
 # (chart title, regex over tags): one multiline chart each in the Custom Scalars tab, one line per rank / GPU
 PER_RANK_CHARTS = {
+    "time": [
+        ("busy ms per step per rank", r"^time/busy_ms/rank\d+$"),
+        ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
+        ("straggler busy ratio (rank's busy time / median)", r"^stragglers/busy_ratio/rank\d+$"),
+    ],
     "throughput": [
         ("samples/s per rank", r"^throughput/samples_per_sec/rank\d+$"),
         ("samples per busy second per rank (what the device does alone)",
          r"^throughput/device/samples_per_busy_sec/rank\d+$"),
         ("TFLOP/s per rank", r"^throughput/device/tflops/rank\d+$"),
         ("MFU per rank", r"^throughput/device/mfu/rank\d+$"),
-    ],
-    "time": [
-        ("busy ms per step per rank", r"^time/busy_ms/rank\d+$"),
-        ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
-        ("straggler busy ratio (rank's busy time / median)", r"^stragglers/busy_ratio/rank\d+$"),
     ],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
     "memory": [
