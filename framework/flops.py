@@ -15,7 +15,7 @@ def _on_meta(t: torch.Tensor) -> torch.Tensor:
 
 def training_flops_per_sample(model: nn.Module, in_shape, batch: int) -> float:
     """FLOPs of forward + backward for one sample (matmuls and convolutions, as FlopCounterMode counts them).
-    The model must be the user's module (Strategy.unwrap); raises if its forward cannot run on meta tensors."""
+    The model is the user's plain module (no strategy wrapper); raises if its forward cannot run on meta tensors."""
     state = {name: _on_meta(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
     x = torch.empty((batch, *in_shape), device="meta")
     with FlopCounterMode(display=False) as counter:

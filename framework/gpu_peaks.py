@@ -47,14 +47,17 @@ def gpu_model(device_name: str) -> str | None:
     return None
 
 
-def precision_key(trainer_precision: str) -> str:
-    """What the matmuls actually run in: bf16/fp16 under autocast; fp32 uses TF32 Tensor Cores when allowed."""
+def precision_key(trainer_precision: str, convolutions: bool = False) -> str:
+    """What the math actually runs in: bf16/fp16 under autocast. fp32 runs on TF32 Tensor Cores where torch allows
+    it: matmuls with allow_tf32 or a float32 matmul precision other than "highest"; convolutions with cuDNN's
+    allow_tf32, which is on by default (so an fp32 CNN is measured against the TF32 peak, not the fp32 one)."""
     if trainer_precision in ("bf16", "fp16"):
         return trainer_precision
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if tf32 else "fp32"
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    conv_tf32 = convolutions and torch.backends.cudnn.allow_tf32
+    return "tf32" if matmul_tf32 or conv_tf32 else "fp32"
 
 
-def peak_tflops(device_name: str, trainer_precision: str) -> float | None:
+def peak_tflops(device_name: str, trainer_precision: str, convolutions: bool = False) -> float | None:
     model = gpu_model(device_name)
-    return _PEAKS[model][precision_key(trainer_precision)] if model else None
+    return _PEAKS[model][precision_key(trainer_precision, convolutions)] if model else None

@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from framework.flops import training_flops_per_sample
 from framework.gpu_peaks import KNOWN, peak_tflops, precision_key
@@ -40,12 +41,12 @@ class Straggler:
                 f"(trainer.straggler_threshold={threshold:g})")
 
 
-def local_slots(strategy, precision: str) -> list[Slot]:
+def local_slots(strategy, precision: str, convolutions: bool) -> list[Slot]:
     host = socket.gethostname()
     cuda = strategy.cuda_devices()
     if not cuda:
         return [Slot(host, str(strategy.device), "cpu", None) for _ in range(strategy.local_slots())]
-    return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision))
+    return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision, convolutions))
             for i, name in ((i, torch.cuda.get_device_name(i)) for i in cuda)]
 
 
@@ -57,13 +58,15 @@ class PerGpu:
     def start(strategy, model, in_shape, micro_batch: int, t, say) -> "PerGpu":
         """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
         the FLOPs and says what it can report."""
-        slots = [s for rank_slots in strategy.gather_objects(local_slots(strategy, t.precision)) for s in rank_slots]
+        convolutions = has_convolutions(model)
+        mine = local_slots(strategy, t.precision, convolutions)
+        slots = [s for rank_slots in strategy.gather_objects(mine) for s in rank_slots]
         flops = None
         if strategy.is_main:
             try:
                 flops = training_flops_per_sample(model, in_shape, micro_batch)
                 say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
-                    f"{_mfu_note(slots, t.precision)}")
+                    f"{_mfu_note(slots, precision_key(t.precision, convolutions))}")
             except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
                 say(f"model FLOPs not counted ({type(exc).__name__}: {exc}); no throughput/device/tflops or mfu tags")
         return PerGpu(slots, flops, t.straggler_threshold)
@@ -85,14 +88,18 @@ class PerGpu:
         median = statistics.median(busy)
         if not median > 0 or math.isnan(median):
             return []
-        return [Straggler(r, self.slots[r] if r < len(self.slots) else Slot("?", "?", "?", None), ms, median)
-                for r, ms in enumerate(busy) if ms / median > self.threshold]
+        return [Straggler(r, self.slots[r], ms, median) for r, ms in enumerate(busy) if ms / median > self.threshold]
 
 
-def _mfu_note(slots: list[Slot], precision: str) -> str:
+def has_convolutions(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def _mfu_note(slots: list[Slot], key: str) -> str:
     unknown = sorted({s.device_name for s in slots if s.peak_tflops is None})
     if not unknown:
-        return f"MFU against the dense {precision_key(precision)} peak of {slots[0].device_name}"
+        peaks = ", ".join(sorted({f"{s.device_name} {s.peak_tflops:g}" for s in slots}))
+        return f"MFU against the dense {key} peak TFLOP/s ({peaks})"
     if unknown == ["cpu"]:
         return "TFLOP/s without MFU: CPUs have no peak in the table (framework/gpu_peaks.py)"
     return (f"TFLOP/s without MFU for {', '.join(unknown)}: no dense peak known (the table has {KNOWN}; "

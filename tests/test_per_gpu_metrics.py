@@ -160,16 +160,22 @@ def test_gpus_are_matched_by_their_cuda_name_and_unknown_ones_get_no_peak(name, 
 def test_peaks_are_dense_and_follow_the_precision_actually_used():
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == pytest.approx(989.4)  # 1,979 with sparsity
     assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp16") == 312.0
-    previous = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    previous = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(),
+                torch.backends.cudnn.allow_tf32)
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
-        assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp32") == 19.5
+        torch.backends.cudnn.allow_tf32 = True  # torch's default
+        assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp32") == 19.5  # an MLP: fp32 matmuls
+        assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp32", convolutions=True) == 156.0  # cuDNN convs in TF32
+        torch.backends.cudnn.allow_tf32 = False
+        assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp32", convolutions=True) == 19.5
         torch.set_float32_matmul_precision("high")  # TF32 matmuls allowed: the TF32 Tensor Core peak
         assert peak_tflops("NVIDIA A100-SXM4-40GB", "fp32") == 156.0
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous[0]
         torch.set_float32_matmul_precision(previous[1])
+        torch.backends.cudnn.allow_tf32 = previous[2]
 
 
 def test_slow_rank_fault_is_parsed_with_seconds_and_refuses_a_bad_value(monkeypatch):
@@ -264,5 +270,5 @@ def test_busy_wait_tflops_and_mfu_on_one_gpu(tmp_path):
     assert all(v > 0 for _, v in scalars["time/busy_ms/rank0"])
     assert all(v >= 0 for _, v in scalars["time/wait_ms/rank0"])
     assert all(v > 0 for _, v in scalars["throughput/device/tflops/rank0"])
-    known = peak_tflops(torch.cuda.get_device_name(0), "fp32") is not None
+    known = gpu_model(torch.cuda.get_device_name(0)) is not None
     assert ("throughput/device/mfu/rank0" in scalars) == known
