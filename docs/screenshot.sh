@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# How docs/tensorboard_per_rank_throughput.png was made (once, by hand; not part of CI).
-# Needs Debian's chromium (apt-get install -y chromium). Run from the repository root.
+# How the TensorBoard screenshots in docs/ were made (by hand; not part of CI).
+# Needs Debian's chromium (apt-get install -y chromium). Run from the repository root; PY picks the interpreter.
 set -euo pipefail
+PY=${PY:-.venv/bin/python}
 work=$(mktemp -d)
-.venv/bin/python train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
+# docs/tensorboard_per_rank_throughput.png: the Scalars page, job and per-rank throughput of a plain ddp run
+$PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/outputs/runs/ddp_2_ranks"
-.venv/bin/python -m tensorboard.main --logdir "$work/outputs" --host 127.0.0.1 --port 6123 & tb=$!
-trap 'kill $tb' EXIT
+# docs/tensorboard_per_gpu_charts.png: the Custom Scalars page (one chart per metric, one line per rank) of a ddp
+# run whose rank 1 sleeps 20 ms in every step (the slow_rank fault), so the straggler shows
+HYDRA_DIST_FAULT=slow_rank:0.02:1 $PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
+    dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/per_gpu/outputs/runs/ddp_rank1_slowed"
+$PY -m tensorboard.main --logdir "$work/outputs" --host 127.0.0.1 --port 6123 & tb=$!
+$PY -m tensorboard.main --logdir "$work/per_gpu/outputs" --host 127.0.0.1 --port 6124 & tb2=$!
+trap 'kill $tb $tb2' EXIT
 sleep 8
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,750 \
     --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_per_rank_throughput.png" \
     "http://127.0.0.1:6123/#scalars&tagFilter=throughput"
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
+    --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_per_gpu_charts.png" \
+    "http://127.0.0.1:6124/#custom_scalars"

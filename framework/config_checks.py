@@ -47,6 +47,13 @@ def positive_number(cfg: DictConfig, key: str, optional: bool = False) -> float 
     return float(value)
 
 
+def number_above(cfg: DictConfig, key: str, low: float) -> float:
+    value = value_at(cfg, key)
+    if not _is_number(value) or not value > low:
+        fail(key, value, f"expected a number > {low:g}")
+    return float(value)
+
+
 def number_in(cfg: DictConfig, key: str, low: float, high: float, high_open: bool = False) -> float:
     value = value_at(cfg, key)
     ok = _is_number(value) and low <= value and (value < high if high_open else value <= high)

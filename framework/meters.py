@@ -5,22 +5,25 @@ contributes one row per slot; rows are gathered in rank order, so row r is `rank
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-           "optimizer_state_mib", "max_reserved_gib")
+           "optimizer_state_mib", "max_reserved_gib", "wait_seconds")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
- MAX_RESERVED) = range(len(COLUMNS))
+ MAX_RESERVED, WAIT_SECONDS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
-    def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device]):
+    def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device],
+                 wait_clock=None):
         self.slot_sizes = slot_sizes
         self.device = device
         self.memory_devices = memory_devices
+        self.wait_clock = wait_clock  # framework/wait_clock.py; None: this strategy's waits are not measured
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
         self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
         self.reset()
@@ -33,6 +36,8 @@ class IntervalMeter:
         self.data_seconds = 0.0
         for dev in self.memory_devices:  # peaks are per interval: evaluation's peak must not show in training's
             torch.cuda.reset_peak_memory_stats(dev)
+        if self.wait_clock:
+            self.wait_clock.reset()
         self.start = time.perf_counter()
 
     def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
@@ -65,6 +70,7 @@ class IntervalMeter:
         rows[:, SECONDS] = seconds
         rows[:, STEPS] = self.steps
         rows[:, DATA_SECONDS] = self.data_seconds
+        rows[:, WAIT_SECONDS] = self.wait_clock.read() if self.wait_clock else math.nan
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -91,7 +97,12 @@ class IntervalSummary:
     step_ms: float
     data_ms: float
     nonfinite: list[tuple[int, int]]  # (rank, first step) of every rank whose loss went NaN/inf
-
+    per_slot_samples: list[float]
+    per_slot_seconds: list[float]
+    # per optimizer step: the rank's own work (data, forward, backward, optimizer) and its waits for the others;
+    # the wait is NaN where the strategy cannot measure it (busy is then the whole step)
+    per_slot_busy_ms: list[float]
+    per_slot_wait_ms: list[float]
 
     @property
     def samples_per_sec(self) -> float:
@@ -103,6 +114,8 @@ class IntervalSummary:
         samples = rows[:, SAMPLES]
         seconds = rows[:, SECONDS].clamp_min(1e-12)
         steps = int(rows[0, STEPS])
+        wait = rows[:, WAIT_SECONDS]
+        busy = (seconds - wait.nan_to_num(0.0)).clamp_min(1e-12)
         return IntervalSummary(
             steps=steps,
             samples=float(samples.sum()),
@@ -116,4 +129,8 @@ class IntervalSummary:
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
             data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
             nonfinite=[(r, int(v)) for r, v in enumerate(rows[:, FIRST_NONFINITE].tolist()) if v > 0],
+            per_slot_samples=samples.tolist(),
+            per_slot_seconds=seconds.tolist(),
+            per_slot_busy_ms=(busy * 1000 / max(1, steps)).tolist(),
+            per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
         )

@@ -54,13 +54,14 @@ class RunTotals:
 
 class Trainer:
     def __init__(self, cfg, strategy, model, optimizer, train_loader, micro_batch: int, eval_batches,
-                 precision: Precision, tb, say, checkpointer, faults, stop, loss, metrics: dict):
+                 precision: Precision, tb, say, checkpointer, faults, stop, loss, metrics: dict, per_gpu=None):
         self.cfg, self.t = cfg, cfg.trainer
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.train_loader, self.eval_batches = train_loader, eval_batches
         self.precision, self.tb, self.say = precision, tb, say
         self.checkpointer, self.faults, self.stop = checkpointer, faults, stop
         self.loss, self.metrics = loss, metrics
+        self.per_gpu = per_gpu  # framework/per_gpu.py: FLOP/s, MFU and stragglers (None: not reported)
         self.totals = RunTotals()
         self.steps_per_epoch = len(train_loader) // self.t.grad_accum
         if self.steps_per_epoch < 1:
@@ -72,7 +73,8 @@ class Trainer:
         self.lr_schedule.attach(optimizer)
         self.skip_nonfinite = self.t.on_nonfinite == "skip"
         memory_devices = [torch.device("cuda", i) for i in strategy.cuda_devices()]
-        self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), strategy.device, memory_devices)
+        self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), strategy.device, memory_devices,
+                                   strategy.wait_clock)
 
     def restore_totals(self, totals: dict) -> None:
         if totals:
@@ -116,6 +118,7 @@ class Trainer:
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
         self.optimizer.zero_grad(set_to_none=True)
+        self.faults.slow_down()  # HYDRA_DIST_FAULT=slow_rank only
         losses = []
         for micro in range(k):
             fetch_start = time.perf_counter()
@@ -153,6 +156,7 @@ class Trainer:
         self.totals.add(s, rows)
         if self.tb:
             self.tb.log_interval(step, s, self._lr())
+        self._log_per_gpu(step, s)
         per_rank = ", ".join(f"{r:,.0f}" for r in s.per_slot_samples_per_sec)
         data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
         self.say(
@@ -161,6 +165,16 @@ class Trainer:
             progress=Progress(step, self.total_steps, epoch + 1, self.epochs, s.loss, s.samples_per_sec,
                               s.samples_per_sec / self.t.batch_size),
         )
+
+    def _log_per_gpu(self, step: int, s: IntervalSummary) -> None:
+        if self.per_gpu is None:
+            return
+        stragglers = [(g.rank, g.ratio, g.line(step, self.per_gpu.threshold)) for g in self.per_gpu.stragglers(s)]
+        for _, _, line in stragglers:
+            self.say(line)
+        if self.tb:
+            tflops = self.per_gpu.tflops(s)
+            self.tb.log_per_gpu(step, s, tflops, self.per_gpu.mfu(tflops), stragglers)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
         """Every rank sees the same gathered rows, so every rank stops at the same boundary."""

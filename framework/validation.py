@@ -8,8 +8,8 @@ from omegaconf import DictConfig
 
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.state import signature, signature_mismatch
-from framework.config_checks import (boolean, fail, int_at_least, int_list, number_in, one_of, positive_number,
-                                     value_at)
+from framework.config_checks import (boolean, fail, int_at_least, int_list, number_above, number_in, one_of,
+                                     positive_number, value_at)
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.errors import ConfigError
@@ -78,6 +78,7 @@ def _trainer(cfg: DictConfig) -> None:
     int_at_least(cfg, "trainer.checkpoint_every_n_steps", 1, optional=True)
     int_at_least(cfg, "trainer.keep_checkpoints", 1)
     one_of(cfg, "trainer.on_nonfinite", ["stop", "skip"])
+    number_above(cfg, "trainer.straggler_threshold", 1)
     boolean(cfg, "trainer.progress_bar")
     boolean(cfg, "trainer.log_all_ranks")
     boolean(cfg, "trainer.compile")

@@ -21,6 +21,7 @@ from framework.interrupts import NoStop
 from framework.metrics import build_loss, build_metrics
 from framework.models.build import build_model
 from framework.optim import build_optimizer
+from framework.per_gpu import PerGpu
 from framework.progress import Console
 from framework.speedups import apply_speedups, use_channels_last
 from framework.strategies import build_strategy
@@ -62,6 +63,9 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     seed_everything(t.seed)
     data = build_data(cfg.dataset)
     model = build_model(cfg.model, data.in_shape, data.num_classes)
+    micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
+    # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
+    per_gpu = PerGpu.start(strategy, model, data.in_shape, micro_batch, t, say)
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(t.channels_last, model, strategy.device, data.in_shape, strategy.channels_last_ok)
     model = strategy.wrap_model(apply_speedups(model, {"channels_last": channels_last, "compile": t.compile},
@@ -69,7 +73,6 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
     model, optimizer = strategy.wrap_optimizer(model, optimizer)
-    micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
     augment = build_augment(cfg.dataset, data.in_shape)
     train_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last, augment)
     eval_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last)  # no augment
@@ -87,7 +90,7 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
     try:
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
-                          checkpointer, faults, stop, loss, metrics)
+                          checkpointer, faults, stop, loss, metrics, per_gpu)
         start = Position()
         checkpoint = choose_checkpoint(t.resume, run_dir, warn=say)
         if checkpoint is not None:

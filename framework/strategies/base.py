@@ -2,7 +2,7 @@
 
 Driver side:  validate(cfg), processes(), describe(), save_settings(run_dir), launch(entry, payload)
 Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
-              sync(model, on), local_slots(), cuda_devices(), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
+              sync(model, on), wait_clock, local_slots(), cuda_devices(), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
               and for engines that shard checkpoints: checkpoint_format, save/load_engine_checkpoint
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
@@ -34,6 +34,9 @@ class Strategy:
     # Kinds of outer launcher (framework.launch.environment: TORCH, HOROVOD) whose already-started workers this
     # strategy can train with; under any other, the driver refuses it before training.
     outer_launchers: frozenset[str] = frozenset()
+    # Measures the time this rank waits for the others (framework/wait_clock.py); None where the strategy cannot
+    # see its waits: its busy time is then the whole step time and no wait is reported.
+    wait_clock = None
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg

@@ -1,0 +1,24 @@
+"""Training FLOPs per sample, counted once at start with torch.utils.flop_counter (forward + backward of one
+micro-batch). It runs on the meta device: shapes only, so no memory, no time on the GPU, and the real model's
+weights, gradients and BatchNorm running statistics are never touched."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+
+
+def training_flops_per_sample(model: nn.Module, in_shape, batch: int) -> float:
+    """FLOPs of forward + backward for one sample (matmuls and convolutions, as FlopCounterMode counts them).
+    The model is the user's plain module (no strategy wrapper); raises if its forward cannot run on meta tensors."""
+    state = {name: _on_meta(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    x = torch.empty((batch, *in_shape), device="meta")
+    with FlopCounterMode(display=False) as counter:
+        out = functional_call(model, state, (x,))
+        out.float().sum().backward()
+    return counter.get_total_flops() / batch

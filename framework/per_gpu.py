@@ -1,0 +1,106 @@
+"""What tells one GPU from another at a log boundary: FLOP/s and MFU per device, and the straggler line.
+
+Built once at start on every rank (one gather of each slot's host, device and peak), used on rank 0 only."""
+from __future__ import annotations
+
+import math
+import socket
+import statistics
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from framework.flops import training_flops_per_sample
+from framework.gpu_peaks import KNOWN, peak_tflops, precision_key
+from framework.meters import IntervalSummary
+
+
+@dataclass
+class Slot:
+    host: str
+    device: str  # "cuda:1", "cpu"
+    device_name: str  # torch.cuda.get_device_name, or "cpu"
+    peak_tflops: float | None  # dense peak for the run's precision; None: unknown, no MFU
+
+
+@dataclass
+class Straggler:
+    rank: int
+    slot: Slot
+    busy_ms: float
+    median_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.busy_ms / self.median_ms
+
+    def line(self, step: int, threshold: float) -> str:
+        return (f"straggler at step {step}: rank {self.rank} on {self.slot.host} ({self.slot.device}) was busy "
+                f"{self.busy_ms:.1f} ms/step, {self.ratio:.2f}x the median {self.median_ms:.1f} ms "
+                f"(trainer.straggler_threshold={threshold:g})")
+
+
+def local_slots(strategy, precision: str, convolutions: bool) -> list[Slot]:
+    host = socket.gethostname()
+    cuda = strategy.cuda_devices()
+    if not cuda:
+        return [Slot(host, str(strategy.device), "cpu", None) for _ in range(strategy.local_slots())]
+    return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision, convolutions))
+            for i, name in ((i, torch.cuda.get_device_name(i)) for i in cuda)]
+
+
+class PerGpu:
+    def __init__(self, slots: list[Slot], flops_per_sample: float | None, straggler_threshold: float):
+        self.slots, self.flops_per_sample, self.threshold = slots, flops_per_sample, straggler_threshold
+
+    @staticmethod
+    def start(strategy, model, in_shape, micro_batch: int, t, say) -> "PerGpu":
+        """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
+        the FLOPs and says what it can report."""
+        convolutions = has_convolutions(model)
+        mine = local_slots(strategy, t.precision, convolutions)
+        slots = [s for rank_slots in strategy.gather_objects(mine) for s in rank_slots]
+        flops = None
+        if strategy.is_main:
+            try:
+                flops = training_flops_per_sample(model, in_shape, micro_batch)
+                say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
+                    f"{_mfu_note(slots, precision_key(t.precision, convolutions))}")
+            except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
+                say(f"model FLOPs not counted ({type(exc).__name__}: {exc}); no throughput/device/tflops or mfu tags")
+        return PerGpu(slots, flops, t.straggler_threshold)
+
+    def tflops(self, s: IntervalSummary) -> list[float]:
+        """FLOP/s each device did over the interval's wall time (the standard MFU numerator), in TFLOP/s."""
+        if not self.flops_per_sample:
+            return []
+        return [self.flops_per_sample * n / sec / 1e12 for n, sec in zip(s.per_slot_samples, s.per_slot_seconds)]
+
+    def mfu(self, tflops: list[float]) -> list[float | None]:
+        return [rate / slot.peak_tflops if slot.peak_tflops else None for rate, slot in zip(tflops, self.slots)]
+
+    def stragglers(self, s: IntervalSummary) -> list[Straggler]:
+        busy = s.per_slot_busy_ms
+        # Without measured waits busy is the lock-stepped wall time, the same on every rank: nothing to compare.
+        if len(busy) < 2 or any(math.isnan(w) for w in s.per_slot_wait_ms):
+            return []
+        median = statistics.median(busy)
+        if not median > 0 or math.isnan(median):
+            return []
+        return [Straggler(r, self.slots[r], ms, median) for r, ms in enumerate(busy) if ms / median > self.threshold]
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def _mfu_note(slots: list[Slot], key: str) -> str:
+    unknown = sorted({s.device_name for s in slots if s.peak_tflops is None})
+    if not unknown:
+        peaks = ", ".join(sorted({f"{s.device_name} {s.peak_tflops:g}" for s in slots}))
+        return f"MFU against the dense {key} peak TFLOP/s ({peaks})"
+    if unknown == ["cpu"]:
+        return "TFLOP/s without MFU: CPUs have no peak in the table (framework/gpu_peaks.py)"
+    return (f"TFLOP/s without MFU for {', '.join(unknown)}: no dense peak known (the table has {KNOWN}; "
+            "framework/gpu_peaks.py)")
