@@ -91,7 +91,7 @@ def strategy_plan(overrides: list[str]) -> list[str]:
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for name in chosen[-1:] or ["auto", *strategy_names()]:
+        for name in chosen[-1:] or ["auto", *(n for n in strategy_names() if n != "auto")]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 check_trainer_options(cfg)

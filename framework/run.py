@@ -21,7 +21,7 @@ from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import env_rank, launched_externally, outer_launcher
 from framework.launch.slurm import in_submitit_task, scheduler_name
 from framework.results import format_rate, write_result
-from framework.strategies import STRATEGIES, build_strategy, resolve_auto, strategy_names
+from framework.strategies import build_strategy, resolve_auto, strategies_for_launcher
 from framework.validation import validate
 from framework.worker import worker_entry
 
@@ -66,7 +66,7 @@ def choose_strategy(cfg: DictConfig, external: bool):
     note = resolve_auto(cfg, launcher)
     strategy = build_strategy(cfg)
     if launcher is not None and launcher not in strategy.outer_launchers:
-        fits = ", ".join(name for name in strategy_names() if launcher in STRATEGIES[name].outer_launchers)
+        fits = ", ".join(strategies_for_launcher(launcher))
         raise ConfigError(
             f"strategy={strategy.name} is not allowed under {_outer_launcher()}: the launcher already started "
             f"several workers; use strategy={fits} or auto"
