@@ -44,6 +44,7 @@ def parse_args():
     p.add_argument("--batch-per-process", action="store_true",
                    help="--batch-size is per process: ddp, fsdp, deepspeed and horovod train batch x workers")
     p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
+    p.add_argument("--results-name", help="file name under bench/results/ (default: strategies[_batch_per_process])")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     return p.parse_args()
 
@@ -108,7 +109,8 @@ def main() -> None:
     print()
     print_table(["strategy", "processes", "samples/s (steady)", "per rank", "samples/s (result.json)",
                  f"x {names[0]}"], rows)
-    write_results("strategies_batch_per_process" if args.batch_per_process else "strategies", vars(args), results)
+    write_results(args.results_name or ("strategies_batch_per_process" if args.batch_per_process else "strategies"),
+                  vars(args), results)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ and clipping), holds about half of ddp's optimizer state per rank, checkpoints t
 (one shard per rank, committed by the manifest), resumes its own checkpoints at the same or another world size,
 resumes a ddp checkpoint, and refuses bad settings in the driver. Real train.py processes."""
 import json
+import sys
 
 import pytest
 
@@ -161,3 +162,14 @@ def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "training LeNet" not in proc.stdout, "no worker may start"
+
+
+def test_under_torchrun_like_ddp(tmp_path):
+    """torchrun started the workers: fsdp joins them (Strategy.outer_launchers), one run folder, both ranks train."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    out = check_ok(run_train(["strategy=fsdp", *COMMON, "trainer.max_steps=4"], tmp_path, launcher=launcher))
+    assert out.count("done: test accuracy") == 1
+    [run_dir] = run_dirs(tmp_path)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["strategy"] == "fsdp" and result["processes"] == 2 and result["steps"] == 4
+    assert json.loads((run_dir / "checkpoints" / "step-00000004.json").read_text())["format"] == "dcp"

@@ -3,6 +3,8 @@ subclass, built with the whole config). A user adds one from their own package a
 without editing this repo. `name` stays the strategy's name in run folders, results and messages."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
@@ -60,12 +62,26 @@ def build_strategy(cfg: DictConfig) -> Strategy:
     return strategy_class(cfg.strategy)(cfg)
 
 
-def strategy_names() -> list[str]:
-    """Every entry of the strategy config group on the current search path (conf/strategy and a user's
-    --config-dir). Needs Hydra initialized (inside @hydra.main or initialize_config_dir)."""
+@contextlib.contextmanager
+def _config_search_path():
+    """Hydra's current search path (inside @hydra.main or initialize_config_dir: with a user's --config-dir), else
+    this repo's conf/ (a follower rank composes its config, then leaves Hydra's context)."""
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    return GlobalHydra.instance().config_loader().get_group_options(GROUP)
+    if GlobalHydra.instance().is_initialized():
+        yield GlobalHydra.instance()
+        return
+    from framework.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance()
+
+
+def strategy_names() -> list[str]:
+    """Every entry of the strategy config group on the search path (conf/strategy and a user's --config-dir)."""
+    with _config_search_path() as hydra:
+        return hydra.config_loader().get_group_options(GROUP)
 
 
 def strategies_for_launcher(launcher: str) -> list[str]:
@@ -73,13 +89,14 @@ def strategies_for_launcher(launcher: str) -> list[str]:
     from hydra import compose
 
     fits = []
-    for name in strategy_names():
-        try:
-            options = compose(f"{GROUP}/{name}")[GROUP]
-            if options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers:
-                fits.append(name)
-        except Exception:  # an entry that does not compose or import cannot be suggested
-            continue
+    with _config_search_path():
+        for name in strategy_names():
+            try:
+                options = compose(f"{GROUP}/{name}")[GROUP]
+                if options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers:
+                    fits.append(name)
+            except Exception:  # an entry that does not compose or import cannot be suggested
+                continue
     return fits
 
 

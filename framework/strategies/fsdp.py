@@ -93,7 +93,7 @@ class FSDPStrategy(DDPStrategy):
         """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last."""
         names = self._shard_class_names()
         if names is None:
-            return [child for child in model.children() if any(True for _ in child.parameters())]
+            return [child for child in model.children() if next(child.parameters(), None) is not None]
         # modules() lists parents before children; fully_shard wants the inner ones first
         return [m for m in reversed(list(model.modules())) if m is not model and type(m).__name__ in names]
 
@@ -136,10 +136,11 @@ class FSDPStrategy(DDPStrategy):
         return contextlib.nullcontext()
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def _state(self, model: nn.Module, **options):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    def _state(self, model: nn.Module) -> dict:
+        """This rank's shards of model and optimizer state (DTensors), keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(model, self.optimizer, options=StateDictOptions(**options))
+        model_state, optimizer_state = get_state_dict(model, self.optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
 
     def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
