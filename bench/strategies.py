@@ -13,6 +13,7 @@ Without it the global batch is fixed and each of 2 workers gets half of it (stro
 
     .venv/bin/python bench/strategies.py --repeats 3
     .venv/bin/python bench/strategies.py --strategies ddp,horovod   # same 2 workers, horovod's runner and allreduce
+    .venv/bin/python bench/strategies.py --strategies ddp,fsdp      # same 2 workers, FSDP2's gather/reduce-scatter
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def parse_args():
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--ddp-workers", type=int, default=2, help="workers of ddp and horovod")
+    p.add_argument("--ddp-workers", type=int, default=2, help="workers of ddp, fsdp, deepspeed and horovod")
     p.add_argument("--batch-per-process", action="store_true",
-                   help="--batch-size is per process: ddp, deepspeed and horovod train batch x workers")
+                   help="--batch-size is per process: ddp, fsdp, deepspeed and horovod train batch x workers")
     p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
+    p.add_argument("--results-name", help="file name under bench/results/ (default: strategies[_batch_per_process])")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     return p.parse_args()
 
@@ -50,7 +52,7 @@ def parse_args():
 def run_strategy(variant: str, args, workdir: Path):
     strategy, _, threads = variant.partition("@")
     strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
-    multi_process = strategy in ("ddp", "deepspeed", "horovod")
+    multi_process = strategy in ("ddp", "fsdp", "deepspeed", "horovod")
     batch = args.batch_size * args.ddp_workers if args.batch_per_process and multi_process else args.batch_size
     overrides = [
         f"strategy={strategy}", *([f"strategy.zero_stage={zero_stage}"] if zero_stage else []),
@@ -58,7 +60,7 @@ def run_strategy(variant: str, args, workdir: Path):
         f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
         "dataset.max_test_samples=1000", *args.override,
     ]
-    if strategy in ("ddp", "deepspeed"):
+    if strategy in ("ddp", "fsdp", "deepspeed"):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
     if strategy == "horovod":  # same workers as ddp, started by horovod's runner
         overrides.append(f"strategy.np={args.ddp_workers}")
@@ -107,7 +109,8 @@ def main() -> None:
     print()
     print_table(["strategy", "processes", "samples/s (steady)", "per rank", "samples/s (result.json)",
                  f"x {names[0]}"], rows)
-    write_results("strategies_batch_per_process" if args.batch_per_process else "strategies", vars(args), results)
+    write_results(args.results_name or ("strategies_batch_per_process" if args.batch_per_process else "strategies"),
+                  vars(args), results)
 
 
 if __name__ == "__main__":

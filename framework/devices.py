@@ -3,7 +3,8 @@
 Prints the visible GPUs (index, name, total and free memory, utilization, driver and CUDA versions), or
 on a machine without GPUs the CPU facts; then what each strategy would start here, as the strategies
 themselves describe it for the composed config (overrides such as trainer.accelerator=cpu or
-strategy.nproc_per_node=4 change the plan the same way they would change a run)."""
+strategy.nproc_per_node=4 change the plan the same way they would change a run). `--config-dir DIR` adds a
+user's config dir, as for train.py: its strategies are listed too (their package must be on PYTHONPATH)."""
 from __future__ import annotations
 
 import os
@@ -79,9 +80,10 @@ def cpu_facts() -> list[str]:
             f"{torch.get_num_threads()} intra-op thread(s) per process"]
 
 
-def strategy_plan(overrides: list[str]) -> list[str]:
+def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[str]:
     """Each strategy's own account of what it would start here, for the config these overrides compose.
-    Only the strategy named in the overrides when there is one (its own options may be overridden too)."""
+    Only the strategy named in the overrides when there is one (its own options may be overridden too).
+    config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too."""
     from hydra import compose, initialize_config_dir
 
     from framework.paths import CONF_DIR
@@ -90,8 +92,12 @@ def strategy_plan(overrides: list[str]) -> list[str]:
 
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
+    names = set()
+    if config_dir:
+        overrides = [*overrides, f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
+        names = {p.stem for p in (Path(config_dir) / "strategy").glob("*.yaml")}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for name in chosen[-1:] or ["auto", *strategy_names()]:
+        for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 check_trainer_options(cfg)
@@ -105,9 +111,27 @@ def strategy_plan(overrides: list[str]) -> list[str]:
     return lines
 
 
-def report(overrides: list[str]) -> str:
+def report(overrides: list[str], config_dir: str | None = None) -> str:
     lines = gpu_table() if torch.cuda.device_count() else gpu_table() + cpu_facts()
-    return "\n".join(lines + strategy_plan(overrides))
+    return "\n".join(lines + strategy_plan(overrides, config_dir))
+
+
+def _take_config_dir(args: list[str]) -> tuple[list[str], str | None]:
+    """--config-dir DIR (or --config-dir=DIR, -cd DIR) taken out of the arguments, as train.py takes it."""
+    rest, config_dir = [], None
+    it = iter(args)
+    for a in it:
+        if a in ("--config-dir", "-cd"):
+            config_dir = next(it, None)
+            if config_dir is None:
+                raise ConfigError(f"{a} needs a folder")
+        elif a.startswith("--config-dir="):
+            config_dir = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if config_dir is not None and not Path(config_dir).is_dir():
+        raise ConfigError(f"--config-dir={config_dir} is not allowed: no such folder")
+    return rest, config_dir
 
 
 def main() -> None:
@@ -118,7 +142,7 @@ def main() -> None:
     from hydra.errors import HydraException
 
     try:
-        print(report(args))
+        print(report(*_take_config_dir(args)))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback
         sys.exit(f"error: {exc}")
 

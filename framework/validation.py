@@ -28,7 +28,7 @@ def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     _channels_last_with(cfg, strategy)
     _precision_on_device(cfg, strategy)
     data = _dataset(cfg)  # builds both splits once (finding, or downloading, their files) and checks them
-    check_model_fits(cfg.model, data.in_shape, data.num_classes)
+    strategy.check_model(check_model_fits(cfg.model, data.in_shape, data.num_classes))
     build_augment(cfg.dataset, data.in_shape)
     _loss_and_metrics(cfg, data)
     _batch_split(cfg, strategy, len(data.train))
@@ -57,10 +57,10 @@ def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path, data: Data) -> N
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
                           f"different setup ({mismatch}); use trainer.resume=none or a matching checkpoint")
     saved = checkpoint.manifest.get("format", "file")
-    if saved != strategy.checkpoint_format:
+    if saved not in strategy.readable_formats:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
-                          f"and strategy={strategy.name} reads {strategy.checkpoint_format}; use the strategy (and "
-                          "strategy.zero_stage) that wrote it, or trainer.resume=none")
+                          f"and strategy={strategy.name} reads {' or '.join(strategy.readable_formats)}; use the "
+                          "strategy (and strategy.zero_stage) that wrote it, or trainer.resume=none")
 
 
 def _trainer(cfg: DictConfig) -> None:

@@ -28,6 +28,20 @@ def test_listing_without_gpus_shows_cpu_facts_and_the_strategy_plan():
     assert "strategy=ddp     2 process(es) (1 node(s) x 2) on the CPU" in out and "backend gloo" in out
 
 
+def test_strategies_come_from_the_config_group_including_a_users_config_dir():
+    """The list is the strategy group's entries (fsdp is one yaml in conf/strategy/), and a user's --config-dir
+    adds theirs, described by their own class."""
+    project = REPO / "examples" / "my_project"
+    proc = subprocess.run([sys.executable, "-m", "framework.devices", "--config-dir", str(project / "conf"),
+                           "trainer.accelerator=cpu"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{project}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    out = check_ok(proc)
+    assert "strategy=fsdp    2 process(es) (1 node(s) x 2) on the CPU" in out and "sharded by fully_shard" in out
+    assert "strategy=announcing_ddp 2 process(es) (1 node(s) x 2) on the CPU" in out
+    bad = _devices("--config-dir", str(project / "no_such_conf"))
+    assert bad.returncode != 0 and "--config-dir=" in bad.stderr and "no such folder" in bad.stderr
+
+
 def test_plan_follows_overrides_and_bad_overrides_fail_cleanly():
     out = check_ok(_devices("strategy=ddp", "strategy.nproc_per_node=3", "trainer.accelerator=cpu"))
     [ddp] = [line for line in out.splitlines() if line.strip().startswith("strategy=")]

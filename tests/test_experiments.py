@@ -36,7 +36,7 @@ def test_presets_compose_to_the_tutorials_settings():
     assert (cifar.trainer.batch_size, cifar.optimizer.lr, cifar.optimizer.momentum) == (4, 0.001, 0.9)
 
     sweep = composed("experiment=compare_strategies", hydra=True)
-    assert sweep.hydra.sweeper.params.strategy.split(",") == ["single", "dp", "ddp"]
+    assert sweep.hydra.sweeper.params.strategy.split(",") == ["single", "dp", "ddp", "fsdp"]
 
 
 def _replica_sizes(out: str) -> list[int]:
@@ -87,5 +87,5 @@ def test_compare_strategies_runs_one_job_per_strategy(tmp_path):
     out = check_ok(run_train(["-m", "experiment=compare_strategies", *TINY, "trainer.max_steps=2"], tmp_path,
                              timeout=400))
     jobs = run_dirs(tmp_path)
-    assert sorted(j.name.split("_")[1] for j in jobs) == ["ddp", "dp", "single"]
-    assert out.count("| ok |") == 3
+    assert sorted(j.name.split("_")[1] for j in jobs) == ["ddp", "dp", "fsdp", "single"]
+    assert out.count("| ok |") == 4

@@ -3,6 +3,7 @@ dir (`--config-dir`), selected on the command line like the built-ins. Real trai
 import json
 import os
 import shutil
+import sys
 import textwrap
 
 import numpy as np
@@ -63,13 +64,37 @@ def test_own_dataset_and_model_train_from_their_own_package_and_config_dir(proje
     assert losses[-1] < losses[0] * 0.5
 
 
-def test_own_project_under_torchrun(project, tmp_path):
-    """The other ranks never run Hydra, but compose the config to join: from the user's --config-dir too."""
-    out = check_ok(_run(project, tmp_path, ["strategy=ddp", "dataset=blobs", *COMMON], launcher=TORCHRUN))
+def test_own_strategy_under_torchrun(project, tmp_path):
+    """The other ranks never run Hydra, but compose the config to join: from the user's --config-dir too, where
+    their own strategy lives."""
+    out = check_ok(_run(project, tmp_path, ["strategy=announcing_ddp", "strategy.banner=hi", "dataset=blobs",
+                                            *COMMON], launcher=TORCHRUN))
     assert out.count("done: test accuracy") == 1
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["processes"] == 2 and result["test_acc"] > 0.9
+    assert result["strategy"] == "announcing_ddp" and result["processes"] == 2 and result["test_acc"] > 0.9
+
+
+def test_own_strategy_from_their_package_trains_with_two_gloo_workers(project, tmp_path):
+    """conf/strategy/announcing_ddp.yaml in the user's config dir names mypkg's DDPStrategy subclass; the elastic
+    agent's workers import it from the user's package, and its name is the run's strategy name."""
+    out = check_ok(_run(project, tmp_path, ["strategy=announcing_ddp", "strategy.banner=hi there", "dataset=blobs",
+                                            "trainer.log_all_ranks=true", *COMMON]))
+    assert "rank 0/2 joined: hi there" in out and "rank 1/2 joined: hi there" in out
+    [run_dir] = run_dirs(tmp_path)
+    assert "announcing_ddp" in run_dir.name
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["strategy"] == "announcing_ddp" and result["processes"] == 2 and result["test_acc"] > 0.9
+
+
+def test_under_torchrun_the_refusal_lists_the_strategies_of_every_config_dir(project, tmp_path):
+    """Which strategies fit workers that torchrun started comes from each strategy class (outer_launchers),
+    the user's own included, not from a list of names."""
+    proc = _run(project, tmp_path, ["strategy=dp", "dataset=blobs", *COMMON], timeout=120,
+                launcher=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"])
+    assert proc.returncode != 0
+    assert "strategy=dp is not allowed under torchrun" in proc.stderr, proc.stderr
+    assert "use strategy=announcing_ddp, ddp, deepspeed, fsdp or auto" in proc.stderr, proc.stderr
 
 
 def test_dataloader_and_in_memory_paths_give_the_same_losses_for_a_dataset_built_by_a_function(project, tmp_path):
@@ -154,6 +179,13 @@ BAD = {
                             "metrics.top5_acc.top_k=5 is not allowed: the dataset has 3 classes"),
     "augment_flat_input": (["dataset=blobs", "+dataset.augment={_target_: framework.data.augment.RandomCropFlip}"],
                            "dataset.augment is not allowed for inputs of shape [8]"),
+    "strategy_not_importable": (["dataset=blobs", "strategy._target_=mypkg.strategies.NoSuchStrategy"],
+                                "strategy._target_=mypkg.strategies.NoSuchStrategy is not allowed: it cannot be imported"),
+    "strategy_not_a_strategy": (["dataset=blobs", "strategy._target_=mypkg.models.MLP"],
+                                "strategy._target_=mypkg.models.MLP is not allowed: it is not a subclass of "
+                                "framework.strategies.base.Strategy"),
+    "own_strategy_option": (["dataset=blobs", "strategy=announcing_ddp", "strategy.banner=' '"],
+                            "strategy.banner=' ' is not allowed: expected a non-empty string"),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from framework.checkpoints.state import Position, capture, config_hash, restore, restore_progress, rng_state
+from framework.checkpoints.state import Position, capture, config_hash, restore_progress, rng_state
 from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
                                          save_checkpoint, save_sharded_checkpoint)
 from framework.launch.environment import restart_attempt
@@ -69,7 +69,6 @@ class Checkpointer:
             strategy.load_engine_checkpoint(checkpoint.path.parent, checkpoint.path.name, model)
             position, totals = restore_progress(state, strategy.rank, strategy.cuda_devices())
         else:
-            position, totals = restore(state, strategy.unwrap(model), optimizer, scaler, strategy.rank,
-                                       strategy.cuda_devices())
+            position, totals = strategy.restore_file_checkpoint(state, model, optimizer, scaler)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1})")
         return position, totals

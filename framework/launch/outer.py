@@ -31,13 +31,13 @@ def multirun_refusal() -> str:
 def choose_strategy(cfg: DictConfig, external: bool):
     """Resolve strategy=auto and build the strategy; under an outer launcher only a strategy that can train with the
     workers that launcher started (Strategy.outer_launchers) is allowed."""
-    from framework.strategies import STRATEGIES, build_strategy, resolve_auto, strategy_names
+    from framework.strategies import build_strategy, resolve_auto, strategies_for_launcher
 
     launcher = outer_launcher() if external else None
     note = resolve_auto(cfg, launcher)
     strategy = build_strategy(cfg)
     if launcher is not None and launcher not in strategy.outer_launchers:
-        fits = ", ".join(name for name in strategy_names() if launcher in STRATEGIES[name].outer_launchers)
+        fits = ", ".join(strategies_for_launcher(launcher))
         raise ConfigError(
             f"strategy={strategy.name} is not allowed under {launcher_name()}: the launcher already started "
             f"several workers; use strategy={fits}{' or auto' if launcher != HOROVOD else ''}"

@@ -1,25 +1,27 @@
-"""strategy.name -> adapter class. Adding a strategy: one file here, one line below, one yaml in conf/strategy/."""
+"""Strategies are components: each conf/strategy/*.yaml names its adapter class with `_target_` (a Strategy
+subclass, built with the whole config). A user adds one from their own package and config dir (--config-dir),
+without editing this repo. `name` stays the strategy's name in run folders, results and messages."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.errors import ConfigError
 from framework.launch.environment import HOROVOD
 from framework.strategies.base import Strategy, cuda_wanted
 from framework.strategies.ddp import DDPStrategy
-from framework.strategies.deepspeed import DeepSpeedStrategy
-from framework.strategies.dp import DataParallelStrategy
-from framework.strategies.horovod import HorovodStrategy
 from framework.strategies.single import SingleStrategy
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    "single": SingleStrategy,
-    "dp": DataParallelStrategy,
-    "ddp": DDPStrategy,
-    "deepspeed": DeepSpeedStrategy,  # imports DeepSpeed itself only in its workers
-    "horovod": HorovodStrategy,  # imports horovod only when chosen
-}
+GROUP = "strategy"
+# strategy=auto (conf/strategy/auto.yaml: ddp's options) resolves to one of these
+_AUTO_CHOICES = {"ddp": DDPStrategy, "single": SingleStrategy}
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
@@ -34,16 +36,69 @@ def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
     chosen = "ddp" if several else "single"
     with open_dict(cfg):
         cfg.strategy.name = chosen
+        cfg.strategy._target_ = class_path(_AUTO_CHOICES[chosen])
     reason = "several GPUs/workers" if several else "at most one GPU"
     return f"strategy=auto chose {chosen} ({reason})"
 
 
+def strategy_class(options: DictConfig) -> type[Strategy]:
+    """The Strategy subclass a strategy config node names with _target_; ConfigError when it names none."""
+    target = options.get("_target_") if options is not None else None
+    if not target:
+        raise ConfigError(f"{GROUP}._target_ is missing: a strategy config names its class with _target_ "
+                          "(e.g. _target_: framework.strategies.ddp.DDPStrategy)")
+    try:
+        cls = get_class(str(target))
+    except Exception as exc:  # hydra wraps the import error; its own text says what failed
+        raise ConfigError(f"{GROUP}._target_={target} is not allowed: it cannot be imported "
+                          f"({str(exc).splitlines()[0]}); is its package on PYTHONPATH?") from None
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ConfigError(f"{GROUP}._target_={target} is not allowed: it is not a subclass of "
+                          f"{class_path(Strategy)} (a strategy answers that interface; see framework/strategies/base.py)")
+    return cls
+
+
 def build_strategy(cfg: DictConfig) -> Strategy:
-    return STRATEGIES[cfg.strategy.name](cfg)
+    return strategy_class(cfg.strategy)(cfg)
+
+
+@contextlib.contextmanager
+def _config_search_path():
+    """Hydra's current search path (inside @hydra.main or initialize_config_dir: with a user's --config-dir), else
+    this repo's conf/ (a follower rank composes its config, then leaves Hydra's context)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        yield GlobalHydra.instance()
+        return
+    from framework.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance()
 
 
 def strategy_names() -> list[str]:
-    return list(STRATEGIES)
+    """Every entry of the strategy config group on the search path (conf/strategy and a user's --config-dir)."""
+    with _config_search_path() as hydra:
+        return hydra.config_loader().get_group_options(GROUP)
 
 
-__all__ = ["STRATEGIES", "Strategy", "build_strategy", "resolve_auto", "strategy_names"]
+def strategies_for_launcher(launcher: str) -> list[str]:
+    """Names of the group's strategies whose class can train with the workers of this kind of outer launcher."""
+    from hydra import compose
+
+    fits = []
+    with _config_search_path():
+        for name in strategy_names():
+            try:
+                options = compose(f"{GROUP}/{name}")[GROUP]
+                if options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers:
+                    fits.append(name)
+            except Exception:  # an entry that does not compose or import cannot be suggested
+                continue
+    return fits
+
+
+__all__ = ["Strategy", "build_strategy", "class_path", "resolve_auto", "strategies_for_launcher", "strategy_class",
+           "strategy_names"]

@@ -1,9 +1,10 @@
 """The one interface every strategy answers; the trainer and the driver know nothing else about it.
 
-Driver side:  validate(cfg), processes(), describe(), save_settings(run_dir), launch(entry, payload)
+Driver side:  validate(cfg), check_model(model), processes(), describe(), save_settings(run_dir), launch(entry, payload)
 Worker side:  setup(), wrap_model(model), wrap_optimizer(model, optimizer), make_precision(name), unwrap(model),
               sync(model, on), wait_clock, local_slots(), cuda_devices(), slot_sizes(n), all_gather(t), all_reduce_sum(t), gather_objects(obj), teardown(),
-              and for engines that shard checkpoints: checkpoint_format, save/load_engine_checkpoint
+              and for engines that shard checkpoints: checkpoint_format, readable_formats, save/load_engine_checkpoint,
+              restore_file_checkpoint (a single-file checkpoint into this strategy's model)
 
 A "slot" is one GPU's share of the work: one per process for ddp, one per replica for dp.
 Per-slot meters are what TensorBoard shows as rank{r}.
@@ -41,6 +42,7 @@ class Strategy:
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.options = cfg.strategy
+        self.name = cfg.strategy.get("name") or type(self).name  # the config's name: a user's subclass has its own
         self.use_cuda = cuda_wanted(cfg)
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.device = torch.device("cpu")
@@ -48,6 +50,9 @@ class Strategy:
     # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ConfigError for settings this strategy cannot run; called before any worker starts."""
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise ConfigError when this strategy's options do not fit the model (built once in the driver)."""
 
     def processes(self) -> int:
         """Training processes in the whole job; the global batch is split across them."""
@@ -99,8 +104,19 @@ class Strategy:
     # ---- checkpoints ----------------------------------------------------------------------------
     # "file": rank 0 writes model + optimizer into one .pt (framework/checkpoints/store.py). Any other value
     # names an engine that writes a folder of shards from every rank through the two methods below; the
-    # value is recorded in the manifest, and a checkpoint is only resumed by a strategy with the same format.
+    # value is recorded in the manifest, and a checkpoint is only resumed by a strategy that reads its format.
     checkpoint_format = "file"
+
+    @property
+    def readable_formats(self) -> tuple[str, ...]:
+        """The checkpoint formats this strategy resumes from."""
+        return (self.checkpoint_format,)
+
+    def restore_file_checkpoint(self, state: dict, model: nn.Module, optimizer, scaler):
+        """Every rank: model, optimizer and scaler from a single-file checkpoint's state; returns (Position, totals)."""
+        from framework.checkpoints.state import restore
+
+        return restore(state, self.unwrap(model), optimizer, scaler, self.rank, self.cuda_devices())
 
     def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
         """Every rank: write this rank's shards of model and optimizer into folder/tag."""

@@ -1,0 +1,173 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard): parameters, gradients and optimizer state sharded across ranks as
+DTensors. Workers start and join exactly like ddp (torch's elastic agent, torchrun, SLURM); the model is sharded
+in place, block by block, never DDP-wrapped. Checkpoints go through torch.distributed.checkpoint (DCP): every
+rank writes its own shards, and DCP reshards them when the next run has another world size."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from framework.checkpoints.state import Position, restore_progress
+from framework.config_checks import boolean, fail, value_at
+from framework.errors import ConfigError
+from framework.precision import Precision
+from framework.strategies.ddp import DDPStrategy
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (any other tensor is all local)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class FSDPPrecision(Precision):
+    """fully_shard's MixedPrecisionPolicy casts parameters for compute (and gradients for reduction), so no
+    autocast runs on top. Gradients are DTensors: the clipping norm comes back as one and is made a plain,
+    global number (every rank sees the same one and makes the same skip decision)."""
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model, optimizer, max_norm):
+        from torch.distributed.tensor import DTensor
+
+        norm = super().clip_grad_norm(model, optimizer, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class FSDPStrategy(DDPStrategy):
+    name = "fsdp"
+    checkpoint_format = "dcp"
+    readable_formats = ("dcp", "file")  # a single-file checkpoint (single, ddp, dp) loads as a full state dict
+    channels_last_refusal = "fully_shard only shards contiguous parameters, and channels_last conv weights are not"
+
+    # ---- driver side -------------------------------------------------------------------------
+    def validate(self) -> None:
+        self.validate_launch()
+        cfg = self.cfg
+        self._shard_class_names()
+        boolean(cfg, "strategy.reshard_after_forward")
+        if boolean(cfg, "strategy.cpu_offload") and not self.use_cuda:
+            raise ConfigError("strategy.cpu_offload=true is not allowed without GPUs: the parameters and optimizer "
+                              "state already live in CPU memory; use strategy.cpu_offload=false")
+        if cfg.trainer.precision == "fp16":
+            raise ConfigError("trainer.precision=fp16 is not allowed with strategy=fsdp: fp16 needs a loss scaler "
+                              "that unscales sharded (DTensor) gradients and agrees on overflows across ranks, which "
+                              "torch.amp.GradScaler does not; use bf16 (no loss scaling needed) or fp32")
+        if cfg.trainer.compile:
+            raise ConfigError("trainer.compile=true is not allowed with strategy=fsdp: the model is compiled before "
+                              "the strategy wraps it, and fully_shard must shard the uncompiled module; use "
+                              "trainer.compile=false")
+
+    def _shard_class_names(self) -> list[str] | None:
+        """None for auto, else the class names listed in strategy.shard_modules."""
+        value = value_at(self.cfg, "strategy.shard_modules")
+        if value == "auto":
+            return None
+        names = OmegaConf.to_container(value) if OmegaConf.is_list(value) else None
+        if not names or not all(isinstance(n, str) and n for n in names):
+            fail("strategy.shard_modules", value, "expected auto (each direct child block that holds parameters) or "
+                 "a non-empty list of module class names, e.g. [Sequential]")
+        return names
+
+    def check_model(self, model: nn.Module) -> None:
+        names = self._shard_class_names()
+        if names is None:
+            return
+        present = {type(m).__name__ for m in model.modules() if m is not model}
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise ConfigError(f"strategy.shard_modules={names} is not allowed: {type(model).__name__} has no submodule "
+                              f"of class {', '.join(missing)}; its submodule classes are {', '.join(sorted(present))}")
+
+    def describe(self) -> str:
+        return super().describe() + "; parameters, gradients and optimizer state sharded by fully_shard"
+
+    # ---- worker side -------------------------------------------------------------------------
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last."""
+        names = self._shard_class_names()
+        if names is None:
+            return [child for child in model.children() if next(child.parameters(), None) is not None]
+        # modules() lists parents before children; fully_shard wants the inner ones first
+        return [m for m in reversed(list(model.modules())) if m is not model and type(m).__name__ in names]
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        o = self.options
+        compute = {"bf16": torch.bfloat16}.get(self.cfg.trainer.precision)
+        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
+        offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
+        for unit in self.shard_units(model):
+            fully_shard(unit, reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+        fully_shard(model, reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+        return model
+
+    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer  # the checkpoint methods save and load both
+        return model, optimizer
+
+    def make_precision(self, name: str) -> Precision:
+        return FSDPPrecision(name, self.device)
+
+    def optimizer_state_bytes(self, optimizer) -> int:
+        return sum(_local(t).numel() * t.element_size() for state in optimizer.state.values()
+                   for t in state.values() if torch.is_tensor(t))
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        # The forward all-gathers each unit's parameters: every rank runs it, on the same number of test
+        # batches (eval_batches gives every rank the same count).
+        return model
+
+    def sync(self, model: nn.Module, on: bool):
+        """Non-final micro-batches of an accumulation keep their gradients local and unsharded (no
+        reduce-scatter); with reshard_after_forward=false (memory traded for speed) the parameters also stay
+        unsharded until the last micro-batch, so its forward gathers nothing again."""
+        model.set_requires_gradient_sync(on)
+        if not self.options.reshard_after_forward:
+            model.set_reshard_after_backward(on)
+        return contextlib.nullcontext()
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _state(self, model: nn.Module) -> dict:
+        """This rank's shards of model and optimizer state (DTensors), keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(model), checkpoint_id=str(folder / tag))
+
+    def load_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+        """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state(model)
+        dcp.load(state, checkpoint_id=str(folder / tag))
+        set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def restore_file_checkpoint(self, state: dict, model: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
+        """A single-file checkpoint holds the full model and a plain optimizer state dict (parameters by index, in
+        model.parameters() order); each rank keeps its shards of both."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        names = [name for name, _ in model.named_parameters()]
+        saved = state["optimizer"]
+        by_name = {
+            "state": {names[i]: s for i, s in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+        }
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
+                       options=StateDictOptions(full_state_dict=True))
+        return restore_progress(state, self.rank, self.cuda_devices())
