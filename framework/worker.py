@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.allocator import keep_freed_memory
+from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
 from framework.data.augment import build_augment
@@ -46,8 +47,8 @@ def worker_entry(payload: dict, strategy=None, stop=None) -> dict | None:
     strategy.setup()
     try:
         return _train(cfg, Path(payload["run_dir"]), strategy, stop or NoStop())
-    except TrainingStopped as exc:  # a deliberate stop: report it, do not make the agent restart us
-        return {"stopped": str(exc)} if strategy.is_main else None
+    except (TrainingStopped, CheckpointNotWritten) as exc:  # every rank stops here together: report it, and do
+        return {"stopped": str(exc)} if strategy.is_main else None  # not make the agent restart us into the same wall
     except KeyboardInterrupt:
         if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C
             sys.exit(130)

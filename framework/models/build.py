@@ -18,8 +18,8 @@ def build_model(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: i
         raise
 
 
-def check_model_fits(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> None:
+def check_model_fits(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Driver-side: build the model once (with its one-sample dry run) so a mismatch fails before any
     worker starts. On the CPU, not the meta device: `with torch.device("meta")` imports torch._dynamo,
     1.3 s of start-up that every ddp worker would wait for; LeNet builds in 10 ms."""
-    build_model(model_cfg, in_shape, num_classes)
+    return build_model(model_cfg, in_shape, num_classes)

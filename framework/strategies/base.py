@@ -98,6 +98,9 @@ class Strategy:
     # names an engine that writes a folder of shards from every rank through the two methods below; the
     # value is recorded in the manifest, and a checkpoint is only resumed by a strategy with the same format.
     checkpoint_format = "file"
+    # Whether this strategy's checkpoints load into another world size ("file" ones hold global state). False:
+    # the driver refuses to resume them with another number of workers, before any worker starts.
+    checkpoint_reshards = True
 
     def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
         """Every rank: write this rank's shards of model and optimizer into folder/tag."""
