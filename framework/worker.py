@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.allocator import keep_freed_memory
-from framework.checkpoints.disk import CheckpointNotWritten
+from framework.checkpoints.disk import CheckpointNotWritten, OffWhenUnwritable
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
 from framework.data.augment import build_augment
@@ -85,7 +85,9 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
         return eval_batches(data.test, eval_pipeline, strategy.device, EVAL_BATCH_PER_DEVICE, strategy.rank,
                             strategy.world_size, t.num_workers)
 
-    tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
+    tb = None
+    if strategy.is_main:
+        tb = OffWhenUnwritable(TensorBoardLogger(run_dir, strategy.device.type == "cuda"), "TensorBoard's event file", say)
     try:
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
                           checkpointer, faults, stop, loss, metrics)

@@ -2,6 +2,7 @@
 error naming the folder, the bytes needed and free, and the last complete checkpoint (still loadable); nothing
 half-written, exit code != 0, no worker left. And the driver's warning before training when the run folder cannot
 hold trainer.keep_checkpoints + 1 checkpoints. Real processes on a real small filesystem (a tmpfs: needs root)."""
+import io
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ import torch
 
 from conftest import TRAIN, on_cpu
 from framework.checkpoints.store import list_checkpoints, newest_valid, verify
+from framework.progress import Console
 
 # A linear layer of 15000 x 10: about 1.2 MB per checkpoint with SGD's momentum, so a 3 MB filesystem holds two
 # (steps 4 and 8) and the third (step 12, written before the oldest is pruned) does not fit.
@@ -143,3 +145,50 @@ def test_a_checkpoint_folder_turning_read_only_mid_run_stops_it_cleanly(tmp_path
         last = newest_valid(folder)
         assert found.group(1) == f"step-{last.step + 4:08d}.pt"
         _check_last_checkpoint_named_and_loadable(found, folder, last.step)
+
+
+def _fill(disk: Path) -> None:
+    """Another program takes every free byte."""
+    try:
+        with open(disk / "filler", "wb", buffering=0) as f:
+            while True:
+                f.write(b"x" * 65536)  # unbuffered: a short write takes what is left, then ENOSPC
+    except OSError:
+        pass
+
+
+def test_a_disk_filled_by_someone_else_mid_run_stops_it_at_the_next_checkpoint(tmp_path):
+    """Not a byte left: TensorBoard's events fail first (a warning, no traceback), then the checkpoint, which ends
+    the run the same clean way."""
+    with small_filesystem(tmp_path / "disk", "8m") as disk:
+        tag = uuid.uuid4().hex
+        run_dir = disk / "run"
+        run_dir.mkdir()
+        args = ["strategy=single", *RUN, "dataset.train_size=1024", "trainer.epochs=200",
+                "trainer.checkpoint_every_n_steps=16"]
+        proc = _start(run_dir, args, tag)
+        folder = run_dir / "checkpoints"
+        deadline = time.monotonic() + 240
+        while not (folder / "step-00000016.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+        _fill(disk)
+        code, out, err, left = _finish(proc, tag)
+        assert "warning: TensorBoard's event file can no longer be written (No space left on device)" in out + err
+        found = _check_clean_stop(code, out, err, left, folder, re.escape("No space left on device (ENOSPC)"))
+        assert found.group(1) == "step-00000032.pt"
+        _check_last_checkpoint_named_and_loadable(found, folder, 16)
+
+
+def test_train_log_on_a_full_disk_warns_once_and_the_console_goes_on(tmp_path):
+    with small_filesystem(tmp_path / "disk", "64k") as disk:
+        stream = io.StringIO()
+        say = Console(disk / "train.log", bar=False, stream=stream)
+        say("first line")
+        _fill(disk)
+        for i in range(2000):  # more than the last page of train.log holds
+            say(f"line {i} " + "x" * 40)
+        lines = stream.getvalue().splitlines()
+        assert lines.count(f"warning: {disk / 'train.log'} can no longer be written (No space left on device); "
+                           "lines go to the console only") == 1
+        assert lines[-1].startswith("line 1999 ") and len(lines) == 2002

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
 from pathlib import Path
 
 import torch
@@ -81,3 +82,43 @@ def space_warning(folder: Path, keep: int, existing: int, each: int) -> str | No
             f"(trainer.keep_checkpoints={keep} + 1 being written, {existing} already there, about {each:,} bytes "
             "each for this model and optimizer); a checkpoint that does not fit stops the run. Make room, point "
             "hydra.run.dir at a larger disk, or lower trainer.keep_checkpoints")
+
+
+class OffWhenUnwritable:
+    """A writer into the run folder that is not a checkpoint (rank 0's TensorBoard logger): its first OSError (disk
+    full, folder read-only) becomes one warning and the writer is off for the rest of the run. Whether the run can
+    go on is the next checkpoint's question, which every rank answers together (a failure here is rank 0's alone)."""
+
+    def __init__(self, target, what: str, warn):
+        self._target, self._what, self._warn, self._off = target, what, warn, False
+        _quiet_tensorboard_writer_thread()
+
+    def __getattr__(self, name: str):
+        method = getattr(self._target, name)
+        if not callable(method):
+            return method
+
+        def guarded(*args, **kwargs):
+            if self._off:
+                return None
+            try:
+                return method(*args, **kwargs)
+            except OSError as exc:
+                self._off = True
+                self._warn(f"warning: {self._what} can no longer be written ({exc.strerror or exc}); it is off for "
+                           "the rest of this run")
+        return guarded
+
+
+def _quiet_tensorboard_writer_thread() -> None:
+    """TensorBoard writes events on a thread of its own, which dies with a traceback on an OSError before the next
+    call re-raises it to us (OffWhenUnwritable reports it then, once)."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args):
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
