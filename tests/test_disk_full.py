@@ -192,3 +192,19 @@ def test_train_log_on_a_full_disk_warns_once_and_the_console_goes_on(tmp_path):
         assert lines.count(f"warning: {disk / 'train.log'} can no longer be written (No space left on device); "
                            "lines go to the console only") == 1
         assert lines[-1].startswith("line 1999 ") and len(lines) == 2002
+
+
+def test_deepspeed_on_a_full_disk_fails_but_loses_nothing(tmp_path):
+    """What is guaranteed for DeepSpeed's own shard writes (not yet the one clean error above): the run fails with
+    exit code != 0 and no worker left, the shard folder that did not fit never counts, and the last committed
+    checkpoint stays valid for trainer.resume."""
+    pytest.importorskip("deepspeed")
+    with small_filesystem(tmp_path / "disk", "3m") as disk:
+        tag = uuid.uuid4().hex
+        args = ["strategy=deepspeed", "strategy.nproc_per_node=2", "strategy.zero_stage=2", *RUN]
+        code, out, err, left = _finish(_start(disk / "run", args, tag), tag)
+        assert code != 0 and not left and "error: " in err, out + err
+        folder = disk / "run" / "checkpoints"
+        last = newest_valid(folder)
+        assert last is not None and last.step == 4 and verify(last) is None
+        assert [c.step for c in list_checkpoints(folder)] == [4], "the folder that did not fit is no checkpoint"
