@@ -6,11 +6,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
-from framework.checkpoints.disk import checkpoint_bytes, space_warning
-from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.checkpoints.state import signature, signature_mismatch
+from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config_checks import (boolean, fail, int_at_least, int_list, number_in, one_of, positive_number,
                                      value_at)
 from framework.data.augment import build_augment
@@ -101,7 +101,8 @@ def _resume_position(cfg: DictConfig, checkpoint: Checkpoint, train_samples: int
     try:
         resume_point(position, batch, max(train_samples // batch, 1))
     except PositionDoesNotFit as exc:
-        raise ConfigError(f"trainer.batch_size={batch} is not allowed when resuming from {checkpoint.path}: {exc}") from None
+        raise ConfigError(f"trainer.batch_size={batch} is not allowed when resuming from {checkpoint.path}: "
+                          f"{exc}") from None
 
 
 def _trainer(cfg: DictConfig) -> None:

@@ -87,7 +87,8 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
 
     tb = None
     if strategy.is_main:
-        tb = OffWhenUnwritable(TensorBoardLogger(run_dir, strategy.device.type == "cuda"), "TensorBoard's event file", say)
+        tb = OffWhenUnwritable(TensorBoardLogger(run_dir, strategy.device.type == "cuda"), "TensorBoard's event file",
+                               say)
     try:
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
                           checkpointer, faults, stop, loss, metrics)

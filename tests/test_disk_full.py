@@ -164,20 +164,22 @@ def test_a_disk_filled_by_someone_else_mid_run_stops_it_at_the_next_checkpoint(t
         tag = uuid.uuid4().hex
         run_dir = disk / "run"
         run_dir.mkdir()
-        args = ["strategy=single", *RUN, "dataset.train_size=1024", "trainer.epochs=200",
-                "trainer.checkpoint_every_n_steps=16"]
+        # a loss point every step: the event file outgrows its last page (tmpfs allocates whole pages) before the
+        # next checkpoint, 256 steps on (time enough to fill the disk first)
+        args = ["strategy=single", *RUN, "dataset.shape=[1000]", "dataset.train_size=8192", "trainer.epochs=200",
+                "trainer.checkpoint_every_n_steps=256", "trainer.log_every_n_steps=1"]
         proc = _start(run_dir, args, tag)
         folder = run_dir / "checkpoints"
         deadline = time.monotonic() + 240
-        while not (folder / "step-00000016.json").exists():
+        while not (folder / "step-00000256.json").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
         _fill(disk)
         code, out, err, left = _finish(proc, tag)
         assert "warning: TensorBoard's event file can no longer be written (No space left on device)" in out + err
         found = _check_clean_stop(code, out, err, left, folder, re.escape("No space left on device (ENOSPC)"))
-        assert found.group(1) == "step-00000032.pt"
-        _check_last_checkpoint_named_and_loadable(found, folder, 16)
+        assert found.group(1) == "step-00000512.pt"
+        _check_last_checkpoint_named_and_loadable(found, folder, 256)
 
 
 def test_train_log_on_a_full_disk_warns_once_and_the_console_goes_on(tmp_path):

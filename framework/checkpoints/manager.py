@@ -80,7 +80,8 @@ class Checkpointer:
             position, totals = restore_progress(state, *where)
         else:
             position, totals = restore(state, strategy.unwrap(model), optimizer, scaler, *where)
-        self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){_changes(checkpoint.manifest, position, strategy.world_size, batch)}")
+        changes = _changes(checkpoint.manifest, position, strategy.world_size, batch)
+        self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
         return position, totals
 
 
@@ -94,4 +95,5 @@ def _changes(manifest: dict, position: Position, world_size: int, batch_size: in
         changes.append(f"global batch {position.batch_size} -> {batch_size}")
     if not changes:
         return ""
-    return f"; {', '.join(changes)}: epoch {position.epoch + 1} continues after its first {position.samples_in_epoch} samples"
+    return (f"; {', '.join(changes)}: epoch {position.epoch + 1} continues after its first "
+            f"{position.samples_in_epoch} samples")
