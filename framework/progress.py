@@ -37,8 +37,13 @@ class Console:
 
     def __call__(self, msg: str, progress: Progress | None = None) -> None:
         if self.log_file is not None:
-            with open(self.log_file, "a") as f:
-                f.write(msg + "\n")
+            try:
+                with open(self.log_file, "a") as f:
+                    f.write(msg + "\n")
+            except OSError as exc:  # disk full, folder read-only: the console goes on; a checkpoint says if the run can
+                print(f"warning: {self.log_file} can no longer be written ({exc.strerror or exc}); lines go to the "
+                      "console only", file=self.stream, flush=True)
+                self.log_file = None
         if self.quiet:
             return
         if not self.bar:

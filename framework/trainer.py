@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from framework.checkpoints.state import Position
+from framework.checkpoints.position import Position, resume_point
 from framework.interrupts import Interrupted
 from framework.lr_schedule import LrSchedule
 from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
@@ -84,9 +84,13 @@ class Trainer:
             self.totals = RunTotals(**totals)
 
     def fit(self, start: Position = Position()) -> RunTotals:
-        step, k = start.step, self.t.grad_accum
-        for epoch in range(start.epoch, self.epochs):
-            first = start.batch_in_epoch if epoch == start.epoch else 0
+        """Train from `start` (framework/checkpoints/position.py: why the data position is counted in samples, and
+        how a run on another world size or batch continues the epoch without a sample twice or skipped)."""
+        k, batch = self.t.grad_accum, self.t.batch_size
+        resumed = resume_point(start, batch, self.steps_per_epoch)
+        step = resumed.step
+        for epoch in range(resumed.epoch, self.epochs):
+            first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
             last = min(self.steps_per_epoch, first + self.total_steps - step)
             self.model.train()
             self.train_loader.set_epoch(epoch)
@@ -102,7 +106,8 @@ class Trainer:
                     self._log(step, epoch)
                 if checkpoint_due:
                     self.checkpointer.save(self.model, self.optimizer, self.precision.scaler,
-                                           Position(step, epoch, batch_in_epoch), asdict(self.totals), self.tb)
+                                           Position(step, epoch, batch_in_epoch * batch, batch), asdict(self.totals),
+                                           self.tb)
                 if stopping:
                     raise Interrupted(self.stop.signum)
             if self.meter.steps:

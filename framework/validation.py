@@ -6,8 +6,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
+from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
 from framework.checkpoints.state import signature, signature_mismatch
+from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config_checks import (boolean, fail, int_at_least, int_list, number_above, number_in, one_of,
                                      positive_number, value_at)
 from framework.data.augment import build_augment
@@ -16,6 +19,7 @@ from framework.errors import ConfigError
 from framework.lr_schedule import SCHEDULES
 from framework.metrics import build_loss, build_metrics
 from framework.models.build import check_model_fits
+from framework.optim import build_optimizer
 from framework.precision import PRECISIONS
 from framework.strategies import Strategy
 
@@ -28,11 +32,23 @@ def validate(cfg: DictConfig, strategy: Strategy, run_dir: Path) -> None:
     _channels_last_with(cfg, strategy)
     _precision_on_device(cfg, strategy)
     data = _dataset(cfg)  # builds both splits once (finding, or downloading, their files) and checks them
-    strategy.check_model(check_model_fits(cfg.model, data.in_shape, data.num_classes))
+    model = check_model_fits(cfg.model, data.in_shape, data.num_classes)
+    strategy.check_model(model)
     build_augment(cfg.dataset, data.in_shape)
     _loss_and_metrics(cfg, data)
     _batch_split(cfg, strategy, len(data.train))
     _resume(cfg, strategy, run_dir, data)
+    _checkpoint_room(cfg, run_dir, model)
+
+
+def _checkpoint_room(cfg: DictConfig, run_dir: Path, model) -> None:
+    """A warning (not an error: the run may stop early, or the disk get room) when the run folder cannot hold
+    trainer.keep_checkpoints + 1 checkpoints of this model and optimizer."""
+    folder = run_dir / CHECKPOINT_DIR
+    each = checkpoint_bytes(model, lambda params: build_optimizer(cfg, params, 1))
+    warning = space_warning(folder, cfg.trainer.keep_checkpoints, len(list_checkpoints(folder)), each)
+    if warning:
+        print(warning, flush=True)
 
 
 def _loss_and_metrics(cfg: DictConfig, data: Data) -> None:
@@ -61,6 +77,33 @@ def _resume(cfg: DictConfig, strategy: Strategy, run_dir: Path, data: Data) -> N
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
                           f"and strategy={strategy.name} reads {' or '.join(strategy.readable_formats)}; use the "
                           "strategy (and strategy.zero_stage) that wrote it, or trainer.resume=none")
+    _resume_world_size(cfg, strategy, checkpoint)
+    _resume_position(cfg, checkpoint, len(data.train))
+
+
+def _resume_world_size(cfg: DictConfig, strategy: Strategy, checkpoint: Checkpoint) -> None:
+    """A checkpoint holds global state (one file; or shards an engine can reshard) unless the strategy says its
+    engine's shards only load into the world size that wrote them (DeepSpeed ZeRO)."""
+    saved = checkpoint.manifest.get("world_size")
+    if saved is None or saved == strategy.processes() or strategy.checkpoint_reshards:
+        return
+    raise ConfigError(
+        f"trainer.resume={cfg.trainer.resume} is not allowed with {strategy.processes()} worker(s): checkpoint "
+        f"{checkpoint.path} holds {checkpoint.manifest.get('format')} shards of {saved} workers, and strategy="
+        f"{strategy.name} cannot reshard them onto another world size. Resume with {saved} workers (e.g. "
+        f"strategy.nproc_per_node={saved} on one node), or start over with trainer.resume=none (DeepSpeed's "
+        f"zero_to_fp32.py turns the shards into one fp32 state_dict of the weights, for use outside a resumed run)")
+
+
+def _resume_position(cfg: DictConfig, checkpoint: Checkpoint, train_samples: int) -> None:
+    """The saved data position must be a whole number of this run's global batches (position.py says why)."""
+    batch = cfg.trainer.batch_size
+    position = Position.from_saved(checkpoint.manifest, batch)
+    try:
+        resume_point(position, batch, max(train_samples // batch, 1))
+    except PositionDoesNotFit as exc:
+        raise ConfigError(f"trainer.batch_size={batch} is not allowed when resuming from {checkpoint.path}: "
+                          f"{exc}") from None
 
 
 def _trainer(cfg: DictConfig) -> None:

@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.allocator import keep_freed_memory
+from framework.checkpoints.disk import CheckpointNotWritten, OffWhenUnwritable
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
 from framework.data.augment import build_augment
@@ -47,8 +48,8 @@ def worker_entry(payload: dict, strategy=None, stop=None) -> dict | None:
     strategy.setup()
     try:
         return _train(cfg, Path(payload["run_dir"]), strategy, stop or NoStop())
-    except TrainingStopped as exc:  # a deliberate stop: report it, do not make the agent restart us
-        return {"stopped": str(exc)} if strategy.is_main else None
+    except (TrainingStopped, CheckpointNotWritten) as exc:  # every rank stops here together: report it, and do
+        return {"stopped": str(exc)} if strategy.is_main else None  # not make the agent restart us into the same wall
     except KeyboardInterrupt:
         if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C
             sys.exit(130)
@@ -87,7 +88,10 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
         return eval_batches(data.test, eval_pipeline, strategy.device, EVAL_BATCH_PER_DEVICE, strategy.rank,
                             strategy.world_size, t.num_workers)
 
-    tb = TensorBoardLogger(run_dir, strategy.device.type == "cuda") if strategy.is_main else None
+    tb = None
+    if strategy.is_main:
+        tb = OffWhenUnwritable(TensorBoardLogger(run_dir, strategy.device.type == "cuda"), "TensorBoard's event file",
+                               say)
     try:
         trainer = Trainer(cfg, strategy, model, optimizer, loader, micro_batch, test_batches, precision, tb, say,
                           checkpointer, faults, stop, loss, metrics, per_gpu)

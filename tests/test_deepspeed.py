@@ -174,6 +174,18 @@ def test_a_deepspeed_checkpoint_is_not_resumed_by_another_stage_or_strategy(runs
     assert not list(tmp_path.rglob("checkpoints")), "refused before any worker started"
 
 
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_zero_checkpoint_is_not_resumed_on_another_world_size(runs, tmp_path, workers):
+    """ZeRO partitions follow the world size that wrote them: refused in the driver, saying why and what to do."""
+    proc = _run(tmp_path, ["strategy=deepspeed", "strategy.zero_stage=2", f"strategy.nproc_per_node={workers}",
+                           *COMMON, f"trainer.resume={runs['zero2']}"], timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"is not allowed with {workers} worker(s): checkpoint" in proc.stderr
+            and "holds deepspeed-zero2 shards of 2 workers, and strategy=deepspeed cannot reshard them" in proc.stderr
+            and "Resume with 2 workers (e.g. strategy.nproc_per_node=2 on one node)" in proc.stderr), proc.stderr
+    assert not list(tmp_path.rglob("checkpoints")), "refused before any worker started"
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["strategy.zero_stage=4"], "strategy.zero_stage=4 is not allowed: expected 0, 1, 2 or 3"),
     (["strategy.zero_stage=0", "strategy.offload_optimizer=true"],

@@ -6,22 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from framework.checkpoints.position import Position
 from framework.data.build import dataset_name
-
-
-@dataclass
-class Position:
-    """Where training stands: `step` optimizer steps done, `batch_in_epoch` of them in epoch `epoch`."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
 
 
 def rng_state(cuda_devices: list[int] = ()) -> dict:
@@ -88,18 +80,20 @@ def capture(model: torch.nn.Module, optimizer, scaler, position: Position, total
     }
 
 
-def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int,
+def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int, world_size: int, batch_size: int,
             cuda_devices: list[int] = ()) -> tuple[Position, dict]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])  # moves the state to each parameter's device
     if scaler and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
-    return restore_progress(state, rank, cuda_devices)
+    return restore_progress(state, rank, world_size, batch_size, cuda_devices)
 
 
-def restore_progress(state: dict, rank: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:
-    """RNG streams, data position and run totals (all a sharded checkpoint's training_state.pt holds)."""
+def restore_progress(state: dict, rank: int, world_size: int, batch_size: int,
+                     cuda_devices: list[int] = ()) -> tuple[Position, dict]:
+    """RNG streams, data position and run totals (all a sharded checkpoint's training_state.pt holds).
+    Each rank continues its own RNG streams when the world size is the one saved; on another world size
+    every rank continues rank 0's, as a fresh run starts every rank from the same seed."""
     rngs = state["rng"]
-    if rank < len(rngs):  # a run resumed with more workers than it saved gives the new ones fresh streams
-        restore_rng(rngs[rank], cuda_devices)
-    return Position(**state["position"]), state.get("totals", {})
+    restore_rng(rngs[rank] if len(rngs) == world_size else rngs[0], cuda_devices)
+    return Position.from_saved(state["position"], batch_size), state.get("totals", {})

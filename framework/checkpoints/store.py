@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from framework.checkpoints.disk import CheckpointNotWritten, remove_quietly, write_failure
 from framework.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -47,31 +48,47 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _write_atomically(path: Path, data: bytes, midway: Callable[[], None] | None = None) -> None:
+    """All of data at path, or (on an OSError: disk full, folder turned read-only) nothing new: the temporary file
+    is taken away and the error raised."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        half = len(data) // 2
-        f.write(data[:half])
-        if midway:  # fault-injection point: the process may die with the file half written
+    try:
+        with open(tmp, "wb") as f:
+            half = len(data) // 2
+            f.write(data[:half])
+            if midway:  # fault-injection point: the process may die with the file half written
+                f.flush()
+                midway()
+            f.write(data[half:])
             f.flush()
-            midway()
-        f.write(data[half:])
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        remove_quietly(tmp)
+        raise
     _fsync_dir(path.parent)
 
 
 def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int,
                     midway: Callable[[], None] | None = None) -> Checkpoint:
-    folder.mkdir(parents=True, exist_ok=True)
+    """Raises CheckpointNotWritten (with nothing of this checkpoint left on disk) when the folder cannot take it."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     stem = f"step-{manifest['step']:08d}"
-    path = folder / f"{stem}.pt"
+    path, manifest_path = folder / f"{stem}.pt", folder / f"{stem}.json"
     manifest = {**manifest, "file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    _write_atomically(path, data, midway)
-    _write_atomically(folder / f"{stem}.json", json.dumps(manifest, indent=2).encode())
+    manifest_data = json.dumps(manifest, indent=2).encode()
+    replaced = False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, data, midway)
+        replaced = True
+        _write_atomically(manifest_path, manifest_data)
+    except OSError as exc:
+        if replaced:  # a .pt without its manifest is no checkpoint (and may not match an older manifest there)
+            remove_quietly(manifest_path, path)
+        raise CheckpointNotWritten(write_failure(path.name, folder, len(data) + len(manifest_data), exc,
+                                                 newest_valid(folder, warn=lambda m: None))) from None
     _prune(folder, keep)
     return Checkpoint(path, manifest)
 

@@ -1,8 +1,10 @@
 """Start workers with torch's elastic agent: the machinery behind torchrun, called from Python."""
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -10,6 +12,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from framework.checkpoints.disk import free_bytes
 from framework.errors import ConfigError
 from framework.interrupts import Interrupted
 from framework.launch.environment import threads_per_worker
@@ -55,6 +58,11 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         raise WorkersFailed(_root_cause(exc)) from exc
     except SignalException as exc:  # the agent already stopped every worker (SIGTERM, then SIGKILL)
         raise Interrupted(exc.sigval) from None
+    except json.JSONDecodeError as exc:  # a ValueError, but not the rendezvous': a failed worker's error file (in
+        # log_dir, the run folder) could not be written or read back
+        room = f" ({free_bytes(Path(log_dir)):,} bytes free there)" if log_dir else ""
+        raise WorkersFailed(f"a worker failed, and its error report could not be read ({exc}); is the disk of "
+                            f"{log_dir or 'its log folder'} full or read-only?{room}") from None
     except ValueError as exc:  # malformed endpoint and similar rendezvous problems
         raise ConfigError(f"strategy rendezvous settings are not usable: {exc}") from exc
     return next((r for r in results.values() if r is not None), None)

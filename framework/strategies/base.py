@@ -106,6 +106,9 @@ class Strategy:
     # names an engine that writes a folder of shards from every rank through the two methods below; the
     # value is recorded in the manifest, and a checkpoint is only resumed by a strategy that reads its format.
     checkpoint_format = "file"
+    # Whether this strategy's checkpoints load into another world size ("file" ones hold global state). False:
+    # the driver refuses to resume them with another number of workers, before any worker starts.
+    checkpoint_reshards = True
 
     @property
     def readable_formats(self) -> tuple[str, ...]:
@@ -116,7 +119,8 @@ class Strategy:
         """Every rank: model, optimizer and scaler from a single-file checkpoint's state; returns (Position, totals)."""
         from framework.checkpoints.state import restore
 
-        return restore(state, self.unwrap(model), optimizer, scaler, self.rank, self.cuda_devices())
+        return restore(state, self.unwrap(model), optimizer, scaler, self.rank, self.world_size,
+                       self.cfg.trainer.batch_size, self.cuda_devices())
 
     def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
         """Every rank: write this rank's shards of model and optimizer into folder/tag."""

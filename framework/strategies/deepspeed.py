@@ -61,6 +61,8 @@ class DeepSpeedStrategy(DDPStrategy):
     name = "deepspeed"
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
 
+    checkpoint_reshards = False  # ZeRO partitions (and DeepSpeed's own file names) follow the world size that wrote them
+
     @property
     def checkpoint_format(self) -> str:  # a ZeRO-n checkpoint only loads into a ZeRO-n engine
         return f"deepspeed-zero{self.options.zero_stage}"

@@ -11,7 +11,8 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from framework.checkpoints.state import Position, restore_progress
+from framework.checkpoints.position import Position
+from framework.checkpoints.state import restore_progress
 from framework.config_checks import boolean, fail, value_at
 from framework.errors import ConfigError
 from framework.precision import Precision
@@ -170,4 +171,4 @@ class FSDPStrategy(DDPStrategy):
         }
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
                        options=StateDictOptions(full_state_dict=True))
-        return restore_progress(state, self.rank, self.cuda_devices())
+        return restore_progress(state, self.rank, self.world_size, self.cfg.trainer.batch_size, self.cuda_devices())

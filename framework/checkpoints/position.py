@@ -1,0 +1,69 @@
+"""Where a run stands in its data, recorded so that it survives a new world size, grad_accum or global batch.
+
+Why samples, not batches: sharding follows DistributedSampler (framework/data/loaders.py). Epoch e's permutation
+`perm` of the N training samples is seeded by seed + e and does not depend on the world size W; rank r takes
+perm[r::W] (cut to a multiple of W) in micro-batches of m = B / (W * k) for the global batch B and grad_accum k.
+After s optimizer steps of the epoch, rank r has trained its first s*k*m shard samples, perm[r + W*j] for
+j < s*k*m: all ranks together exactly perm[:s*B], whatever W, m and k were. A checkpoint records that as
+`samples_in_epoch` = s*B.
+
+A run resumed with W' workers and global batch B' goes on at step s' = samples_in_epoch / B' of the epoch:
+each rank skips its first s'*k'*m' = samples_in_epoch / W' shard samples and so takes
+perm[samples_in_epoch + r + W'*j]: the rest of the epoch, each sample once, none twice. s' must be whole: with
+the same B it always is; after a change of B, samples_in_epoch must be a multiple of B' (or the epoch's last full
+batch of B' trained), else the driver refuses the run before it starts.
+
+Steps per epoch are floor(N / B) for every W and k (W divides B, so N mod W <= N mod B and the per-rank cut
+never costs a batch). With the same B the step count carries over as saved; with a new B it is re-expressed
+as epoch * floor(N / B') + s', the step the new batch would be at (max_steps and the lr schedule count those).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Position:
+    """`step` optimizer steps done; in epoch `epoch`, the first `samples_in_epoch` samples of its permutation
+    trained, by a run of global batch `batch_size` (0: unknown, a checkpoint from before positions counted samples)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_in_epoch: int = 0
+    batch_size: int = 0
+
+    @classmethod
+    def from_saved(cls, saved: dict, batch_size: int) -> "Position":
+        """A checkpoint's position. Older checkpoints counted `batch_in_epoch` steps of their own batch, which
+        they did not record; they are read as steps of this run's batch (what resuming them always assumed)."""
+        if "samples_in_epoch" in saved:
+            return cls(saved["step"], saved["epoch"], saved["samples_in_epoch"], saved.get("batch_size", 0))
+        return cls(saved["step"], saved["epoch"], saved.get("batch_in_epoch", 0) * batch_size, batch_size)
+
+
+@dataclass
+class ResumePoint:
+    step: int
+    epoch: int
+    steps_in_epoch: int  # steps of this run's batch already done in `epoch`
+
+
+class PositionDoesNotFit(ValueError):
+    """The saved position falls inside a batch of this run's size; the message says where and what fits."""
+
+
+def resume_point(position: Position, batch_size: int, steps_per_epoch: int) -> ResumePoint:
+    """Where a run of global batch `batch_size` (floor(N / batch_size) = steps_per_epoch) continues."""
+    done, rest = divmod(position.samples_in_epoch, batch_size)
+    if done >= steps_per_epoch:  # no full batch of this size is left in the epoch: it is complete
+        done, rest = steps_per_epoch, 0
+    if rest:
+        fits = [b for b in range(1, position.samples_in_epoch + 1) if position.samples_in_epoch % b == 0]
+        raise PositionDoesNotFit(
+            f"the checkpoint stopped after {position.samples_in_epoch} samples of epoch {position.epoch + 1}, "
+            f"which is not a whole number of batches of {batch_size}; use the checkpoint's batch "
+            f"{position.batch_size or 'size'} or another divisor of {position.samples_in_epoch} "
+            f"(e.g. {', '.join(map(str, fits[-4:]))})")
+    if position.batch_size in (0, batch_size):
+        return ResumePoint(position.step, position.epoch, done)
+    return ResumePoint(position.epoch * steps_per_epoch + done, position.epoch, done)
