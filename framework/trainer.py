@@ -89,6 +89,7 @@ class Trainer:
         k, batch = self.t.grad_accum, self.t.batch_size
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = resumed.step
+        self.meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
             last = min(self.steps_per_epoch, first + self.total_steps - step)

@@ -78,6 +78,37 @@ def assert_curves_match(reference: list[tuple[int, float]], other: list[tuple[in
         assert abs(a - b) <= rel * abs(a), f"step {step}: {names[0]} {a} vs {names[1]} {b}"
 
 
+def processes_tagged(tag: str) -> list[int]:
+    """Pids of every process whose environment holds tag (tests put a fresh HYDRA_DIST_TEST_TAG into a run's
+    environment; every process it starts inherits it, so a leftover worker shows here)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if tag.encode() in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference: Path, steps: int,
+                              resumed_from: int) -> Path:
+    """A worker dies at the HYDRA_DIST_FAULT point (no restarts: the run fails); the same command with
+    hydra.run.dir resumes from the checkpoint of step resumed_from and gives the reference run's loss at every step
+    1..steps (within 1e-6). Returns the run folder."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    assert run_train(args, cwd, env={"HYDRA_DIST_FAULT": fault}, timeout=300).returncode != 0
+    [run_dir] = run_dirs(cwd)
+    out = check_ok(run_train([*args, f"hydra.run.dir={run_dir}"], cwd, timeout=300))
+    assert "resumed from" in out and f"step-{resumed_from:08d} (step {resumed_from}" in out
+    expected, got = losses_by_step(reference), losses_by_step(run_dir)
+    assert sorted(got) == list(range(1, steps + 1))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
+    return run_dir
+
+
 def needs_gpus(count: int = 1):
     """Marks a test `gpu` (select them with -m gpu) and skips it where fewer than `count` CUDA GPUs are visible."""
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -39,7 +39,7 @@ CASES = {
     "model_cannot_take_input": (["model=lenet", "dataset=synthetic", "dataset.shape=[5]"],
                                 "model=lenet needs image input (channels, height, width); the dataset gives shape (5,)"),
     "unknown_model": (["model=transformer"], "Could not find 'model/transformer'"),
-    "unknown_strategy": (["strategy=fsdp"], "Could not find 'strategy/fsdp'"),
+    "unknown_strategy": (["strategy=zero_bubble"], "Could not find 'strategy/zero_bubble'"),
     "unknown_key": (["trainer.epoch=3"], "Could not override 'trainer.epoch'"),
     "resume_path_missing": (["trainer.resume=/nonexistent/run"],
                             "trainer.resume=/nonexistent/run is not allowed: no such file or folder"),

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, TRAIN, check_ok, losses_by_step, needs_gpu, on_cpu, read_scalars, run_dirs, run_train
+from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, losses_by_step, needs_gpu, on_cpu, read_scalars,
+                      run_dirs, run_train)
 
 try:
     import deepspeed  # noqa: F401  (only to know whether it is installed; the runs import it themselves)
@@ -154,16 +155,8 @@ def test_worker_killed_while_writing_a_checkpoint_resumes_the_same_loss_curve(ru
 
 def test_a_stopped_run_resumes_with_resume_auto(runs, tmp_path):
     """A worker dies (no restarts): the run fails; the same command with hydra.run.dir picks it up."""
-    args = [*DEEPSPEED, "strategy.zero_stage=2", *COMMON]
-    failed = _run(tmp_path, args, env={"HYDRA_DIST_FAULT": "kill_after_step:10:1"})
-    assert failed.returncode != 0
-    [run_dir] = run_dirs(tmp_path)
-    out = check_ok(_run(tmp_path, [*args, f"hydra.run.dir={run_dir}"]))
-    assert "resumed from" in out and "step-00000008 (step 8" in out
-    expected, got = losses_by_step(runs["zero2"]), losses_by_step(run_dir)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step in expected:
-        assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
+    assert_killed_run_resumes(tmp_path, [*DEEPSPEED, "strategy.zero_stage=2", *COMMON], "kill_after_step:10:1",
+                              runs["zero2"], STEPS, resumed_from=8)
 
 
 def test_a_deepspeed_checkpoint_is_not_resumed_by_another_stage_or_strategy(runs, tmp_path):

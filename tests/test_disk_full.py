@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TRAIN, on_cpu
+from conftest import TRAIN, on_cpu, processes_tagged
 from framework.checkpoints.store import list_checkpoints, newest_valid, verify
 from framework.progress import Console
 
@@ -42,18 +42,6 @@ def small_filesystem(path: Path, size: str):
         subprocess.run(["umount", "-R", str(path)], capture_output=True)
 
 
-def _processes_tagged(tag: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if tag.encode() in (proc / "environ").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
-
-
 def _start(run_dir: Path, args: list[str], tag: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
     return subprocess.Popen([sys.executable, str(TRAIN), *on_cpu([*args, f"hydra.run.dir={run_dir}"])],
@@ -63,9 +51,9 @@ def _start(run_dir: Path, args: list[str], tag: str) -> subprocess.Popen:
 def _finish(proc: subprocess.Popen, tag: str) -> tuple[int, str, str, list[int]]:
     out, err = proc.communicate(timeout=300)
     deadline = time.monotonic() + 10
-    while _processes_tagged(tag) and time.monotonic() < deadline:
+    while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return proc.returncode, out, err, _processes_tagged(tag)
+    return proc.returncode, out, err, processes_tagged(tag)
 
 
 def _check_clean_stop(code: int, out: str, err: str, left: list[int], folder: Path, reason: str) -> re.Match:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import check_ok, losses_by_step, read_scalars, run_dirs, run_train
+from conftest import assert_killed_run_resumes, check_ok, losses_by_step, read_scalars, run_dirs, run_train
 
 STEPS = 20
 # 32 steps per epoch, so 20 steps stay in epoch 1; a checkpoint every 8 steps (8, 16, and 20 at the end).
@@ -93,16 +93,8 @@ def test_checkpoints_are_dcp_shards_committed_by_the_manifest(runs):
 
 
 def test_a_stopped_run_resumes_with_resume_auto_and_continues_the_curve(runs, tmp_path):
-    args = [*FSDP, *ADAM, *COMMON]
-    failed = _run(tmp_path, args, env={"HYDRA_DIST_FAULT": "kill_after_step:12:1"})
-    assert failed.returncode != 0
-    [run_dir] = run_dirs(tmp_path)
-    out = check_ok(_run(tmp_path, [*args, f"hydra.run.dir={run_dir}"]))
-    assert "resumed from" in out and "step-00000008 (step 8" in out
-    expected, got = losses_by_step(runs["fsdp"]), losses_by_step(run_dir)
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step in expected:
-        assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
+    assert_killed_run_resumes(tmp_path, [*FSDP, *ADAM, *COMMON], "kill_after_step:12:1", runs["fsdp"], STEPS,
+                              resumed_from=8)
 
 
 def test_resumes_on_one_worker_through_dcp_resharding(runs, tmp_path):

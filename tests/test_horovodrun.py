@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, TRAIN, check_ok, on_cpu, read_scalars, run_dirs, run_train
-from test_signals import _processes_tagged
+from conftest import REPO, TINY, TRAIN, check_ok, on_cpu, processes_tagged, read_scalars, run_dirs, run_train
 
 pytest.importorskip("horovod.torch")
 HOROVODRUN = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "2", "-H", "localhost:2",
@@ -71,8 +70,8 @@ def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out = "".join(seen) + proc.communicate(timeout=60)[0]
     deadline = time.monotonic() + 15
-    while _processes_tagged(tag) and time.monotonic() < deadline:
+    while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_tagged(tag) == [], out
+    assert processes_tagged(tag) == [], out
     assert proc.returncode != 0
     assert OUR_TRACEBACK not in out, out  # horovodrun stops the workers with SIGTERM

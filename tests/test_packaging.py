@@ -86,6 +86,6 @@ def test_shell_completion_for_both_commands(installed, tmp_path):
 
 def test_train_py_cfg_job_shows_the_composed_config(tmp_path):
     out = check_ok(run_train(["--cfg", "job", "strategy=ddp", "trainer.batch_size=256"], tmp_path))
-    assert out.startswith("model:") and "strategy:\n  name: ddp\n" in out and "batch_size: 256" in out
+    assert out.startswith("model:") and "strategy:\n  _target_: framework.strategies.ddp.DDPStrategy\n  name: ddp\n" in out and "batch_size: 256" in out
     assert "hydra:" not in out, "--cfg job leaves Hydra's own settings out"
     assert not (tmp_path / "outputs").exists()

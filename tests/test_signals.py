@@ -11,23 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN, check_ok, on_cpu, run_train
+from conftest import TRAIN, check_ok, on_cpu, processes_tagged, run_train
 from framework.checkpoints.store import newest_valid
 
 RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
        "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
-
-
-def _processes_tagged(tag: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if tag.encode() in (proc / "environ").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
 
 
 def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6):
@@ -45,9 +33,9 @@ def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6)
     out, err = proc.communicate(timeout=60)
     stopped_after = time.monotonic() - sent
     deadline = time.monotonic() + 10
-    while _processes_tagged(tag) and time.monotonic() < deadline:
+    while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return proc.returncode, "".join(seen) + out, err, stopped_after, _processes_tagged(tag)
+    return proc.returncode, "".join(seen) + out, err, stopped_after, processes_tagged(tag)
 
 
 def _resume_command(err: str) -> list[str]:
