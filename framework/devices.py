@@ -86,7 +86,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too."""
     from hydra import compose, initialize_config_dir
 
-    from framework.paths import CONF_DIR
+    from framework.paths import CONF_DIR, config_dir_override
     from framework.strategies import build_strategy, resolve_auto, strategy_names
     from framework.validation import _trainer as check_trainer_options
 
@@ -94,7 +94,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     lines = ["What each strategy would start here:"]
     names = set()
     if config_dir:
-        overrides = [*overrides, f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"]
+        overrides = [*overrides, config_dir_override(config_dir)]
         names = {p.stem for p in (Path(config_dir) / "strategy").glob("*.yaml")}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
@@ -116,22 +116,14 @@ def report(overrides: list[str], config_dir: str | None = None) -> str:
     return "\n".join(lines + strategy_plan(overrides, config_dir))
 
 
-def _take_config_dir(args: list[str]) -> tuple[list[str], str | None]:
-    """--config-dir DIR (or --config-dir=DIR, -cd DIR) taken out of the arguments, as train.py takes it."""
-    rest, config_dir = [], None
-    it = iter(args)
-    for a in it:
-        if a in ("--config-dir", "-cd"):
-            config_dir = next(it, None)
-            if config_dir is None:
-                raise ConfigError(f"{a} needs a folder")
-        elif a.startswith("--config-dir="):
-            config_dir = a.split("=", 1)[1]
-        else:
-            rest.append(a)
-    if config_dir is not None and not Path(config_dir).is_dir():
-        raise ConfigError(f"--config-dir={config_dir} is not allowed: no such folder")
-    return rest, config_dir
+def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
+    """(overrides, --config-dir), read with Hydra's own argument parser, as train.py reads them."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if args.config_dir is not None and not Path(args.config_dir).is_dir():
+        raise ConfigError(f"--config-dir={args.config_dir} is not allowed: no such folder")
+    return args.overrides, args.config_dir
 
 
 def main() -> None:
@@ -142,7 +134,7 @@ def main() -> None:
     from hydra.errors import HydraException
 
     try:
-        print(report(*_take_config_dir(args)))
+        print(report(*_arguments(args)))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback
         sys.exit(f"error: {exc}")
 

@@ -76,15 +76,15 @@ def follow_rank0(argv: list[str]) -> int:
     rank 0 (a user's own strategy may live in their config dir)."""
     from hydra import compose, initialize_config_dir
 
-    from framework.paths import CONF_DIR
+    from framework.paths import CONF_DIR, config_dir_override
 
     args = get_args_parser().parse_args(argv)
     if args.multirun:
         print(f"error: {multirun_refusal()}", file=sys.stderr)
         return 2
     overrides = [o for o in args.overrides if not o.lstrip("+~").startswith("hydra.")]
-    if args.config_dir:  # as Hydra's --config-dir does: the folder's groups join the search path
-        overrides.append(f"hydra.searchpath=[file://{args.config_dir}]")
+    if args.config_dir:
+        overrides.append(config_dir_override(args.config_dir))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(args.config_name or "config", overrides=overrides)
     return 0 if follow(cfg) is None else 2
