@@ -1,6 +1,7 @@
 """Overhead of train.py against hand-written loops doing the same work, on CPU.
 
 single: `train.py strategy=single` vs bench/baselines/plain_loop.py (one process)
+dp:     `train.py strategy=dp` vs the same plain loop (on CPU dp is one process; its replica is timed)
 ddp:    `train.py strategy=ddp` (2 gloo workers) vs `torchrun bench/baselines/ddp_torchrun.py`
 ddp_dataloader: the same two with the DataLoader input path on both sides (`dataset.in_memory=false` vs
         `ddp_torchrun.py --dataloader`: DataLoader + DistributedSampler over the same uint8 tensors)
@@ -31,12 +32,13 @@ from benchkit.report import print_table, write_results
 from benchkit.run_folder import only_run_folder, read_result
 from benchkit.timed_process import run_timed
 
+ONE_PROCESS = ("single", "dp")
 TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training split: the measured window must stay inside epoch 1
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp, ddp_dataloader")
+    p.add_argument("--modes", default="single,ddp", help="comma list of single, dp, ddp, ddp_dataloader")
     p.add_argument("--repeats", type=int, default=3, help="rounds of framework, baseline")
     p.add_argument("--warmup-steps", type=int, default=100, help="steps before timing starts (one log interval)")
     p.add_argument("--steps", type=int, default=300, help="timed steps after the warm-up")
@@ -60,13 +62,13 @@ def parse_args():
 def framework_side(mode: str, args, total: int, workers: int, threads: int, workdir: Path,
                    repo: Path = commands.REPO):
     overrides = [
-        f"strategy={'single' if mode == 'single' else 'ddp'}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
+        f"strategy={mode if mode in ONE_PROCESS else 'ddp'}", f"trainer.batch_size={args.batch_size}", f"trainer.max_steps={total}",
         f"trainer.log_every_n_steps={args.log_every}", "dataset.max_test_samples=1000", "model=lenet",
         "optimizer=adam", "lr_schedule=constant", "trainer.channels_last=false", "trainer.grad_clip=null",
         "dataset=fashion_mnist",
         "trainer.precision=fp32",
     ]
-    if mode != "single":
+    if mode not in ONE_PROCESS:
         overrides.append(f"strategy.nproc_per_node={workers}")
     if mode == "ddp_dataloader":
         overrides.append("dataset.in_memory=false")
@@ -87,7 +89,7 @@ def baseline_side(mode: str, args, total: int, workers: int, threads: int, workd
     script_args = [f"--batch-size={args.batch_size}", f"--steps={total}", f"--log-every={args.log_every}"]
     if mode == "ddp_dataloader":
         script_args.append("--dataloader")
-    command = (commands.baseline("plain_loop.py", *script_args) if mode == "single"
+    command = (commands.baseline("plain_loop.py", *script_args) if mode in ONE_PROCESS
                else commands.torchrun("ddp_torchrun.py", workers, *script_args))
 
     def measure() -> dict:
@@ -102,7 +104,7 @@ def main() -> None:
     results, rows = {}, []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         for mode in args.modes.split(","):
-            workers = 1 if mode == "single" else args.ddp_workers
+            workers = 1 if mode in ONE_PROCESS else args.ddp_workers
             threads = args.threads or max(1, commands.cpu_cores() // workers)
             print(f"{mode}: {workers} process(es) x {threads} thread(s), global batch {args.batch_size}, "
                   f"{args.warmup_steps} warm-up + {args.steps} timed steps", flush=True)

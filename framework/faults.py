@@ -6,6 +6,7 @@ HYDRA_DIST_FAULT=<point>:<value>:<rank>[,<point>:<value>:<rank>...] with point o
   kill_in_eval     SIGKILL this worker in the middle of the evaluation that follows step <value>
   nan_loss         make the loss of step <value> NaN on this rank
   slow_rank        sleep <value> seconds (a number) in every training step of this rank: a straggling GPU
+                   (dp: rank is the replica, which sleeps inside its own forward, on its GPU's thread)
 Faults fire only in the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted
 worker group runs clean. Death is a real SIGKILL, exactly what the OOM killer or a failed node does.
 """
@@ -41,18 +42,19 @@ def _parse(item: str) -> tuple[str, float, int]:
     return point, number, rank_number
 
 
+def planned_faults(rank: int) -> dict[str, float]:
+    """{point: step or seconds} planned for this rank; empty after a restart."""
+    spec = os.environ.get("HYDRA_DIST_FAULT", "")
+    if not spec or restart_attempt() > 0:
+        return {}
+    return {point: value for point, value, fault_rank in map(_parse, spec.split(",")) if fault_rank == rank}
+
+
 class Faults:
-    def __init__(self, rank: int):
-        self.planned: dict[str, float] = {}
-        self.slow_seconds = 0.0
-        spec = os.environ.get("HYDRA_DIST_FAULT", "")
-        if not spec or restart_attempt() > 0:
-            return
-        for item in spec.split(","):
-            point, value, fault_rank = _parse(item)
-            if fault_rank == rank:
-                self.planned[point] = value
-        self.slow_seconds = self.planned.get("slow_rank", 0.0)
+    def __init__(self, rank: int, slow_steps: bool = True):
+        """slow_steps=False: slow_rank is not this process's to apply (dp slows its replicas itself)."""
+        self.planned = planned_faults(rank)
+        self.slow_seconds = self.planned.get("slow_rank", 0.0) if slow_steps else 0.0
 
     def due(self, point: str, step: int) -> bool:
         return point in STEP_POINTS and self.planned.get(point) == step

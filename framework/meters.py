@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-           "optimizer_state_mib", "max_reserved_gib", "wait_seconds")
+           "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
- MAX_RESERVED, WAIT_SECONDS) = range(len(COLUMNS))
+ MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -23,7 +23,9 @@ class IntervalMeter:
         self.slot_sizes = slot_sizes
         self.device = device
         self.memory_devices = memory_devices
-        self.wait_clock = wait_clock  # framework/wait_clock.py; None: this strategy's waits are not measured
+        # framework/wait_clock.py (one wait per process) or replica_clock.py (dp: one per replica, and each replica's
+        # forward and backward); None: this strategy's waits are not measured
+        self.wait_clock = wait_clock
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
         self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
         self.reset()
@@ -70,7 +72,10 @@ class IntervalMeter:
         rows[:, SECONDS] = seconds
         rows[:, STEPS] = self.steps
         rows[:, DATA_SECONDS] = self.data_seconds
-        rows[:, WAIT_SECONDS] = self.wait_clock.read() if self.wait_clock else math.nan
+        rows[:, WAIT_SECONDS] = torch.as_tensor(self.wait_clock.read(), dtype=torch.float64) if self.wait_clock else math.nan
+        phases = self.wait_clock.phases() if self.wait_clock else None
+        rows[:, FORWARD_SECONDS] = torch.as_tensor(phases["forward"], dtype=torch.float64) if phases else math.nan
+        rows[:, BACKWARD_SECONDS] = torch.as_tensor(phases["backward"], dtype=torch.float64) if phases else math.nan
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -103,6 +108,9 @@ class IntervalSummary:
     # the wait is NaN where the strategy cannot measure it (busy is then the whole step)
     per_slot_busy_ms: list[float]
     per_slot_wait_ms: list[float]
+    # dp: each replica's forward and backward on its own GPU, per optimizer step (NaN for other strategies)
+    per_slot_forward_ms: list[float]
+    per_slot_backward_ms: list[float]
 
     @property
     def samples_per_sec(self) -> float:
@@ -133,4 +141,6 @@ class IntervalSummary:
             per_slot_seconds=seconds.tolist(),
             per_slot_busy_ms=(busy * 1000 / max(1, steps)).tolist(),
             per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
+            per_slot_forward_ms=(rows[:, FORWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
+            per_slot_backward_ms=(rows[:, BACKWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
         )

@@ -8,8 +8,9 @@ gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU th
 nvidia-ml-py is installed; read at log boundaries only), and the
 run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
 Per GPU (framework/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
-the strategy measures it), throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r},
-throughput/device/mfu/rank{r} (GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text.
+the strategy measures it), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU),
+throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
+(GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text.
 The Custom Scalars tab shows one chart per per-rank metric with every rank as its own line (PER_RANK_CHARTS).
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ PER_RANK_CHARTS = {
     "time": [
         ("busy ms per step per rank", r"^time/busy_ms/rank\d+$"),
         ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
+        ("forward ms per step per dp replica (on its GPU)", r"^time/forward_ms/rank\d+$"),
+        ("backward ms per step per dp replica (on its GPU)", r"^time/backward_ms/rank\d+$"),
         ("straggler busy ratio (rank's busy time / median)", r"^stragglers/busy_ratio/rank\d+$"),
     ],
     "throughput": [
@@ -87,6 +90,10 @@ class TensorBoardLogger:
             w.add_scalar(f"time/busy_ms/rank{r}", busy, step)
             if wait == wait:  # NaN: this strategy cannot see its waits
                 w.add_scalar(f"time/wait_ms/rank{r}", wait, step)
+            forward, backward = s.per_slot_forward_ms[r], s.per_slot_backward_ms[r]
+            if forward == forward:  # dp replicas only
+                w.add_scalar(f"time/forward_ms/rank{r}", forward, step)
+                w.add_scalar(f"time/backward_ms/rank{r}", backward, step)
             if busy > 0:
                 w.add_scalar(f"throughput/device/samples_per_busy_sec/rank{r}",
                              s.per_slot_samples[r] / max(1, s.steps) / (busy / 1000), step)

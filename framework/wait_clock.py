@@ -32,7 +32,10 @@ class WaitClock:
 
     def start(self) -> None:
         """This rank's own work is done from here on; a later start() moves the mark (the last bucket wins)."""
-        self.started = self._now()
+        if self.cuda and self.started is not None:
+            self.started.record()  # re-recorded: the latest record is the one elapsed_time reads
+        else:
+            self.started = self._now()
 
     def stop(self) -> None:
         """The rank is released: the span since the last start() was waiting."""
@@ -54,6 +57,19 @@ class WaitClock:
         finally:
             self.stop()
 
+    def phases(self) -> None:
+        """No forward/backward split: that is dp's replica clock (framework/replica_clock.py)."""
+        return None
+
     def read(self) -> float:
         """Seconds waited since the last reset; on a GPU call it after the device has been synchronized."""
         return self.seconds + sum(a.elapsed_time(b) for a, b in self.spans) / 1000
+
+
+def start_when_gradients_are_done(model: torch.nn.Module, clock: WaitClock) -> None:
+    """For engines that reduce gradients behind the optimizer (Horovod) or inside their own backward (DeepSpeed):
+    every parameter's gradient, once accumulated, moves the clock's start, so after the last one this rank's
+    backward is done and what follows until the engine hands the averaged gradients back is waiting."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda _: clock.start())

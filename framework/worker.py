@@ -80,7 +80,7 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     loader = build_train_loader(data, cfg, train_pipeline, strategy.device, micro_batch, strategy.rank,
                                 strategy.world_size)
     precision = strategy.make_precision(t.precision)
-    faults = Faults(strategy.rank)
+    faults = Faults(strategy.rank, slow_steps=not strategy.slows_replicas)
     checkpointer = Checkpointer(cfg, strategy, run_dir, signature(cfg, data.in_shape, data.num_classes), faults, say)
     loss, metrics = build_loss(cfg), build_metrics(cfg, data.num_classes)
 

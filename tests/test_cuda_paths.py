@@ -17,7 +17,7 @@ from conftest import REPO, TINY, TRAIN, check_ok, losses_by_step, needs_gpu, nee
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
 from framework.precision import Precision
-from framework.strategies.dp import ReplicaAutocast
+from framework.replica_clock import ReplicaClock, TimedReplica
 
 RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
        "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
@@ -67,7 +67,8 @@ def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default(
     per-thread default is fp16). The wrapper enters the run's dtype inside the replica; shown here with CPU
     autocast, whose thread default (bf16) also differs from the dtype asked for (fp16)."""
     layer = nn.Linear(8, 8)
-    wrapped = ReplicaAutocast(nn.Linear(8, 8), "cpu", torch.float16)  # its own weights: autocast caches casts
+    # its own weights: autocast caches casts
+    wrapped = TimedReplica(nn.Linear(8, 8), ReplicaClock([torch.device("cpu")]), "cpu", torch.float16)
     dtypes = {}
 
     def replica_thread():

@@ -20,7 +20,7 @@ def test_listing_without_gpus_shows_cpu_facts_and_the_strategy_plan():
     out = check_ok(_devices())
     assert "GPUs: none visible" in out
     cores = len(os.sched_getaffinity(0))
-    assert f"CPU: " in out and f"| {cores} core(s) usable by this process (of {os.cpu_count()})" in out
+    assert "CPU: " in out and f"| {cores} core(s) usable by this process (of {os.cpu_count()})" in out
     assert "GiB total" in out and "GiB available" in out
     assert "strategy=auto    chose single (at most one GPU): 1 process(es) on the CPU" in out
     assert "strategy=single  1 process(es) on the CPU" in out
@@ -65,6 +65,6 @@ def test_gpu_listing_and_nvml_metrics_in_tensorboard(tmp_path):
     scalars = read_scalars(run_dir)
     for i in range(torch.cuda.device_count()):
         util, mem = scalars[f"gpu/util_percent/gpu{i}"], scalars[f"gpu/mem_used_gib/gpu{i}"]
-        assert len(util) == len(scalars["loss/train"]), "one reading per log interval"
+        assert len(util) == len(mem) == len(scalars["loss/train"]), "one reading per log interval"
         assert all(0 <= v <= 100 for _, v in util)
     assert max(v for _, v in scalars["gpu/mem_used_gib/gpu0"]) > 0.0  # this run's own CUDA context at least

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from conftest import TINY, check_ok, needs_gpu, read_scalars, run_dirs, run_train
+from conftest import TINY, check_ok, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
 from framework.faults import Faults
 from framework.flops import training_flops_per_sample
 from framework.gpu_peaks import gpu_model, peak_tflops
@@ -105,6 +105,70 @@ def test_without_the_fault_no_rank_is_a_straggler(tmp_path):
     assert not [tag for tag in scalars if tag.startswith("stragglers/")]
     busy0, busy1 = _per_rank(scalars, "time/busy_ms")
     assert len(busy0) == len(busy1) == 2 and all(b > 0 for b in busy0 + busy1)
+
+
+@pytest.mark.parametrize("strategy", [["strategy=horovod"], ["strategy=deepspeed", "strategy.zero_stage=1"]],
+                         ids=["horovod", "deepspeed-zero1"])
+def test_horovod_and_deepspeed_also_tell_the_slowed_rank_from_the_one_waiting(tmp_path, strategy):
+    # Horovod all-reduces behind optimizer.synchronize(), DeepSpeed inside its engine's backward: the wait runs from
+    # the rank's last gradient until the engine hands the averaged gradients back
+    check_ok(run_train([*strategy, *RUN[2:], THRESHOLD], tmp_path, timeout=300,
+                       env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
+    [run_dir] = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    busy0, busy1 = _per_rank(scalars, "time/busy_ms")
+    wait0, wait1 = _per_rank(scalars, "time/wait_ms")
+    assert len(busy0) == len(busy1) == 2
+    for b0, b1, w0, w1 in zip(busy0, busy1, wait0, wait1):
+        assert b1 > 2 * b0 and w0 > 2 * w1, f"busy {busy0} {busy1}, wait {wait0} {wait1}"
+    log = (run_dir / "train.log").read_text()  # horovodrun prefixes the workers' console lines
+    assert len(re.findall(r"straggler at step \d+: rank 1 on \S+ \(cpu\)", log)) == 2, log
+
+
+def test_dp_times_its_replicas_forward_and_backward_and_one_replica_waits_for_none(tmp_path):
+    # under dp the slow_rank fault slows the replica's own forward: it shows there, not as time outside the replica
+    check_ok(run_train(["strategy=dp", "model=lenet", *TINY, "trainer.max_steps=16", "trainer.log_every_n_steps=8",
+                        "trainer.grad_accum=2"], tmp_path, env={"HYDRA_DIST_FAULT": "slow_rank:0.03:0"}))
+    [run_dir] = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    step_ms = [v for _, v in scalars["time/step_ms"]]
+    forward, backward = [[v for _, v in scalars[f"time/{phase}_ms/rank0"]] for phase in ("forward", "backward")]
+    busy, wait = [[v for _, v in scalars[f"time/{kind}_ms/rank0"]] for kind in ("busy", "wait")]
+    assert len(forward) == len(backward) == len(step_ms) == 2
+    assert wait == [0.0, 0.0]  # measured: one replica never waits for another
+    assert busy == pytest.approx(step_ms)
+    for f, b, total in zip(forward, backward, step_ms):
+        assert 2 * 30 <= f < total and 0 < b < total - 60 and f + b < total  # data and the optimizer are the rest
+    assert "time/forward_ms/rank1" not in scalars
+
+
+def test_replica_waits_are_each_phases_slowest_replica_minus_its_own():
+    from framework.replica_clock import ReplicaClock, _Marks
+
+    def marks(forward, backward):
+        m = _Marks()
+        m.forward_start, m.forward_end = 0.0, forward
+        m.backward_start, m.backward_end = 10.0, 10.0 + backward
+        return m
+
+    def micro_batch(forwards, backwards):
+        return {slot: marks(f, b) for slot, (f, b) in enumerate(zip(forwards, backwards))}
+
+    unfinished = micro_batch([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    unfinished[2].backward_end = None  # its backward never ran
+    cpu = torch.device("cpu")
+    clock = ReplicaClock([cpu, cpu, cpu])
+    clock.micro_batches = [
+        micro_batch([2.0, 1.0, 1.0], [2.0, 2.0, 1.0]),
+        micro_batch([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]),
+        micro_batch([1.0, 3.0], [1.0, 1.0]),  # a micro-batch smaller than the replicas: not counted
+        unfinished,  # not counted
+    ]
+    # forward: slot 0 was the slowest (2 s), slots 1 and 2 waited 1 s; backward: slot 2 waited 1 s
+    assert clock.read() == pytest.approx([0.0, 1.0, 2.0])
+    assert clock.phases() == {"forward": pytest.approx([3.0, 2.0, 2.0]), "backward": pytest.approx([3.0, 3.0, 2.0])}
+    clock.reset()
+    assert clock.read() == [0.0, 0.0, 0.0]
 
 
 def test_straggler_threshold_must_be_a_number_above_one(tmp_path):
@@ -272,3 +336,40 @@ def test_busy_wait_tflops_and_mfu_on_one_gpu(tmp_path):
     assert all(v > 0 for _, v in scalars["throughput/device/tflops/rank0"])
     known = gpu_model(torch.cuda.get_device_name(0)) is not None
     assert ("throughput/device/mfu/rank0" in scalars) == known
+
+
+@needs_gpu
+def test_dp_replica_times_on_the_gpu_come_from_cuda_events(tmp_path):
+    """One GPU: nn.DataParallel does not replicate, so the user's own parameters carry the backward hook (removed
+    again every step); forward and backward are read from CUDA events on the replica's stream."""
+    check_ok(run_train(["strategy=dp", "strategy.device_ids=[0]", "trainer.accelerator=gpu", *TINY,
+                        "trainer.max_steps=16", "trainer.log_every_n_steps=8", "trainer.precision=bf16"], tmp_path))
+    [run_dir] = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    step_ms = [v for _, v in scalars["time/step_ms"]]
+    forward, backward = [[v for _, v in scalars[f"time/{phase}_ms/rank0"]] for phase in ("forward", "backward")]
+    assert [v for _, v in scalars["time/wait_ms/rank0"]] == [0.0, 0.0]
+    for f, b, total in zip(forward, backward, step_ms):
+        assert 0 < f and 0 < b and f + b < total
+
+
+@needs_gpus(2)
+def test_dp_on_several_gpus_times_every_replica_and_names_the_slowed_one(tmp_path):
+    gpus = torch.cuda.device_count()
+    out = check_ok(run_train(["strategy=dp", "trainer.accelerator=gpu", *TINY, "trainer.batch_size=256",
+                              "trainer.max_steps=16", "trainer.log_every_n_steps=8"], tmp_path,
+                             env={"HYDRA_DIST_FAULT": "slow_rank:0.05:1"}))
+    [run_dir] = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    step_ms = [v for _, v in scalars["time/step_ms"]]
+    times = {(kind, r): [v for _, v in scalars[f"time/{kind}_ms/rank{r}"]]
+             for kind in ("forward", "backward", "wait") for r in range(gpus)}
+    for r in range(gpus):
+        for f, b, w, total in zip(times["forward", r], times["backward", r], times["wait", r], step_ms):
+            assert f > 0 and b > 0 and w >= 0 and f + b + w <= total * 1.05
+    assert f"time/forward_ms/rank{gpus}" not in scalars
+    # replica 1 idles 50 ms inside its forward on its GPU; replica 0 waits that long for it
+    assert all(f1 >= 45 for f1 in times["forward", 1])
+    assert all(w0 > w1 + 40 for w0, w1 in zip(times["wait", 0], times["wait", 1]))
+    lines = [line for line in out.splitlines() if line.startswith("straggler at step")]
+    assert len(lines) == 2 and all("rank 1 on " in line and "(cuda:" in line for line in lines), out

@@ -46,8 +46,7 @@ class Checkpointer:
                     "world_size": strategy.world_size, "format": strategy.checkpoint_format}
         midway = None
         if self.faults.due("kill_in_checkpoint", position.step):
-            def midway():
-                self.faults.kill_if_due("kill_in_checkpoint", position.step)
+            midway = lambda: self.faults.kill_if_due("kill_in_checkpoint", position.step)  # noqa: E731
         if strategy.checkpoint_format != "file":  # the engine writes shards on every rank
             state = {"position": asdict(position), "totals": totals, "rng": rngs, "scaler": None}
             save_sharded_checkpoint(self.folder, state, manifest, self.keep,

@@ -38,6 +38,8 @@ class Strategy:
     # Measures the time this rank waits for the others (framework/wait_clock.py); None where the strategy cannot
     # see its waits: its busy time is then the whole step time and no wait is reported.
     wait_clock = None
+    # True: HYDRA_DIST_FAULT=slow_rank:<s>:<r> slows slot r (a dp replica) inside the strategy, not the process
+    slows_replicas = False
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg

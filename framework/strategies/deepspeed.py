@@ -4,6 +4,7 @@ gloo on CPU with DeepSpeed's cpu accelerator, nccl on CUDA. DeepSpeed is importe
 of a deepspeed run, so the other strategies never need it installed."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -19,6 +20,7 @@ from framework.errors import ConfigError
 from framework.precision import Precision
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
+from framework.wait_clock import WaitClock, start_when_gradients_are_done
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
 
@@ -118,6 +120,12 @@ class DeepSpeedStrategy(DDPStrategy):
             dist_init_required=False,
         )
         self.engine = engine
+        # ZeRO-3 gathers every layer's parameters from all ranks in forward: a fast rank waits there, inside
+        # DeepSpeed's prefetching, where this clock cannot separate it from work. No wait is reported rather than
+        # a misleadingly small one (its busy time is then the step time, as for a strategy without a clock).
+        if self.options.zero_stage < 3:
+            self.wait_clock = WaitClock(self.device)
+            start_when_gradients_are_done(engine.module, self.wait_clock)
         return engine, ds_optimizer
 
     def make_precision(self, name: str) -> Precision:
@@ -139,7 +147,9 @@ class DeepSpeedStrategy(DDPStrategy):
         return self.unwrap(model)
 
     def sync(self, model: nn.Module, on: bool):
-        return super(DDPStrategy, self).sync(model, on)  # the engine reduces at its accumulation boundary
+        # The engine reduces at its accumulation boundary, inside the last micro-batch's backward: once that
+        # returns, this rank is released.
+        return self._released_after_backward() if on and self.wait_clock else contextlib.nullcontext()
 
     def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
         self.engine.save_checkpoint(str(folder), tag=tag, save_latest=False)

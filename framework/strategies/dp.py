@@ -6,26 +6,15 @@ from torch import nn
 
 from framework.config_checks import int_list
 from framework.errors import ConfigError
+from framework.faults import planned_faults
 from framework.precision import autocast_dtype
+from framework.replica_clock import ReplicaClock, TimedReplica
 from framework.strategies.base import Strategy
-
-
-class ReplicaAutocast(nn.Module):
-    """Runs the wrapped module's forward under autocast with the run's dtype. nn.DataParallel runs each replica
-    in a thread of its own and re-enters autocast there without a dtype, and a new thread's CUDA autocast
-    dtype is fp16: bf16 runs would train their replicas in fp16. Entered inside the replica, the dtype holds."""
-
-    def __init__(self, module: nn.Module, device_type: str, dtype: torch.dtype):
-        super().__init__()
-        self.module, self.device_type, self.dtype = module, device_type, dtype
-
-    def forward(self, *args, **kwargs):
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.module(*args, **kwargs)
 
 
 class DataParallelStrategy(Strategy):
     name = "dp"
+    slows_replicas = True
 
     def validate(self) -> None:
         ids = int_list(self.cfg, "strategy.device_ids", 0, optional=True)
@@ -66,16 +55,21 @@ class DataParallelStrategy(Strategy):
             print("strategy=dp: no GPU in use, so nn.DataParallel runs the model on the CPU (one replica)", flush=True)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        if not self.device_ids:
-            return model
-        dtype = autocast_dtype(self.cfg.trainer.precision)
-        inner = ReplicaAutocast(model, self.device.type, dtype) if dtype is not None else model
-        return nn.DataParallel(inner, device_ids=self.device_ids)
+        """Every replica runs TimedReplica (framework/replica_clock.py: the run's autocast dtype inside the replica
+        thread, forward/backward timed on the replica's GPU); on the CPU the one replica runs it directly."""
+        devices = [torch.device("cuda", i) for i in self.device_ids] or [self.device]
+        delays = [planned_faults(slot).get("slow_rank", 0.0) for slot in range(len(devices))]
+        self.wait_clock = ReplicaClock(devices, delays)
+        dtype = autocast_dtype(self.cfg.trainer.precision) if self.device_ids else None
+        replica = TimedReplica(model, self.wait_clock, self.device.type, dtype)
+        outer = nn.DataParallel(replica, device_ids=self.device_ids) if self.device_ids else replica
+        outer.register_forward_pre_hook(lambda *_: self.wait_clock.begin_micro_batch())
+        return outer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         if isinstance(model, nn.DataParallel):
             model = model.module
-        if isinstance(model, ReplicaAutocast):
+        if isinstance(model, TimedReplica):
             model = model.module
         return super().unwrap(model)
 

@@ -15,6 +15,7 @@ from framework.errors import ConfigError
 from framework.launch.environment import HOROVOD, outer_launcher, threads_per_worker
 from framework.precision import Precision
 from framework.strategies.base import Strategy
+from framework.wait_clock import WaitClock, start_when_gradients_are_done
 
 CPU_WORKERS_WITHOUT_GPU = 2
 INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"
@@ -161,6 +162,9 @@ class HorovodStrategy(Strategy):
         # longer match one process. Sending rank 0's state dict does the same job without a step.
         optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=0))
         _accept_set_to_none(optimizer)
+        self.wait_clock = WaitClock(self.device)
+        start_when_gradients_are_done(self.unwrap(model), self.wait_clock)
+        _stop_clock_after_synchronize(optimizer, self.wait_clock)
         return model, optimizer
 
     def make_precision(self, name: str) -> Precision:
@@ -186,7 +190,8 @@ class HorovodStrategy(Strategy):
         return self.hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
 
     def barrier(self) -> None:
-        self.hvd.barrier()
+        with self.wait_clock.blocking() if self.wait_clock else contextlib.nullcontext():
+            self.hvd.barrier()
 
     def leave_group(self, wait_for_peers: bool) -> None:
         """As DDPStrategy.leave_group: shut Horovod down, with wait_for_peers only once every rank got here."""
@@ -210,3 +215,15 @@ def _accept_set_to_none(optimizer) -> None:
         return torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
 
     optimizer.zero_grad = zero_grad
+
+
+def _stop_clock_after_synchronize(optimizer, clock: WaitClock) -> None:
+    """DistributedOptimizer starts each gradient's all-reduce from its hook and waits for all of them in
+    synchronize() (called by step(), or first by HorovodPrecision): once it returns, this rank is released."""
+    horovod_synchronize = optimizer.synchronize
+
+    def synchronize():
+        horovod_synchronize()
+        clock.stop()
+
+    optimizer.synchronize = synchronize

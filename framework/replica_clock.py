@@ -1,0 +1,148 @@
+"""dp: each replica's forward and backward time on its own GPU, and from them its busy and wait time.
+
+nn.DataParallel runs every replica's forward in a thread of its own on that GPU's current stream, and autograd
+runs each GPU's share of backward in that GPU's own thread. TimedReplica, the module every replica runs, marks
+there: forward start and end around the module, backward start when the output's gradient reaches that GPU,
+backward end when every parameter of the replica has its gradient (one multi-grad hook). On a GPU a mark is a
+CUDA event on the replica's stream, read at the log boundary only (after the meter's one sync); on the CPU (one
+replica, no DataParallel) a perf_counter reading.
+
+Busy and wait mean what they mean for ddp. The replicas meet after every forward (outputs gathered on the first
+GPU) and after every backward (gradients summed there), so in each phase a replica that finished before the
+slowest one waits the difference: wait_r = sum over micro-batches of (max forward - forward_r) + (max backward -
+backward_r). The slowest replica waits 0; one replica alone waits 0.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+PHASES = ("forward", "backward")
+
+
+class _Marks:
+    """One replica's four marks in one micro-batch."""
+
+    __slots__ = ("forward_start", "forward_end", "backward_start", "backward_end")
+
+    def __init__(self):
+        self.forward_start = self.forward_end = self.backward_start = self.backward_end = None
+
+
+class ReplicaClock:
+    def __init__(self, devices: list[torch.device], fault_delays: list[float] | None = None):
+        self.devices = devices  # one per slot (replica), in DataParallel's device_ids order
+        # HYDRA_DIST_FAULT=slow_rank: seconds each replica sleeps in its forward, after its start mark, so its GPU
+        # idles for that long inside the timed span: a slow GPU
+        self.fault_delays = fault_delays or [0.0] * len(devices)
+        self.reset()
+
+    def reset(self) -> None:
+        self.micro_batches: list[dict[int, _Marks]] = []
+
+    def begin_micro_batch(self) -> None:
+        """DataParallel's forward is about to scatter a new micro-batch to the replicas."""
+        if torch.is_grad_enabled():  # evaluation runs under no_grad and is not timed
+            self.micro_batches.append({})
+
+    def slot_of(self, args) -> int:
+        if len(self.devices) == 1:
+            return 0
+        first = next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+        return self.devices.index(first.device)
+
+    def mark(self, slot: int):
+        device = self.devices[slot]
+        if device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def phase_seconds(self) -> dict[str, list[list[float]]]:
+        """{phase: [micro-batch][slot] seconds} of every complete micro-batch since the last reset; on a GPU call it
+        after the device has been synchronized."""
+        out = {phase: [] for phase in PHASES}
+        for marks in self.micro_batches:
+            if len(marks) != len(self.devices) or not all(m.backward_end is not None for m in marks.values()):
+                continue  # a micro-batch smaller than the replicas, or one whose backward has not run
+            for phase in PHASES:
+                out[phase].append([_seconds(getattr(marks[s], f"{phase}_start"), getattr(marks[s], f"{phase}_end"))
+                                   for s in range(len(self.devices))])
+        return out
+
+    def read(self) -> list[float]:
+        """Seconds each replica waited for the slowest one since the last reset (one number per slot)."""
+        waits = [0.0] * len(self.devices)
+        for per_micro_batch in self.phase_seconds().values():
+            for seconds in per_micro_batch:
+                slowest = max(seconds)
+                waits = [w + slowest - s for w, s in zip(waits, seconds)]
+        return waits
+
+    def phases(self) -> dict[str, list[float]]:
+        """Seconds each replica spent in forward and in backward since the last reset (one number per slot)."""
+        return {phase: [sum(column) for column in zip(*per_micro_batch)] if per_micro_batch
+                else [0.0] * len(self.devices)
+                for phase, per_micro_batch in self.phase_seconds().items()}
+
+
+def _seconds(start, end) -> float:
+    return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
+
+
+class TimedReplica(nn.Module):
+    """What every dp replica runs: the user's module under the run's autocast dtype, timed by the clock.
+
+    The dtype is entered inside the replica: nn.DataParallel runs each replica in a thread of its own and re-enters
+    autocast there without a dtype, and a new thread's CUDA autocast dtype is fp16, so bf16 runs would otherwise
+    train their replicas in fp16."""
+
+    def __init__(self, module: nn.Module, clock: ReplicaClock, device_type: str, dtype: torch.dtype | None):
+        super().__init__()
+        self.module, self.clock, self.device_type, self.dtype = module, clock, device_type, dtype
+        self._leaf_hook = None
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled() or not self.clock.micro_batches:
+            return self._run(args, kwargs)
+        slot = self.clock.slot_of(args)
+        marks = _Marks()
+        marks.forward_start = self.clock.mark(slot)
+        if self.clock.fault_delays[slot]:
+            time.sleep(self.clock.fault_delays[slot])
+        out = self._run(args, kwargs)
+        marks.forward_end = self.clock.mark(slot)
+        self.clock.micro_batches[-1][slot] = marks
+        self._time_backward(out, slot, marks)
+        return out
+
+    def _run(self, args, kwargs):
+        if self.dtype is None:
+            return self.module(*args, **kwargs)
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+    def _time_backward(self, out, slot: int, marks: _Marks) -> None:
+        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if first is None or not params:
+            return
+
+        def backward_started(grad):
+            marks.backward_start = self.clock.mark(slot)
+
+        def backward_done(_grads):
+            marks.backward_end = self.clock.mark(slot)
+
+        first.register_hook(backward_started)  # the output is new each forward: its hook goes with it
+        hook = torch.autograd.graph.register_multi_grad_hook(params, backward_done)
+        # A replica's parameters are new copies each forward too; the user's own parameters (one GPU, or the CPU:
+        # nothing replicated) would keep every step's hook.
+        if params[0].is_leaf:
+            if self._leaf_hook is not None:
+                self._leaf_hook.remove()
+            self._leaf_hook = hook
