@@ -67,7 +67,8 @@ class ReplicaClock:
         after the device has been synchronized."""
         out = {phase: [] for phase in PHASES}
         for marks in self.micro_batches:
-            if len(marks) != len(self.devices) or not all(m.backward_end is not None for m in marks.values()):
+            if len(marks) != len(self.devices) or any(getattr(m, name) is None for m in marks.values()
+                                                       for name in _Marks.__slots__):
                 continue  # a micro-batch smaller than the replicas, or one whose backward has not run
             for phase in PHASES:
                 out[phase].append([_seconds(getattr(marks[s], f"{phase}_start"), getattr(marks[s], f"{phase}_end"))
