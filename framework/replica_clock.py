@@ -3,9 +3,15 @@
 nn.DataParallel runs every replica's forward in a thread of its own on that GPU's current stream, and autograd
 runs each GPU's share of backward in that GPU's own thread. TimedReplica, the module every replica runs, marks
 there: forward start and end around the module, backward start when the output's gradient reaches that GPU,
-backward end when every parameter of the replica has its gradient (one multi-grad hook). On a GPU a mark is a
-CUDA event on the replica's stream, read at the log boundary only (after the meter's one sync); on the CPU (one
-replica, no DataParallel) a perf_counter reading.
+backward end when every parameter copy of the replica has its gradient (one multi-grad hook). With nothing
+replicated (one GPU, or the CPU) backward end is a callback queued on autograd's engine for the end of the
+backward: cheaper than a hook on every parameter each step.
+
+On a GPU a mark is a CUDA event on the replica's stream, read at the log boundary only (after the meter's one
+sync); on the CPU a perf_counter reading. On several GPUs the backward-end hook runs when autograd is about to sum
+the replicas' gradients, so after every replica's backward was queued; the event it records on the replica's
+stream still completes when that GPU has finished its own backward kernels, so a GPU-bound replica's backward end
+is its own.
 
 Busy and wait mean what they mean for ddp. The replicas meet after every forward (outputs gathered on the first
 GPU) and after every backward (gradients summed there), so in each phase a replica that finished before the
@@ -91,6 +97,14 @@ class ReplicaClock:
                 for phase, per_micro_batch in self.phase_seconds().items()}
 
 
+def _replica_parameters(module: nn.Module):
+    """The parameters this replica computes with. A DataParallel replica's parameters() is empty: replicate() sets
+    each copy as a plain attribute and lists it in `_former_parameters` (which DDP reads the same way)."""
+    for m in module.modules():
+        yield from (m._former_parameters.values() if hasattr(m, "_former_parameters")
+                    else m.parameters(recurse=False))
+
+
 def _seconds(start, end) -> float:
     return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
 
@@ -105,7 +119,6 @@ class TimedReplica(nn.Module):
     def __init__(self, module: nn.Module, clock: ReplicaClock, device_type: str, dtype: torch.dtype | None):
         super().__init__()
         self.module, self.clock, self.device_type, self.dtype = module, clock, device_type, dtype
-        self._leaf_hook = None
 
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled() or not self.clock.micro_batches:
@@ -129,21 +142,19 @@ class TimedReplica(nn.Module):
 
     def _time_backward(self, out, slot: int, marks: _Marks) -> None:
         first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        if first is None or not params:
+        if first is None:
             return
+        # DataParallel's replicas compute with non-leaf copies of the parameters, made anew each forward
+        copies = [p for p in _replica_parameters(self.module) if p.requires_grad and not p.is_leaf]
+
+        def backward_done(*_):
+            marks.backward_end = self.clock.mark(slot)
 
         def backward_started(grad):
             marks.backward_start = self.clock.mark(slot)
-
-        def backward_done(_grads):
-            marks.backward_end = self.clock.mark(slot)
+            if not copies:  # nothing replicated (one GPU, the CPU): this replica's backward is the whole backward
+                torch.autograd.Variable._execution_engine.queue_callback(backward_done)
 
         first.register_hook(backward_started)  # the output is new each forward: its hook goes with it
-        hook = torch.autograd.graph.register_multi_grad_hook(params, backward_done)
-        # A replica's parameters are new copies each forward too; the user's own parameters (one GPU, or the CPU:
-        # nothing replicated) would keep every step's hook.
-        if params[0].is_leaf:
-            if self._leaf_hook is not None:
-                self._leaf_hook.remove()
-            self._leaf_hook = hook
+        if copies:
+            torch.autograd.graph.register_multi_grad_hook(copies, backward_done)

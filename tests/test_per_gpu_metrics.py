@@ -171,6 +171,36 @@ def test_replica_waits_are_each_phases_slowest_replica_minus_its_own():
     assert clock.read() == [0.0, 0.0, 0.0]
 
 
+def _replica_as_data_parallel_builds_it(module: nn.Module) -> nn.Module:
+    """What torch.nn.parallel.replicate builds for each GPU (its Broadcast needs CUDA, so not callable here): every
+    module copied by _replicate_for_data_parallel (empty parameters()), each parameter a differentiable non-leaf copy
+    set as a plain attribute and listed in _former_parameters."""
+    copies = {m: m._replicate_for_data_parallel() for m in module.modules()}
+    for original, replica in copies.items():
+        replica._former_parameters = {}
+        for key, child in original._modules.items():
+            setattr(replica, key, copies[child])
+        for key, param in original._parameters.items():
+            replica._former_parameters[key] = param.clone()
+            setattr(replica, key, replica._former_parameters[key])
+    return copies[module]
+
+
+def test_a_data_parallel_replica_times_its_backward_through_its_parameter_copies():
+    from framework.replica_clock import ReplicaClock, TimedReplica
+
+    replica = _replica_as_data_parallel_builds_it(LeNet((1, 28, 28), 10))
+    assert list(replica.parameters()) == []  # what nn.DataParallel's replicas look like
+    clock = ReplicaClock([torch.device("cpu")])
+    timed = TimedReplica(replica, clock, "cpu", None)
+    for _ in range(2):
+        clock.begin_micro_batch()
+        timed(torch.randn(4, 1, 28, 28)).sum().backward()
+    phases = clock.phases()
+    assert len(clock.phase_seconds()["backward"]) == 2  # both micro-batches complete: backward's end was marked
+    assert phases["forward"][0] > 0 and phases["backward"][0] > 0
+
+
 def test_straggler_threshold_must_be_a_number_above_one(tmp_path):
     proc = run_train(["strategy=single", "trainer.straggler_threshold=1", *TINY], tmp_path, timeout=120)
     assert proc.returncode != 0
