@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchkit.alternation import alternate, median_of, ratio
+from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seconds_for
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
 from framework.paths import CONF_DIR
@@ -63,12 +62,6 @@ class TrainingStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def timed(self, steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            self()
-        return time.perf_counter() - start
-
 
 def main() -> None:
     args = parse_args()
@@ -79,13 +72,9 @@ def main() -> None:
         steps, first_step = {}, {}
         for name in variant_names:
             steps[name] = TrainingStep(model_name, VARIANTS[name], args.batch_size)
-            first_step[name] = steps[name].timed(1)
-            steps[name].timed(args.warmup_steps)
-
-        def rate(step: TrainingStep):
-            return lambda: {"steps_per_sec": args.steps / step.timed(args.steps)}
-
-        samples = alternate({name: rate(steps[name]) for name in variant_names}, args.repeats)
+            first_step[name] = seconds_for(steps[name], 1)
+            seconds_for(steps[name], args.warmup_steps)
+        samples = alternate_steps_per_sec(steps, args.steps, args.repeats)
         plain = median_of(samples.get("plain", []), "steps_per_sec")
         results[model_name] = {}
         for name in variant_names:

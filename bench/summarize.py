@@ -53,8 +53,15 @@ def speedups(r: dict, settings: dict) -> list[list[str]]:
              f"{_f(v['speedup_over_plain'])}x plain", ""] for model, variants in r.items() for variant, v in variants.items()]
 
 
+def replica_timing(r: dict, settings: dict) -> list[list[str]]:
+    return [[f"dp per-replica timing, {model} (in one process)",
+             f"{_f(m['timed_steps_per_sec'], 1)} timed vs {_f(m['plain_steps_per_sec'], 1)} plain steps/s",
+             f"ratio {_f(m['ratio'], 3)}, {_f(m['added_us_per_step'], 0)} us/step", ">= 0.98"]
+            for model, m in r.items()]
+
+
 TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategies": strategies,
-          "startup": startup, "speedups": speedups}
+          "startup": startup, "speedups": speedups, "replica_timing": replica_timing}
 
 
 def main() -> None:

@@ -60,10 +60,12 @@ class IntervalMeter:
         self.first_nonfinite = torch.where(already, self.first_nonfinite, float(step))
 
     def rows(self, optimizer_state_bytes: int = 0) -> torch.Tensor:
-        """One row per local slot (see COLUMNS). Synchronizes the device once, so seconds are real.
+        """One row per local slot (see COLUMNS). Synchronizes each of this process's GPUs once, so seconds are real
+        and every CUDA event the clocks recorded (dp: on each replica's own GPU) can be read.
         The optimizer state is this process's; it goes into its first slot (dp replicas hold none)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            for dev in self.memory_devices or [self.device]:
+                torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - self.start
         n = len(self.slot_sizes)
         rows = torch.zeros(n, len(COLUMNS), dtype=torch.float64)
