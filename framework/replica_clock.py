@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from framework.wait_clock import seconds_between, timestamp
+
 PHASES = ("forward", "backward")
 
 
@@ -61,12 +63,7 @@ class ReplicaClock:
         return self.devices.index(first.device)
 
     def mark(self, slot: int):
-        device = self.devices[slot]
-        if device.type != "cuda":
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(device))
-        return event
+        return timestamp(self.devices[slot])
 
     def phase_seconds(self) -> dict[str, list[list[float]]]:
         """{phase: [micro-batch][slot] seconds} of every complete micro-batch since the last reset; on a GPU call it
@@ -77,7 +74,7 @@ class ReplicaClock:
                                                        for name in _Marks.__slots__):
                 continue  # a micro-batch smaller than the replicas, or one whose backward has not run
             for phase in PHASES:
-                out[phase].append([_seconds(getattr(marks[s], f"{phase}_start"), getattr(marks[s], f"{phase}_end"))
+                out[phase].append([seconds_between(getattr(marks[s], f"{phase}_start"), getattr(marks[s], f"{phase}_end"))
                                    for s in range(len(self.devices))])
         return out
 
@@ -104,9 +101,6 @@ def _replica_parameters(module: nn.Module):
         yield from (m._former_parameters.values() if hasattr(m, "_former_parameters")
                     else m.parameters(recurse=False))
 
-
-def _seconds(start, end) -> float:
-    return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
 
 
 class TimedReplica(nn.Module):

@@ -13,8 +13,23 @@ import time
 import torch
 
 
+def timestamp(device: torch.device):
+    """Now, on `device`'s timeline: a CUDA event recorded on its current stream, or a perf_counter reading."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def seconds_between(start, end) -> float:
+    """Seconds from one timestamp() to a later one; for CUDA events, after the device has been synchronized."""
+    return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
+
+
 class WaitClock:
     def __init__(self, device: torch.device):
+        self.device = device
         self.cuda = device.type == "cuda"
         self.reset()
 
@@ -23,29 +38,22 @@ class WaitClock:
         self.spans: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.started = None
 
-    def _now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     def start(self) -> None:
         """This rank's own work is done from here on; a later start() moves the mark (the last bucket wins)."""
         if self.cuda and self.started is not None:
-            self.started.record()  # re-recorded: the latest record is the one elapsed_time reads
+            self.started.record(torch.cuda.current_stream(self.device))  # the latest record is the one read
         else:
-            self.started = self._now()
+            self.started = timestamp(self.device)
 
     def stop(self) -> None:
         """The rank is released: the span since the last start() was waiting."""
         if self.started is None:
             return
-        end = self._now()
+        end = timestamp(self.device)
         if self.cuda:
-            self.spans.append((self.started, end))
+            self.spans.append((self.started, end))  # read at the log boundary, after the sync
         else:
-            self.seconds += end - self.started
+            self.seconds += seconds_between(self.started, end)
         self.started = None
 
     @contextlib.contextmanager
@@ -63,13 +71,22 @@ class WaitClock:
 
     def read(self) -> float:
         """Seconds waited since the last reset; on a GPU call it after the device has been synchronized."""
-        return self.seconds + sum(a.elapsed_time(b) for a, b in self.spans) / 1000
+        return self.seconds + sum(seconds_between(a, b) for a, b in self.spans)
 
 
 def start_when_gradients_are_done(model: torch.nn.Module, clock: WaitClock) -> None:
-    """For engines that reduce gradients behind the optimizer (Horovod) or inside their own backward (DeepSpeed):
-    every parameter's gradient, once accumulated, moves the clock's start, so after the last one this rank's
-    backward is done and what follows until the engine hands the averaged gradients back is waiting."""
+    """For engines that reduce gradients behind the optimizer (Horovod) or inside their own backward (DeepSpeed): the
+    first parameter gradient accumulated in a backward queues clock.start() for the end of that backward (autograd
+    runs it after every gradient is accumulated, with the caller's streams current), so what follows until the
+    engine hands the averaged gradients back is waiting. One mark per backward, not one per parameter."""
+    queued_for = [None]  # the backward (autograd graph task) whose end is already queued
+
+    def gradient_accumulated(_):
+        task = torch._C._current_graph_task_id()
+        if task != queued_for[0]:
+            queued_for[0] = task
+            torch.autograd.Variable._execution_engine.queue_callback(clock.start)
+
     for p in model.parameters():
         if p.requires_grad:
-            p.register_post_accumulate_grad_hook(lambda _: clock.start())
+            p.register_post_accumulate_grad_hook(gradient_accumulated)
