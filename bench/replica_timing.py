@@ -56,7 +56,7 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=True)
         self.done += 1
         if self.clock is not None and self.done % self.log_every == 0:
-            self.clock.read(), self.clock.phases()
+            self.clock.read(1), self.clock.phases(1)
             self.clock.reset()
 
 

@@ -1,7 +1,12 @@
 """Training FLOPs per sample, counted once at start with torch.utils.flop_counter (forward + backward of one
 micro-batch). It runs on the meta device: shapes only, so no memory, no time on the GPU, and the real model's
-weights, gradients and BatchNorm running statistics are never touched."""
+weights, gradients and BatchNorm running statistics are never touched. Whatever the model's forward prints or warns
+while it is counted is dropped: that forward is ours, not a training step the user should see."""
 from __future__ import annotations
+
+import contextlib
+import io
+import warnings
 
 import torch
 from torch import nn
@@ -18,7 +23,15 @@ def training_flops_per_sample(model: nn.Module, in_shape, batch: int) -> float:
     The model is the user's plain module (no strategy wrapper); raises if its forward cannot run on meta tensors."""
     state = {name: _on_meta(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
     x = torch.empty((batch, *in_shape), device="meta")
-    with FlopCounterMode(display=False) as counter:
+    with _silenced(), FlopCounterMode(display=False) as counter:
         out = functional_call(model, state, (x,))
         out.float().sum().backward()
     return counter.get_total_flops() / batch
+
+
+@contextlib.contextmanager
+def _silenced():
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

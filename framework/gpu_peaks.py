@@ -11,6 +11,11 @@ is half of that. Sources (checked 2026-11):
   B200 (HGX B200, per GPU): Blackwell datasheet: FP32 75, TF32 2.2 PF*, BF16/FP16 4.5 PF*
 Variants whose figures differ and are not listed (H100/H200 NVL, GH200, B100, ...) are unknown: no MFU rather than
 a wrong one.
+
+A MIG slice ("NVIDIA H100 80GB HBM3 MIG 3g.40gb") has a share of the GPU's streaming multiprocessors, and its peak is
+that share of the whole GPU's (same clocks, same Tensor Cores per SM): the table's peak x its SMs / the full GPU's
+SMs (A100 108, H100 SXM 132, H100 PCIe 114, H200 132, B200 148: the datasheets' and whitepapers' SM counts). A slice
+whose SM count is not known gets no MFU.
 """
 from __future__ import annotations
 
@@ -25,7 +30,13 @@ _PEAKS = {
     "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05},
     "B200": {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0},
 }
+# streaming multiprocessors of the whole GPU, to scale a MIG slice's peak (L40S has no MIG)
+_FULL_SMS = {"A100": 108, "H100 SXM": 132, "H100 PCIe": 114, "H200": 132, "B200": 148}
 KNOWN = ", ".join(_PEAKS)
+
+
+def is_mig(device_name: str) -> bool:
+    return "MIG" in device_name.upper().split()
 
 
 def gpu_model(device_name: str) -> str | None:
@@ -58,6 +69,17 @@ def precision_key(trainer_precision: str, convolutions: bool = False) -> str:
     return "tf32" if matmul_tf32 or conv_tf32 else "fp32"
 
 
-def peak_tflops(device_name: str, trainer_precision: str, convolutions: bool = False) -> float | None:
+def peak_tflops(device_name: str, trainer_precision: str, convolutions: bool = False,
+                sm_count: int | None = None) -> float | None:
+    """Dense peak TFLOP/s of this device for the run's precision; a MIG slice's share by its `sm_count`
+    (torch.cuda.get_device_properties(i).multi_processor_count). None: unknown, no MFU."""
     model = gpu_model(device_name)
-    return _PEAKS[model][precision_key(trainer_precision, convolutions)] if model else None
+    if model is None:
+        return None
+    peak = _PEAKS[model][precision_key(trainer_precision, convolutions)]
+    if not is_mig(device_name):
+        return peak
+    full = _FULL_SMS.get(model)
+    if not full or not sm_count or sm_count > full:
+        return None
+    return peak * sm_count / full

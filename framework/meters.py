@@ -74,8 +74,8 @@ class IntervalMeter:
         rows[:, SECONDS] = seconds
         rows[:, STEPS] = self.steps
         rows[:, DATA_SECONDS] = self.data_seconds
-        rows[:, WAIT_SECONDS] = torch.as_tensor(self.wait_clock.read(), dtype=torch.float64) if self.wait_clock else math.nan
-        phases = self.wait_clock.phases() if self.wait_clock else None
+        rows[:, WAIT_SECONDS] = torch.as_tensor(self.wait_clock.read(n), dtype=torch.float64) if self.wait_clock else math.nan
+        phases = self.wait_clock.phases(n) if self.wait_clock else None
         rows[:, FORWARD_SECONDS] = torch.as_tensor(phases["forward"], dtype=torch.float64) if phases else math.nan
         rows[:, BACKWARD_SECONDS] = torch.as_tensor(phases["backward"], dtype=torch.float64) if phases else math.nan
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20

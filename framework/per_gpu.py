@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from framework.flops import training_flops_per_sample
-from framework.gpu_peaks import KNOWN, peak_tflops, precision_key
+from framework.gpu_peaks import KNOWN, is_mig, peak_tflops, precision_key
 from framework.meters import IntervalSummary
 
 
@@ -41,13 +41,18 @@ class Straggler:
                 f"(trainer.straggler_threshold={threshold:g})")
 
 
-def local_slots(strategy, precision: str, convolutions: bool) -> list[Slot]:
+def local_slots(strategy, slots: int, precision: str, convolutions: bool) -> list[Slot]:
+    """The first `slots` of this process's devices: those its micro-batch runs on (dp: device_ids[:chunks])."""
     host = socket.gethostname()
-    cuda = strategy.cuda_devices()
+    cuda = strategy.cuda_devices()[:slots]
     if not cuda:
-        return [Slot(host, str(strategy.device), "cpu", None) for _ in range(strategy.local_slots())]
-    return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision, convolutions))
+        return [Slot(host, str(strategy.device), "cpu", None) for _ in range(slots)]
+    return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision, convolutions, sm_count(i)))
             for i, name in ((i, torch.cuda.get_device_name(i)) for i in cuda)]
+
+
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 class PerGpu:
@@ -59,10 +64,15 @@ class PerGpu:
         """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
         the FLOPs and says what it can report."""
         convolutions = has_convolutions(model)
-        mine = local_slots(strategy, t.precision, convolutions)
+        used = len(strategy.slot_sizes(micro_batch))
+        mine = local_slots(strategy, used, t.precision, convolutions)
         slots = [s for rank_slots in strategy.gather_objects(mine) for s in rank_slots]
         flops = None
         if strategy.is_main:
+            if used < strategy.local_slots():
+                say(f"a micro-batch of {micro_batch} splits into {used} chunk(s), so {used} of the "
+                    f"{strategy.local_slots()} GPUs of this process train (nn.DataParallel gives each at least one "
+                    "sample); raise trainer.batch_size to use them all")
             try:
                 flops = training_flops_per_sample(model, in_shape, micro_batch)
                 say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
@@ -98,9 +108,13 @@ def has_convolutions(model: nn.Module) -> bool:
 def _mfu_note(slots: list[Slot], key: str) -> str:
     unknown = sorted({s.device_name for s in slots if s.peak_tflops is None})
     if not unknown:
-        peaks = ", ".join(sorted({f"{s.device_name} {s.peak_tflops:g}" for s in slots}))
-        return f"MFU against the dense {key} peak TFLOP/s ({peaks})"
+        peaks = ", ".join(sorted({f"{s.device_name} {s.peak_tflops:.4g}" for s in slots}))
+        mig = " (a MIG slice: the GPU's peak x its share of the SMs)" if any(is_mig(s.device_name) for s in slots) else ""
+        return f"MFU against the dense {key} peak TFLOP/s ({peaks}){mig}"
     if unknown == ["cpu"]:
         return "TFLOP/s without MFU: CPUs have no peak in the table (framework/gpu_peaks.py)"
+    if all(is_mig(name) for name in unknown):
+        return (f"TFLOP/s without MFU for {', '.join(unknown)}: a MIG slice of a GPU whose SM count is not in the "
+                "table (framework/gpu_peaks.py)")
     return (f"TFLOP/s without MFU for {', '.join(unknown)}: no dense peak known (the table has {KNOWN}; "
             "framework/gpu_peaks.py)")

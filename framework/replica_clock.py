@@ -8,10 +8,12 @@ replicated (one GPU, or the CPU) backward end is a callback queued on autograd's
 backward: cheaper than a hook on every parameter each step.
 
 On a GPU a mark is a CUDA event on the replica's stream, read at the log boundary only (after the meter's one
-sync); on the CPU a perf_counter reading. On several GPUs the backward-end hook runs when autograd is about to sum
-the replicas' gradients, so after every replica's backward was queued; the event it records on the replica's
-stream still completes when that GPU has finished its own backward kernels, so a GPU-bound replica's backward end
-is its own.
+sync); on the CPU a perf_counter reading. On several GPUs every replica's parameter copies come out of one Broadcast
+node, whose backward sums the replicas' gradients: each replica hooks that node once (not every copy: those hooks
+fire one after another on the backward's critical path), so the hooks run once every replica's backward has been
+queued. The event each one records on its replica's stream still completes when that GPU has finished its own
+backward kernels, so a GPU-bound replica's backward end is its own; a launch-bound one (a small model) shares the
+host moment of the slowest replica's launch, so its wait reads low (CAVEAT, said in the run's output).
 
 Busy and wait mean what they mean for ddp. The replicas meet after every forward (outputs gathered on the first
 GPU) and after every backward (gradients summed there), so in each phase a replica that finished before the
@@ -40,12 +42,18 @@ class _Marks:
         self.forward_start = self.forward_end = self.backward_start = self.backward_end = None
 
 
+CAVEAT = ("dp on several GPUs: a replica's backward ends when autograd sums the replicas' gradients; on a GPU-bound "
+          "replica that is its own end, but small (launch-bound) replicas share the slowest one's, so their "
+          "time/wait_ms reads low")
+
+
 class ReplicaClock:
     def __init__(self, devices: list[torch.device], fault_delays: list[float] | None = None):
         self.devices = devices  # one per slot (replica), in DataParallel's device_ids order
         # HYDRA_DIST_FAULT=slow_rank: seconds each replica sleeps in its forward, after its start mark, so its GPU
         # idles for that long inside the timed span: a slow GPU
         self.fault_delays = fault_delays or [0.0] * len(devices)
+        self.caveat = CAVEAT if len(devices) > 1 else None
         self.reset()
 
     def reset(self) -> None:
@@ -65,33 +73,33 @@ class ReplicaClock:
     def mark(self, slot: int):
         return timestamp(self.devices[slot])
 
-    def phase_seconds(self) -> dict[str, list[list[float]]]:
-        """{phase: [micro-batch][slot] seconds} of every complete micro-batch since the last reset; on a GPU call it
-        after the device has been synchronized."""
+    def phase_seconds(self, slots: int) -> dict[str, list[list[float]]]:
+        """{phase: [micro-batch][slot] seconds} of every complete micro-batch since the last reset that ran on the
+        first `slots` replicas (nn.DataParallel scatters a micro-batch over device_ids[:chunks], and a micro-batch
+        smaller than the GPUs makes fewer chunks); on a GPU call it after the device has been synchronized."""
         out = {phase: [] for phase in PHASES}
         for marks in self.micro_batches:
-            if len(marks) != len(self.devices) or any(getattr(m, name) is None for m in marks.values()
-                                                       for name in _Marks.__slots__):
-                continue  # a micro-batch smaller than the replicas, or one whose backward has not run
+            if sorted(marks) != list(range(slots)) or any(getattr(m, name) is None for m in marks.values()
+                                                         for name in _Marks.__slots__):
+                continue  # another number of replicas ran it, or its backward has not run
             for phase in PHASES:
                 out[phase].append([seconds_between(getattr(marks[s], f"{phase}_start"), getattr(marks[s], f"{phase}_end"))
-                                   for s in range(len(self.devices))])
+                                   for s in range(slots)])
         return out
 
-    def read(self) -> list[float]:
-        """Seconds each replica waited for the slowest one since the last reset (one number per slot)."""
-        waits = [0.0] * len(self.devices)
-        for per_micro_batch in self.phase_seconds().values():
+    def read(self, slots: int) -> list[float]:
+        """Seconds each of the first `slots` replicas waited for the slowest one since the last reset."""
+        waits = [0.0] * slots
+        for per_micro_batch in self.phase_seconds(slots).values():
             for seconds in per_micro_batch:
                 slowest = max(seconds)
                 waits = [w + slowest - s for w, s in zip(waits, seconds)]
         return waits
 
-    def phases(self) -> dict[str, list[float]]:
-        """Seconds each replica spent in forward and in backward since the last reset (one number per slot)."""
-        return {phase: [sum(column) for column in zip(*per_micro_batch)] if per_micro_batch
-                else [0.0] * len(self.devices)
-                for phase, per_micro_batch in self.phase_seconds().items()}
+    def phases(self, slots: int) -> dict[str, list[float]]:
+        """Seconds each of the first `slots` replicas spent in forward and in backward since the last reset."""
+        return {phase: [sum(column) for column in zip(*per_micro_batch)] if per_micro_batch else [0.0] * slots
+                for phase, per_micro_batch in self.phase_seconds(slots).items()}
 
 
 def _replica_parameters(module: nn.Module):
@@ -100,7 +108,6 @@ def _replica_parameters(module: nn.Module):
     for m in module.modules():
         yield from (m._former_parameters.values() if hasattr(m, "_former_parameters")
                     else m.parameters(recurse=False))
-
 
 
 class TimedReplica(nn.Module):
@@ -138,17 +145,18 @@ class TimedReplica(nn.Module):
         first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None)
         if first is None:
             return
-        # DataParallel's replicas compute with non-leaf copies of the parameters, made anew each forward
-        copies = [p for p in _replica_parameters(self.module) if p.requires_grad and not p.is_leaf]
+        # DataParallel's replicas compute with non-leaf copies of the parameters, made anew each forward by one
+        # Broadcast node (whose backward sums the replicas' gradients)
+        copy = next((p for p in _replica_parameters(self.module) if p.requires_grad and not p.is_leaf), None)
 
         def backward_done(*_):
             marks.backward_end = self.clock.mark(slot)
 
         def backward_started(grad):
             marks.backward_start = self.clock.mark(slot)
-            if not copies:  # nothing replicated (one GPU, the CPU): this replica's backward is the whole backward
+            if copy is None:  # nothing replicated (one GPU, the CPU): this replica's backward is the whole backward
                 torch.autograd.Variable._execution_engine.queue_callback(backward_done)
 
         first.register_hook(backward_started)  # the output is new each forward: its hook goes with it
-        if copies:
-            torch.autograd.graph.register_multi_grad_hook(copies, backward_done)
+        if copy is not None:
+            copy.grad_fn.register_prehook(backward_done)  # one hook on the node, not one per parameter copy

@@ -30,11 +30,15 @@ def use_channels_last(setting, model: nn.Module, device: torch.device, sample_sh
 
 
 def apply_speedups(model: nn.Module, cfg_trainer, device: torch.device, sample_shape=None,
-                   strategy_ok: bool = True) -> nn.Module:
-    """Return the model with the speed-ups `cfg_trainer` asks for, on `device`. A missing key means off;
-    the worker passes its already resolved channels_last (a bool) so batches and model agree."""
+                   strategy_ok: bool = True, move: bool = True) -> nn.Module:
+    """Return the model with the speed-ups `cfg_trainer` asks for, on `device` (move=False: where it is, for a
+    strategy that places it itself). A missing key means off; the worker passes its already resolved
+    channels_last (a bool) so batches and model agree."""
     layout = use_channels_last(cfg_trainer.get("channels_last", False), model, device, sample_shape, strategy_ok)
-    model = model.to(device=device, memory_format=torch.channels_last) if layout else model.to(device)
+    if layout:
+        model = model.to(device=device if move else None, memory_format=torch.channels_last)
+    elif move:
+        model = model.to(device)
     if cfg_trainer.get("compile", False):
         model = torch.compile(model)
     return model

@@ -73,8 +73,11 @@ class Trainer:
         self.lr_schedule.attach(optimizer)
         self.skip_nonfinite = self.t.on_nonfinite == "skip"
         memory_devices = [torch.device("cuda", i) for i in strategy.cuda_devices()]
-        self.meter = IntervalMeter(strategy.slot_sizes(micro_batch), strategy.device, memory_devices,
-                                   strategy.wait_clock)
+        slot_sizes = strategy.slot_sizes(micro_batch)
+        self.meter = IntervalMeter(slot_sizes, strategy.device, memory_devices, strategy.wait_clock)
+        caveat = getattr(strategy.wait_clock, "caveat", None)
+        if caveat and len(slot_sizes) > 1 and strategy.is_main:
+            say(f"note: {caveat}")
 
     def restore_totals(self, totals: dict) -> None:
         if totals:

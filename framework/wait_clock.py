@@ -28,6 +28,8 @@ def seconds_between(start, end) -> float:
 
 
 class WaitClock:
+    caveat = None  # what its numbers cannot show, said once at the start of a run (dp's replica clock has one)
+
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
@@ -65,12 +67,13 @@ class WaitClock:
         finally:
             self.stop()
 
-    def phases(self) -> None:
+    def phases(self, slots: int = 1) -> None:
         """No forward/backward split: that is dp's replica clock (framework/replica_clock.py)."""
         return None
 
-    def read(self) -> float:
-        """Seconds waited since the last reset; on a GPU call it after the device has been synchronized."""
+    def read(self, slots: int = 1) -> float:
+        """Seconds this process waited since the last reset (its one slot's); on a GPU call it after the device has
+        been synchronized."""
         return self.seconds + sum(seconds_between(a, b) for a, b in self.spans)
 
 

@@ -70,7 +70,7 @@ def _train(cfg, run_dir: Path, strategy, stop) -> dict | None:
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(t.channels_last, model, strategy.device, data.in_shape, strategy.channels_last_ok)
     model = strategy.wrap_model(apply_speedups(model, {"channels_last": channels_last, "compile": t.compile},
-                                               strategy.device))
+                                               strategy.device, move=not strategy.moves_model_itself))
     workers = strategy.world_size * strategy.local_slots()
     optimizer = build_optimizer(cfg, model.parameters(), workers)
     model, optimizer = strategy.wrap_optimizer(model, optimizer)

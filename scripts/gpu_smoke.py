@@ -3,15 +3,20 @@ and resumed. Prints one table; exits non-zero when anything failed. Without a GP
 
 Per cell: a run of 16 steps (checkpoint every 4) is SIGKILLed after step 6 on rank 0, then started again in the
 same run folder. ok means: the resumed run came back from step 4, trained exactly 16 steps, logged every step
-once with a finite loss, and the loss at the end is below the first one. One GPU: ddp runs 2 gloo ranks on it."""
+once with a finite loss, and the loss at the end is below the first one. One GPU: ddp runs 2 gloo ranks on it
+(fsdp one nccl rank: FSDP's collectives on CUDA tensors want nccl, and nccl one rank per GPU). A cell that runs
+past CELL_TIMEOUT_S is stopped with every process it started (the elastic agent's workers hold the GPUs) and shows
+as `timeout`. A precision a strategy refuses by design shows as `-`."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,19 +24,35 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, KILL_AFTER, RESUMED_FROM = 16, 6, 4
+CELL_TIMEOUT_S = 300  # per run; a cell is two runs
+PRECISIONS = ("fp32", "bf16", "fp16")
 COMMON = ["trainer.accelerator=gpu", "trainer.epochs=1", "trainer.batch_size=64", "trainer.log_every_n_steps=1",
           "trainer.checkpoint_every_n_steps=4", f"dataset.max_train_samples={STEPS * 64}",
           "dataset.max_test_samples=512", "trainer.progress_bar=false"]
 
 
-def strategies(gpus: int) -> dict[str, list[str]]:
+class CellTimeout(Exception):
+    pass
+
+
+class LeftProcesses(Exception):
+    """A run ended and left processes of its own running (a worker holding a GPU)."""
+
+
+def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
+    """name -> (overrides, the precisions it trains in: fsdp refuses fp16, which needs a loss scaler for sharded
+    gradients; cpu_offload runs once, in bf16)."""
+    fsdp = ["strategy=fsdp"] if gpus > 1 else ["strategy=fsdp", "strategy.nproc_per_node=1"]
     return {
-        "single": ["strategy=single"],
-        "dp": ["strategy=dp"],
-        "ddp": ["strategy=ddp"] if gpus > 1 else ["strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo"],
-        "deepspeed z2": ["strategy=deepspeed", "strategy.zero_stage=2"],
-        "deepspeed z3": ["strategy=deepspeed", "strategy.zero_stage=3"],
-        "horovod": ["strategy=horovod"],
+        "single": (["strategy=single"], PRECISIONS),
+        "dp": (["strategy=dp"], PRECISIONS),
+        "ddp": (["strategy=ddp"] if gpus > 1 else ["strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo"],
+                PRECISIONS),
+        "fsdp": (fsdp, ("fp32", "bf16")),
+        "fsdp cpu_offload": ([*fsdp, "strategy.cpu_offload=true"], ("bf16",)),
+        "deepspeed z2": (["strategy=deepspeed", "strategy.zero_stage=2"], PRECISIONS),
+        "deepspeed z3": (["strategy=deepspeed", "strategy.zero_stage=3"], PRECISIONS),
+        "horovod": (["strategy=horovod"], PRECISIONS),
     }
 
 
@@ -47,8 +68,31 @@ def missing_engine(name: str) -> str | None:
 
 
 def train(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, timeout=300)
+    """train.py in a process group of its own, so that a run past its time ends with every worker it started."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        out, err = proc.communicate(timeout=CELL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise CellTimeout from None
+    if not _group_ends(proc.pid, seconds=10):
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise LeftProcesses
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _group_ends(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def last_error(proc: subprocess.CompletedProcess) -> str:
@@ -65,6 +109,15 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def cell(strategy_args: list[str], precision: str, work: Path) -> str:
+    try:
+        return checked_cell(strategy_args, precision, work)
+    except CellTimeout:
+        return f"timeout: a run took over {CELL_TIMEOUT_S} s; stopped with all its processes"
+    except LeftProcesses:
+        return "failed: a run ended and left processes of its own running (stopped now)"
+
+
+def checked_cell(strategy_args: list[str], precision: str, work: Path) -> str:
     args = [*strategy_args, *COMMON, f"trainer.precision={precision}"]
     work.mkdir(parents=True)
     killed = train(args, work, env={"HYDRA_DIST_FAULT": f"kill_after_step:{KILL_AFTER}:0"})
@@ -97,15 +150,18 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     print(f"make test-gpu: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=REPO)
-    precisions = ["fp32", "bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp32", "fp16"]
+    precisions = [p for p in PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported()]
     rows = strategies(gpus)
     with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-smoke-") as tmp, ThreadPoolExecutor(max_workers=3) as pool:
         futures = {}
-        for name, strategy_args in rows.items():
+        for name, (strategy_args, trains_in) in rows.items():
             skip = missing_engine(name)
             for precision in precisions:
                 work = Path(tmp) / f"{name.replace(' ', '_')}-{precision}"
-                futures[name, precision] = skip or pool.submit(cell, strategy_args, precision, work)
+                if precision not in trains_in:
+                    futures[name, precision] = "-"
+                else:
+                    futures[name, precision] = skip or pool.submit(cell, strategy_args, precision, work)
         table = {key: f if isinstance(f, str) else f.result() for key, f in futures.items()}
     width = max(len(v) for v in table.values())
     print(f"\n| strategy | {' | '.join(p.ljust(width) for p in precisions)} |")
@@ -114,9 +170,10 @@ def main() -> int:
         print(f"| {name} | {' | '.join(table[name, p].ljust(width) for p in precisions)} |")
     print("\nok: samples/s per GPU (rank), peak allocated memory per GPU; each cell killed after step "
           f"{KILL_AFTER} and resumed from step {RESUMED_FROM}")
-    failed = tests.returncode not in (0, 5) or any(v.startswith("failed") for v in table.values())
+    bad = [v for v in table.values() if v.startswith(("failed", "timeout"))]
+    failed = tests.returncode not in (0, 5) or bool(bad)
     print(f"gpu tests: {'passed' if tests.returncode in (0, 5) else 'FAILED'}; matrix: "
-          f"{sum(v.startswith('ok') for v in table.values())} ok, {sum(v.startswith('failed') for v in table.values())} failed")
+          f"{sum(v.startswith('ok') for v in table.values())} ok, {len(bad)} failed or timed out")
     return 1 if failed else 0
 
 

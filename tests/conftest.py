@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's own pinning in a pytest of its own
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
 
@@ -20,23 +22,40 @@ TINY = [
 ]
 
 
-def on_cpu(args: list[str]) -> list[str]:
-    """A run's overrides with trainer.accelerator=cpu added unless they name an accelerator: the suite passes on
-    machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU timings, exact float
-    sums) says so. GPU tests pass trainer.accelerator=gpu (or auto) themselves."""
+# The accelerator of the test that runs now: gpu for a test marked gpu, cpu for every other (set per test below).
+_accelerator = ["cpu"]
+
+
+@pytest.fixture(autouse=True)
+def _test_accelerator(request):
+    """Pins the accelerator runs of this test use (see pin_accelerator), and after a GPU test puts back the current
+    CUDA device: a test that left set_device(1) would make the next one time cuda:0 while its work runs on cuda:1."""
+    gpu_test = request.node.get_closest_marker("gpu") is not None
+    _accelerator[0] = "gpu" if gpu_test else "cpu"
+    device = torch.cuda.current_device() if gpu_test and torch.cuda.is_available() else None
+    yield
+    _accelerator[0] = "cpu"
+    if device is not None:
+        torch.cuda.set_device(device)
+
+
+def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str]:
+    """A run's overrides with trainer.accelerator added unless they name one: cpu in a CPU test, gpu in a test marked
+    gpu. The suite passes on machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU
+    timings, exact float sums) says so, and a GPU test that forgets to ask for the GPU would run on the CPU."""
     if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
         return list(args)
     # right after the first override: Hydra's argument parser takes the overrides as one run of positional
     # arguments, and the user's own overrides keep their order (the sweep summary lists them as given)
     first = next((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
-    return [*args[:first], "trainer.accelerator=cpu", *args[first:]]
+    return [*args[:first], f"trainer.accelerator={accelerator or _accelerator[0]}", *args[first:]]
 
 
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
               launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """train.py as a real subprocess, on CPU workers unless args name an accelerator (see on_cpu)."""
+    """train.py as a real subprocess, on the test's accelerator unless args name one (see pin_accelerator)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = (launcher or [sys.executable]) + [str(TRAIN), *on_cpu(args)]
+    cmd = (launcher or [sys.executable]) + [str(TRAIN), *pin_accelerator(args)]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -83,6 +83,113 @@ def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default(
     assert dtypes["bare"] != torch.float16
 
 
+def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks_than_gpus():
+    """Batch 10 on 8 GPUs: nn.DataParallel scatters 5 chunks of 2 and runs replicas on device_ids[:5] only. The
+    clock (sized for the 8 device ids) is read for the 5 slots that ran, and the meter gives 5 rows (this crashed
+    at the first log boundary: a wait of 8 values for 5 rows)."""
+    from framework.meters import COLUMNS, SAMPLES, WAIT_SECONDS, IntervalMeter
+    from framework.replica_clock import _Marks
+    from framework.strategies.dp import chunk_sizes
+
+    assert chunk_sizes(10, 8) == [2, 2, 2, 2, 2] and chunk_sizes(30, 7) == [5] * 6 and chunk_sizes(4, 3) == [2, 2]
+    assert chunk_sizes(256, 8) == [32] * 8 and chunk_sizes(10, 1) == [10]
+    cpu = torch.device("cpu")
+    clock = ReplicaClock([cpu] * 8)
+    sizes = chunk_sizes(10, 8)
+    meter = IntervalMeter(sizes, cpu, [], clock)
+    for step in range(1, 3):
+        clock.begin_micro_batch()
+        for slot in range(len(sizes)):  # what TimedReplica marks on each replica that ran
+            marks = _Marks()
+            marks.forward_start, marks.forward_end = 0.0, 1.0 + slot
+            marks.backward_start, marks.backward_end = 5.0, 6.0
+            clock.micro_batches[-1][slot] = marks
+        meter.add_micro_batch(torch.ones(10))
+        meter.add_step(step)
+    rows = meter.rows()
+    assert rows.shape == (5, len(COLUMNS))
+    assert rows[:, SAMPLES].tolist() == [4.0] * 5
+    # per micro-batch, replica s waits (slowest forward 5 s) - its own (1 + s) s; two micro-batches
+    assert rows[:, WAIT_SECONDS].tolist() == pytest.approx([8.0, 6.0, 4.0, 2.0, 0.0])
+
+
+def test_counting_flops_runs_the_model_without_its_prints_reaching_the_user(capsys):
+    """The dp tutorial's model prints the size of every input it gets; FLOPs are counted with one forward on meta
+    tensors, which printed "input size (30, 5)" before any training step (and broke the GPU test that reads them)."""
+    from framework.flops import training_flops_per_sample
+    from framework.models.linear import LinearModel
+
+    flops = training_flops_per_sample(LinearModel((5,), 2, print_sizes=True), (5,), 30)
+    assert flops == 2 * (2 * 5 * 2)  # forward 2*5*2 FLOPs; backward the weight's gradient only (the input needs none)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_fsdp_with_cpu_offload_creates_its_group_with_gloo_for_cpu_tensors_beside_nccl():
+    """cpu_offload keeps sharded gradients in CPU memory, and clipping all-reduces them there: a bare "nccl" group
+    fails at the first step with "No backend type associated with device type cpu"."""
+    from framework.strategies.fsdp import FSDPStrategy
+
+    def backend(*overrides):
+        return FSDPStrategy(_composed("strategy=fsdp", *overrides)).backend()
+
+    assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true") == "cpu:gloo,cuda:nccl"
+    assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true", "strategy.backend=nccl") == "cpu:gloo,cuda:nccl"
+    assert backend("trainer.accelerator=gpu") == "nccl"
+    assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true", "strategy.backend=gloo") == "gloo"
+    assert backend("trainer.accelerator=cpu") == "gloo"
+
+
+def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkeypatch):
+    """Each worker takes GPU local_rank modulo the GPUs it sees, so 4 torchrun workers on 2 GPUs put two nccl ranks
+    on one GPU (nccl: "Duplicate GPU detected"). The device count is the one thing faked here: this machine has no
+    GPU."""
+    from framework.errors import ConfigError
+    from framework.strategies.ddp import DDPStrategy
+
+    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "HYDRA_DIST_SCHEDULER_RANKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    strategy = DDPStrategy(_composed("strategy=ddp", "trainer.accelerator=gpu"))
+    with pytest.raises(ConfigError, match="with 4 workers on this node.*shows each of them 2 GPU"):
+        strategy.validate_launch()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of 2: one GPU each
+    strategy.validate_launch()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    DDPStrategy(_composed("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo")).validate_launch()
+
+
+def test_a_mig_slice_gets_its_share_of_the_gpus_peak_or_no_mfu():
+    from framework.gpu_peaks import peak_tflops
+
+    full = peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
+    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", sm_count=60) == pytest.approx(full * 60 / 132)
+    assert peak_tflops("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16", sm_count=14) == pytest.approx(312 * 14 / 108)
+    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16") is None  # SMs unknown: no MFU, not a wrong one
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16", sm_count=132) == full
+
+
+def test_runs_of_a_gpu_marked_test_ask_for_the_gpu_and_of_any_other_for_the_cpu(pytester):
+    """The suite pins every run's accelerator from the test's mark (tests/conftest.py): a GPU test that forgot to
+    ask for the GPU trained on gloo CPU workers under the CPU pin and failed on every GPU machine."""
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(test_pins="""
+        import pytest
+        from conftest import pin_accelerator
+
+        @pytest.mark.gpu
+        def test_gpu():
+            assert pin_accelerator(["strategy=ddp", "x=1"]) == ["strategy=ddp", "trainer.accelerator=gpu", "x=1"]
+
+        def test_cpu():
+            assert pin_accelerator(["strategy=ddp"]) == ["strategy=ddp", "trainer.accelerator=cpu"]
+            assert pin_accelerator(["trainer.accelerator=gpu"]) == ["trainer.accelerator=gpu"]
+    """)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 def _composed(*overrides: str):
@@ -132,6 +239,9 @@ def test_memory_peaks_are_per_interval_so_evaluation_does_not_leak_into_training
 @needs_gpus(2)
 def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
     from framework.strategies.dp import DataParallelStrategy
+
+    if not torch.cuda.is_bf16_supported():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
 
     cfg = _composed("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16", "trainer.accelerator=gpu")
     strategy = DataParallelStrategy(cfg)

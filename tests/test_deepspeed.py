@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, losses_by_step, needs_gpu, on_cpu, read_scalars,
+from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
                       run_dirs, run_train)
 
 try:
@@ -213,7 +213,7 @@ def test_without_deepspeed_the_strategy_says_how_to_install_it_and_others_never_
     # The same train.py, with `import deepspeed` made to fail as if the package were not installed.
     hide = ("import sys, runpy; sys.modules['deepspeed'] = None; "
             f"sys.argv = [{str(TRAIN)!r}] + sys.argv[1:]; runpy.run_path({str(TRAIN)!r}, run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", hide, *on_cpu([*DEEPSPEED, *COMMON])], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", hide, *pin_accelerator([*DEEPSPEED, *COMMON])], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode != 0
     assert "DeepSpeed is not installed" in proc.stderr and "pip install '.[deepspeed]'" in proc.stderr, proc.stderr
@@ -232,15 +232,29 @@ def test_under_torchrun_deepspeed_uses_the_started_workers(tmp_path):
     assert (run_dir / "deepspeed_config.json").is_file() and (run_dir / "checkpoints" / "step-00000012.json").is_file()
 
 
+def _every_gpu_args(gpus: int, stage: int, precision: str) -> list[str]:
+    """STEPS steps of 64 samples per GPU in 2 micro-batches, all in epoch 1 whatever the number of GPUs."""
+    batch = 64 * gpus
+    return ["strategy=deepspeed", f"strategy.zero_stage={stage}", f"trainer.precision={precision}",
+            "trainer.grad_accum=2", "trainer.grad_clip=1.0", f"trainer.batch_size={batch}",
+            f"dataset.max_train_samples={batch * STEPS}",
+            *(a for a in COMMON if not a.startswith(("trainer.batch_size=", "dataset.max_train_samples=")))]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 3, 4, 5, 8])
+def test_the_every_gpu_run_has_its_steps_on_any_number_of_gpus(gpus):
+    """The GPU test below, checked here for the machines it may run on: its data holds STEPS steps in one epoch."""
+    args = dict(a.split("=", 1) for a in _every_gpu_args(gpus, 2, "bf16"))
+    batch, samples = int(args["trainer.batch_size"]), int(args["dataset.max_train_samples"])
+    assert int(args["trainer.max_steps"]) == STEPS and samples // batch == STEPS and batch % (gpus * 2) == 0
+
+
 @needs_gpu
 @pytest.mark.parametrize("stage", [2, 3])
 def test_cuda_bf16_zero_trains_on_every_gpu_with_nccl(tmp_path, stage):
     gpus = torch.cuda.device_count()
     precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    out = check_ok(_run(tmp_path, ["strategy=deepspeed", f"strategy.zero_stage={stage}",
-                                   f"trainer.precision={precision}", "trainer.grad_accum=2", "trainer.grad_clip=1.0",
-                                   f"trainer.batch_size={64 * gpus}",
-                                   *(a for a in COMMON if not a.startswith("trainer.batch_size="))]))
+    out = check_ok(_run(tmp_path, _every_gpu_args(gpus, stage, precision)))
     assert f"{gpus} process(es) on cuda" in out
     [run_dir] = run_dirs(tmp_path)
     config = json.loads((run_dir / "deepspeed_config.json").read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TRAIN, on_cpu, processes_tagged
+from conftest import TRAIN, pin_accelerator, processes_tagged
 from framework.checkpoints.store import list_checkpoints, newest_valid, verify
 from framework.progress import Console
 
@@ -44,7 +44,7 @@ def small_filesystem(path: Path, size: str):
 
 def _start(run_dir: Path, args: list[str], tag: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    return subprocess.Popen([sys.executable, str(TRAIN), *on_cpu([*args, f"hydra.run.dir={run_dir}"])],
+    return subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator([*args, f"hydra.run.dir={run_dir}"])],
                             cwd=run_dir.parent, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

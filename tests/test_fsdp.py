@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import assert_killed_run_resumes, check_ok, losses_by_step, read_scalars, run_dirs, run_train
+from conftest import assert_killed_run_resumes, check_ok, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train
 
 STEPS = 20
 # 32 steps per epoch, so 20 steps stay in epoch 1; a checkpoint every 8 steps (8, 16, and 20 at the end).
@@ -165,3 +165,54 @@ def test_under_torchrun_like_ddp(tmp_path):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["strategy"] == "fsdp" and result["processes"] == 2 and result["steps"] == 4
     assert json.loads((run_dir / "checkpoints" / "step-00000004.json").read_text())["format"] == "dcp"
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+def _fsdp_on_every_gpu():
+    import torch
+
+    gpus = torch.cuda.device_count()
+    return ["strategy=fsdp", f"strategy.nproc_per_node={gpus}", f"trainer.batch_size={32 * gpus}",
+            f"dataset.max_train_samples={32 * gpus * STEPS}"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp_trains_on_every_gpu_with_nccl_and_resumes_after_a_kill(tmp_path, precision):
+    import torch
+
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
+    args = [*_fsdp_on_every_gpu(), *(a for a in COMMON if not a.startswith(("trainer.batch_size=", "dataset.max_train"))),
+            f"trainer.precision={precision}"]
+    reference, _ = _train(tmp_path / "reference", args)
+    result = json.loads((reference / "result.json").read_text())
+    assert result["device"] == "cuda" and result["processes"] == torch.cuda.device_count() and result["steps"] == STEPS
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    assert _run(killed, args, env={"HYDRA_DIST_FAULT": "kill_after_step:10:0"}).returncode != 0
+    [run_dir] = run_dirs(killed)
+    out = check_ok(_run(killed, [*args, f"hydra.run.dir={run_dir}"]))
+    assert "resumed from" in out and "(step 8" in out
+    expected, got = losses_by_step(reference), losses_by_step(run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(9, STEPS + 1):  # GPU kernels may sum in another order; a restart from scratch is far off
+        assert got[step] == pytest.approx(expected[step], rel=2e-2), f"step {step}"
+
+
+@needs_gpu
+def test_fsdp_cpu_offload_clips_and_resumes_a_batchnorm_model_from_a_file_checkpoint(tmp_path):
+    """cpu_offload: sharded gradients in CPU memory are clipped (an all-reduce of CPU tensors, which needs gloo in
+    the group beside nccl), and a single-process checkpoint of a model with BatchNorm buffers (which stay on the
+    GPU while the parameters' shards are in CPU memory) loads as a full state dict."""
+    small = ["model=resnet18", "dataset=synthetic", "dataset.shape=[3,16,16]", "dataset.train_size=512",
+             "dataset.test_size=64", "trainer.batch_size=32", "trainer.max_steps=8", "trainer.log_every_n_steps=1",
+             "trainer.grad_clip=0.5"]
+    single, _ = _train(tmp_path / "single", ["strategy=single", *small])
+    offload = [*_fsdp_on_every_gpu()[:2], "strategy.cpu_offload=true", *small, "trainer.max_steps=12",
+               f"trainer.resume={single}"]
+    run_dir, out = _train(tmp_path / "offload", offload)
+    assert "resumed from" in out and "(step 8" in out
+    losses = losses_by_step(run_dir)
+    assert sorted(losses) == list(range(9, 13)) and all(v == v for v in losses.values())

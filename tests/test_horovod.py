@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import (TINY, TRAIN, assert_curves_match, check_ok, losses_by_step, needs_gpu, on_cpu, read_scalars, run_dirs,
+from conftest import (TINY, TRAIN, assert_curves_match, check_ok, losses_by_step, needs_gpu, pin_accelerator, read_scalars, run_dirs,
                       run_train, train_loss_curve)
 
 try:
@@ -160,7 +160,7 @@ def test_a_signal_stops_every_worker_and_says_how_to_resume(tmp_path, sig):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
     args = ["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
             "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(args)], cwd=tmp_path, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in proc.stdout:
         if " step 6/" in line:
@@ -194,7 +194,7 @@ def _train_without_horovod(args, cwd):
     is Python's own way to make an import fail)."""
     code = ("import runpy, sys; sys.modules['horovod'] = None; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
-    return subprocess.run([sys.executable, "-c", code, str(TRAIN), *on_cpu(args)], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code, str(TRAIN), *pin_accelerator(args)], cwd=cwd, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, TRAIN, check_ok, on_cpu, processes_tagged, read_scalars, run_dirs, run_train
+from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, processes_tagged, read_scalars, run_dirs, run_train
 
 pytest.importorskip("horovod.torch")
 HOROVODRUN = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "2", "-H", "localhost:2",
@@ -60,7 +60,7 @@ def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
     args = ["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
             "dataset.max_train_samples=1024", "dataset.max_test_samples=128"]
     # a terminal's Ctrl-C reaches the whole foreground process group: horovodrun and every worker
-    proc = subprocess.Popen([*HOROVODRUN, str(TRAIN), *on_cpu(args)], cwd=tmp_path, env=env, text=True,
+    proc = subprocess.Popen([*HOROVODRUN, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     seen = []
     for line in proc.stdout:

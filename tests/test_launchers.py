@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, TINY, TRAIN, check_ok, on_cpu, read_scalars, run_dirs, run_train
+from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, read_scalars, run_dirs, run_train
 
 
 def _summary_rows(sweep_dir):
@@ -56,7 +56,7 @@ def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tasks = [
-        subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(["strategy=ddp", *TINY, "trainer.max_steps=8"])], cwd=tmp_path,
+        subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(["strategy=ddp", *TINY, "trainer.max_steps=8"])], cwd=tmp_path,
                          env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "PYTHONUNBUFFERED": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(2)

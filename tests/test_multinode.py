@@ -4,7 +4,7 @@ import socket
 import subprocess
 import sys
 
-from conftest import TINY, TRAIN, on_cpu, run_dirs
+from conftest import TINY, TRAIN, pin_accelerator, run_dirs
 
 
 def _free_port() -> int:
@@ -19,7 +19,7 @@ def test_two_nodes_rendezvous_and_train_as_one_job(tmp_path):
     nodes = []
     for name in ("node_a", "node_b"):
         (tmp_path / name).mkdir()
-        nodes.append(subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(args)], cwd=tmp_path / name,
+        nodes.append(subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path / name,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=240)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outputs

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, check_ok, on_cpu, run_dirs, run_train
+from conftest import REPO, TINY, check_ok, pin_accelerator, run_dirs, run_train
 
 CONF_FILES = sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml"))
 
@@ -59,7 +59,7 @@ def test_installed_command_composes_from_the_packaged_conf(installed, tmp_path):
 
 
 def test_installed_command_trains_ddp_from_outside_the_repo(installed, tmp_path):
-    out = check_ok(_command(installed, "hydra-dist", on_cpu(["strategy=ddp", "strategy.nproc_per_node=2", *TINY,
+    out = check_ok(_command(installed, "hydra-dist", pin_accelerator(["strategy=ddp", "strategy.nproc_per_node=2", *TINY,
                                                              "trainer.max_steps=8"]), tmp_path))
     assert "done: test accuracy" in out
     [run_dir] = run_dirs(tmp_path)

@@ -4,11 +4,11 @@ import os
 import subprocess
 import sys
 
-from conftest import TINY, TRAIN, on_cpu, run_dirs
+from conftest import TINY, TRAIN, pin_accelerator, run_dirs
 
 
 def test_two_ddp_runs_at_once_get_their_own_folders_and_ports(tmp_path):
-    args = [sys.executable, str(TRAIN), *on_cpu(["strategy=ddp", "strategy.nproc_per_node=2", *TINY, "trainer.max_steps=6"])]
+    args = [sys.executable, str(TRAIN), *pin_accelerator(["strategy=ddp", "strategy.nproc_per_node=2", *TINY, "trainer.max_steps=6"])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]

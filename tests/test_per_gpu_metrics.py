@@ -165,40 +165,68 @@ def test_replica_waits_are_each_phases_slowest_replica_minus_its_own():
         unfinished,  # not counted
     ]
     # forward: slot 0 was the slowest (2 s), slots 1 and 2 waited 1 s; backward: slot 2 waited 1 s
-    assert clock.read() == pytest.approx([0.0, 1.0, 2.0])
-    assert clock.phases() == {"forward": pytest.approx([3.0, 2.0, 2.0]), "backward": pytest.approx([3.0, 3.0, 2.0])}
+    assert clock.read(3) == pytest.approx([0.0, 1.0, 2.0])
+    assert clock.phases(3) == {"forward": pytest.approx([3.0, 2.0, 2.0]), "backward": pytest.approx([3.0, 3.0, 2.0])}
+    # the micro-batch that ran on the first 2 replicas only, read as what a run of 2 slots has
+    assert clock.read(2) == pytest.approx([2.0, 0.0]) and clock.phases(2)["forward"] == pytest.approx([1.0, 3.0])
     clock.reset()
-    assert clock.read() == [0.0, 0.0, 0.0]
+    assert clock.read(3) == [0.0, 0.0, 0.0]
 
 
-def _replica_as_data_parallel_builds_it(module: nn.Module) -> nn.Module:
-    """What torch.nn.parallel.replicate builds for each GPU (its Broadcast needs CUDA, so not callable here): every
-    module copied by _replicate_for_data_parallel (empty parameters()), each parameter a differentiable non-leaf copy
-    set as a plain attribute and listed in _former_parameters."""
-    copies = {m: m._replicate_for_data_parallel() for m in module.modules()}
-    for original, replica in copies.items():
-        replica._former_parameters = {}
-        for key, child in original._modules.items():
-            setattr(replica, key, copies[child])
-        for key, param in original._parameters.items():
-            replica._former_parameters[key] = param.clone()
-            setattr(replica, key, replica._former_parameters[key])
-    return copies[module]
+class _BroadcastLike(torch.autograd.Function):
+    """What torch.nn.parallel's Broadcast is to autograd (it needs CUDA, so it is not callable here): one node whose
+    outputs are every replica's copy of every parameter, and whose backward sums the replicas' gradients."""
+
+    @staticmethod
+    def forward(ctx, replicas, *params):
+        ctx.count = len(params)
+        return tuple(p.clone() for _ in range(replicas) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        per_param = [sum(g for g in grads[i::ctx.count] if g is not None) for i in range(ctx.count)]
+        return (None, *per_param)
 
 
-def test_a_data_parallel_replica_times_its_backward_through_its_parameter_copies():
+def _replicas_as_data_parallel_builds_them(module: nn.Module, count: int) -> list[nn.Module]:
+    """What torch.nn.parallel.replicate builds for each GPU: every module copied by _replicate_for_data_parallel
+    (empty parameters()), each parameter a differentiable non-leaf copy out of one broadcast node, set as a plain
+    attribute and listed in _former_parameters."""
+    params = list(module.parameters())
+    copies = _BroadcastLike.apply(count, *params)
+    index = {p: i for i, p in enumerate(params)}
+    replicas = []
+    for r in range(count):
+        modules = {m: m._replicate_for_data_parallel() for m in module.modules()}
+        for original, replica in modules.items():
+            replica._former_parameters = {}
+            for key, child in original._modules.items():
+                setattr(replica, key, modules[child])
+            for key, param in original._parameters.items():
+                replica._former_parameters[key] = copies[r * len(params) + index[param]]
+                setattr(replica, key, replica._former_parameters[key])
+        replicas.append(modules[module])
+    return replicas
+
+
+def test_data_parallel_replicas_time_their_backward_through_their_parameter_copies():
     from framework.replica_clock import ReplicaClock, TimedReplica
 
-    replica = _replica_as_data_parallel_builds_it(LeNet((1, 28, 28), 10))
-    assert list(replica.parameters()) == []  # what nn.DataParallel's replicas look like
-    clock = ReplicaClock([torch.device("cpu")])
-    timed = TimedReplica(replica, clock, "cpu", None)
+    model = LeNet((1, 28, 28), 10)
+    clock = ReplicaClock([torch.device("cpu")] * 2)
     for _ in range(2):
         clock.begin_micro_batch()
-        timed(torch.randn(4, 1, 28, 28)).sum().backward()
-    phases = clock.phases()
-    assert len(clock.phase_seconds()["backward"]) == 2  # both micro-batches complete: backward's end was marked
-    assert phases["forward"][0] > 0 and phases["backward"][0] > 0
+        replicas = _replicas_as_data_parallel_builds_them(model, 2)  # anew each forward, as nn.DataParallel does
+        assert list(replicas[0].parameters()) == []  # what nn.DataParallel's replicas look like
+        outputs = []
+        for slot, replica in enumerate(replicas):
+            clock.slot_of = lambda args, slot=slot: slot  # two "GPUs" that are both the CPU
+            outputs.append(TimedReplica(replica, clock, "cpu", None)(torch.randn(4, 1, 28, 28)))
+        torch.cat(outputs).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    seconds = clock.phase_seconds(2)
+    assert len(seconds["backward"]) == 2  # both micro-batches complete: each replica's backward end was marked
+    assert all(s > 0 for per_micro_batch in seconds.values() for row in per_micro_batch for s in row)
 
 
 def test_straggler_threshold_must_be_a_number_above_one(tmp_path):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import TINY, TRAIN, check_ok, on_cpu, read_scalars, run_dirs, run_train
+from conftest import TINY, TRAIN, check_ok, pin_accelerator, read_scalars, run_dirs, run_train
 
 PLAIN_INTERVAL = re.compile(r"^epoch 1/\d step 4/\d+ \| loss \d+\.\d{4} \| [\d,]+ samples/s \(per rank: ", re.M)
 BAR = re.compile(r"\r\x1b\[Kepoch \d/\d \[[#-]+\] +\d+% step \d+/\d+ \| [\d,]+ samples/s \| loss \d+\.\d{4} \| ETA \d:\d\d:\d\d")
@@ -19,7 +19,7 @@ def _run_on_a_terminal(args: list[str], cwd, timeout: float = 240) -> tuple[int,
     """train.py with stdout and stderr on a pseudo-terminal, as in an interactive shell."""
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "150"}
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(args)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=slave, stderr=slave, close_fds=True)
     os.close(slave)
     chunks, deadline = [], time.monotonic() + timeout

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN, check_ok, on_cpu, processes_tagged, run_train
+from conftest import TRAIN, check_ok, pin_accelerator, processes_tagged, run_train
 from framework.checkpoints.store import newest_valid
 
 RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
@@ -21,7 +21,7 @@ RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_st
 def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6):
     tag = uuid.uuid4().hex
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *on_cpu(args)], cwd=cwd, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
     for line in proc.stdout:

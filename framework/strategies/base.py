@@ -40,6 +40,8 @@ class Strategy:
     wait_clock = None
     # True: HYDRA_DIST_FAULT=slow_rank:<s>:<r> slows slot r (a dp replica) inside the strategy, not the process
     slows_replicas = False
+    # True: wrap_model takes the model in CPU memory and puts it on the device itself (piece by piece)
+    moves_model_itself = False
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg

@@ -16,6 +16,7 @@ from framework.errors import ConfigError
 from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
 from framework.launch.environment import TORCH, launched_externally, restart_attempt, threads_per_worker
+from framework.launch.slurm import scheduler_name
 from framework.strategies.base import Strategy
 from framework.wait_clock import WaitClock
 
@@ -96,13 +97,8 @@ class DDPStrategy(Strategy):
                 "strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use strategy.backend=gloo "
                 "(or auto) for CPU workers"
             )
-        if self.use_cuda and not launched_externally():
-            gpus = torch.cuda.device_count()
-            if self.nproc_per_node() > gpus and self.backend() == "nccl":
-                raise ConfigError(
-                    f"strategy.nproc_per_node={self.nproc_per_node()} is not allowed with nccl: this machine has "
-                    f"{gpus} GPU(s) and nccl needs one GPU per worker; use at most {gpus}, or strategy.backend=gloo"
-                )
+        if self.use_cuda and "nccl" in self.backend():
+            self._validate_one_gpu_per_worker()
         if nnodes > 1 and not self.options.rdzv_endpoint:
             raise ConfigError(
                 f"strategy.nnodes={nnodes} needs strategy.rdzv_endpoint=HOST:PORT (the same on every node; "
@@ -110,6 +106,23 @@ class DDPStrategy(Strategy):
             )
         if rdzv_backend == "static" and self.options.node_rank is None and nnodes > 1:
             raise ConfigError("strategy.rdzv_backend=static needs strategy.node_rank (0..nnodes-1) on every node")
+
+    def _validate_one_gpu_per_worker(self) -> None:
+        """nccl refuses two ranks on one GPU ("Duplicate GPU detected"), and each worker takes GPU local_rank modulo
+        the GPUs it sees. Under SLURM/submitit each task may see GPUs of its own (--gpus-per-task), so only torch's
+        launchers, whose workers all see the node's GPUs, are counted here."""
+        gpus = torch.cuda.device_count()
+        if not launched_externally():
+            if self.nproc_per_node() > gpus:
+                raise ConfigError(
+                    f"strategy.nproc_per_node={self.nproc_per_node()} is not allowed with nccl: this machine has "
+                    f"{gpus} GPU(s) and nccl needs one GPU per worker; use at most {gpus}, or strategy.backend=gloo")
+        elif scheduler_name() is None and self.nproc_per_node() > gpus:
+            raise ConfigError(
+                f"strategy={self.name} with nccl is not allowed with {self.nproc_per_node()} workers on this node: the "
+                f"launcher started them (LOCAL_WORLD_SIZE={self.nproc_per_node()}) and the node shows each of them "
+                f"{gpus} GPU(s), so two workers would share a GPU, which nccl refuses; start at most {gpus} per node "
+                "(torchrun --nproc-per-node), or use strategy.backend=gloo")
 
     def launch(self, entry, payload):
         o = self.options

@@ -80,7 +80,13 @@ class DataParallelStrategy(Strategy):
         return list(self.device_ids)
 
     def slot_sizes(self, batch: int) -> list[int]:
-        # nn.DataParallel scatters with torch.chunk semantics: ceil(batch / n) per replica, the rest on the last ones.
-        if len(self.device_ids) <= 1:
-            return [batch]
-        return [len(c) for c in torch.arange(batch).chunk(len(self.device_ids))]
+        return chunk_sizes(batch, len(self.device_ids))
+
+
+def chunk_sizes(batch: int, replicas: int) -> list[int]:
+    """How nn.DataParallel scatters a batch over `replicas` GPUs: torch.chunk's ceil(batch / replicas) per replica,
+    so a batch smaller than the GPUs (or one that divides badly: 10 over 8 is 5 chunks of 2) runs on fewer
+    replicas, device_ids[:chunks]; the others get nothing and are not slots of the run."""
+    if replicas <= 1:
+        return [batch]
+    return [len(c) for c in torch.arange(batch).chunk(replicas)]

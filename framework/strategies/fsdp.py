@@ -46,6 +46,17 @@ class FSDPStrategy(DDPStrategy):
     checkpoint_format = "dcp"
     readable_formats = ("dcp", "file")  # a single-file checkpoint (single, ddp, dp) loads as a full state dict
     channels_last_refusal = "fully_shard only shards contiguous parameters, and channels_last conv weights are not"
+    # fully_shard moves one unit at a time to the GPU and keeps only its shard there (or in CPU memory, with
+    # cpu_offload): a model larger than one GPU never sits there whole
+    moves_model_itself = True
+
+    def backend(self) -> str:
+        """With cpu_offload the sharded gradients live in CPU memory, and clipping and the non-finite check
+        all-reduce them there: the group needs gloo for CPU tensors beside nccl for CUDA ones (pytorch#148532)."""
+        backend = super().backend()
+        if self.options.cpu_offload and self.use_cuda and backend == "nccl":
+            return "cpu:gloo,cuda:nccl"
+        return backend
 
     # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
@@ -99,6 +110,7 @@ class FSDPStrategy(DDPStrategy):
         return [m for m in reversed(list(model.modules())) if m is not model and type(m).__name__ in names]
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         o = self.options
@@ -106,9 +118,13 @@ class FSDPStrategy(DDPStrategy):
         # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
         offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
+        # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
+        # trainer.accelerator=cpu run on a GPU machine onto the GPU.
+        options = dict(mesh=init_device_mesh(self.device.type, (self.world_size,)),
+                       reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
         for unit in self.shard_units(model):
-            fully_shard(unit, reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
-        fully_shard(model, reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
         return model
 
     def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
@@ -169,6 +185,23 @@ class FSDPStrategy(DDPStrategy):
             "state": {names[i]: s for i, s in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
-                       options=StateDictOptions(full_state_dict=True))
+        with _buffers_in_cpu_memory(model, self.options.cpu_offload):
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
+                           options=StateDictOptions(full_state_dict=True))
         return restore_progress(state, self.rank, self.world_size, self.cfg.trainer.batch_size, self.cuda_devices())
+
+
+@contextlib.contextmanager
+def _buffers_in_cpu_memory(model: nn.Module, offloaded: bool):
+    """With cpu_offload the parameters' shards live in CPU memory while buffers (BatchNorm's statistics) stay on the
+    GPU, and loading a full state dict refuses a model on two devices ("Multiple devices found"): the buffers join
+    the parameters in CPU memory for the load and go back afterwards."""
+    buffers = list(model.buffers()) if offloaded else []
+    devices = [b.device for b in buffers]
+    for b in buffers:
+        b.data = b.data.cpu()
+    try:
+        yield
+    finally:
+        for b, device in zip(buffers, devices):
+            b.data = b.data.to(device)
