@@ -1,4 +1,4 @@
-"""What dp's per-replica timing (framework/replica_clock.py) costs per training step, on CPU, in this one process.
+"""What dp's per-replica timing (framework/telemetry/replica_clock.py) costs per training step, on CPU, in this one process.
 
 `plain` is the model as strategy=dp ran it on the CPU before the timing existed; `timed` is what dp runs now: the
 model inside TimedReplica, the outer forward pre-hook that opens a micro-batch, the four marks per step, and the
@@ -20,7 +20,7 @@ from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seco
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
 from framework.paths import CONF_DIR
-from framework.replica_clock import ReplicaClock, TimedReplica
+from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
 
 SAMPLE = (1, 28, 28)  # Fashion-MNIST
 

@@ -1,4 +1,4 @@
-"""trainer.channels_last and trainer.compile (framework/speedups.py) on CPU: training steps/s of each model
+"""trainer.channels_last and trainer.compile (framework/training/speedups.py) on CPU: training steps/s of each model
 with each combination, in this one process. A step is what train.py's loop does with in-memory data:
 normalize a uint8 batch (and make it channels_last when the model is), forward, cross-entropy,
 backward, Adam step. The first step of each variant is timed on its own (it holds torch.compile's
@@ -20,7 +20,7 @@ from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seco
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
 from framework.paths import CONF_DIR
-from framework.speedups import apply_speedups
+from framework.training.speedups import apply_speedups
 
 SAMPLE = (1, 28, 28)  # Fashion-MNIST
 VARIANTS = {

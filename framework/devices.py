@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from framework.errors import ConfigError
-from framework.gpu_monitor import GIB, GpuMonitor, nvml_status
+from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
 from framework.launch.environment import cpu_cores
 
 
@@ -88,7 +88,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
 
     from framework.paths import CONF_DIR, config_dir_override
     from framework.strategies import build_strategy, resolve_auto, strategy_names
-    from framework.validation import _trainer as check_trainer_options
+    from framework.preflight import _trainer as check_trainer_options
 
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]

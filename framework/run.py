@@ -16,13 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.errors import ConfigError
-from framework.interrupts import GracefulStop, Interrupted
+from framework.training.interrupts import GracefulStop, Interrupted
 from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import env_rank, launched_externally
 from framework.launch.outer import choose_strategy, error_through_rank0_group, follow, multirun_refusal
 from framework.launch.slurm import in_submitit_task
-from framework.results import format_rate, write_result
-from framework.validation import validate
+from framework.results.result_file import format_rate, write_result
+from framework.preflight import validate
 from framework.worker import worker_entry
 
 RESOLVED_CONFIG = "resolved_config.yaml"

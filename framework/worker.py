@@ -10,24 +10,24 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from framework.allocator import keep_freed_memory
+from framework.training.allocator import keep_freed_memory
 from framework.checkpoints.disk import CheckpointNotWritten, OffWhenUnwritable
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.state import Position, signature
 from framework.data.augment import build_augment
 from framework.data.build import build_data, dataset_name
 from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
-from framework.faults import Faults
-from framework.interrupts import NoStop
-from framework.metrics import build_loss, build_metrics
+from framework.callbacks.faults import Faults
+from framework.training.interrupts import NoStop
+from framework.training.metrics import build_loss, build_metrics
 from framework.models.build import build_model
-from framework.optim import build_optimizer
-from framework.per_gpu import PerGpu
-from framework.progress import Console
-from framework.speedups import apply_speedups, use_channels_last
+from framework.training.optim import build_optimizer
+from framework.telemetry.per_gpu import PerGpu
+from framework.telemetry.progress import Console
+from framework.training.speedups import apply_speedups, use_channels_last
 from framework.strategies import build_strategy
-from framework.tensorboard_logger import TensorBoardLogger
-from framework.trainer import Trainer, TrainingStopped
+from framework.telemetry.tensorboard_logger import TensorBoardLogger
+from framework.training.trainer import Trainer, TrainingStopped
 
 EVAL_BATCH_PER_DEVICE = 1024
 

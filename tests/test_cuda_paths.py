@@ -16,8 +16,8 @@ from torch import nn
 from conftest import REPO, TINY, TRAIN, check_ok, losses_by_step, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
-from framework.precision import Precision
-from framework.replica_clock import ReplicaClock, TimedReplica
+from framework.training.precision import Precision
+from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
 
 RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
        "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
@@ -87,8 +87,8 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
     """Batch 10 on 8 GPUs: nn.DataParallel scatters 5 chunks of 2 and runs replicas on device_ids[:5] only. The
     clock (sized for the 8 device ids) is read for the 5 slots that ran, and the meter gives 5 rows (this crashed
     at the first log boundary: a wait of 8 values for 5 rows)."""
-    from framework.meters import COLUMNS, SAMPLES, WAIT_SECONDS, IntervalMeter
-    from framework.replica_clock import _Marks
+    from framework.telemetry.meters import COLUMNS, SAMPLES, WAIT_SECONDS, IntervalMeter
+    from framework.telemetry.replica_clock import _Marks
     from framework.strategies.dp import chunk_sizes
 
     assert chunk_sizes(10, 8) == [2, 2, 2, 2, 2] and chunk_sizes(30, 7) == [5] * 6 and chunk_sizes(4, 3) == [2, 2]
@@ -116,7 +116,7 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
 def test_counting_flops_runs_the_model_without_its_prints_reaching_the_user(capsys):
     """The dp tutorial's model prints the size of every input it gets; FLOPs are counted with one forward on meta
     tensors, which printed "input size (30, 5)" before any training step (and broke the GPU test that reads them)."""
-    from framework.flops import training_flops_per_sample
+    from framework.telemetry.flops import training_flops_per_sample
     from framework.models.linear import LinearModel
 
     flops = training_flops_per_sample(LinearModel((5,), 2, print_sizes=True), (5,), 30)
@@ -162,7 +162,7 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
 
 
 def test_a_mig_slice_gets_its_share_of_the_gpus_peak_or_no_mfu():
-    from framework.gpu_peaks import peak_tflops
+    from framework.telemetry.gpu_peaks import peak_tflops
 
     full = peak_tflops("NVIDIA H100 80GB HBM3", "bf16")
     assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16", sm_count=60) == pytest.approx(full * 60 / 132)

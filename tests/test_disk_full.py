@@ -17,7 +17,7 @@ import torch
 
 from conftest import TRAIN, pin_accelerator, processes_tagged
 from framework.checkpoints.store import list_checkpoints, newest_valid, verify
-from framework.progress import Console
+from framework.telemetry.progress import Console
 
 # A linear layer of 15000 x 10: about 1.2 MB per checkpoint with SGD's momentum, so a 3 MB filesystem holds two
 # (steps 4 and 8) and the third (step 12, written before the oldest is pruned) does not fit.

@@ -1,6 +1,6 @@
 """Never lose a run: resume gives the same losses, dead workers are restarted from the last checkpoint,
 NaN stops cleanly. Faults are real: HYDRA_DIST_FAULT makes a worker SIGKILL itself at a named point
-(see framework/faults.py); only the first attempt is hit."""
+(see framework/callbacks/faults.py); only the first attempt is hit."""
 import json
 
 import pytest

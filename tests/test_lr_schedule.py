@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
-from framework.lr_schedule import LrSchedule
+from framework.training.lr_schedule import LrSchedule
 
 WARMUP_COSINE = OmegaConf.create({"name": "warmup_cosine", "warmup_fraction": 0.1, "start_factor": 0.1,
                                   "final_factor": 0.0})

@@ -30,7 +30,7 @@ def installed(tmp_path_factory) -> Path:
         [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         scripts = z.read(entry_points).decode()
     assert {f"framework/conf/{f}" for f in CONF_FILES} <= names, "every conf yaml ships in the wheel"
-    assert "framework/cli.py" in names and "framework/trainer.py" in names
+    assert "framework/cli.py" in names and "framework/training/trainer.py" in names
     assert "hydra-dist = framework.cli:main" in scripts and "hydra-dist-devices = framework.devices:main" in scripts
     target = work / "site"
     check_ok(subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],

@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from conftest import TINY, check_ok, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
-from framework.faults import Faults
-from framework.flops import training_flops_per_sample
-from framework.gpu_peaks import gpu_model, peak_tflops
+from framework.callbacks.faults import Faults
+from framework.telemetry.flops import training_flops_per_sample
+from framework.telemetry.gpu_peaks import gpu_model, peak_tflops
 from framework.models.lenet import LeNet
 from framework.models.linear import LinearModel
 
@@ -143,7 +143,7 @@ def test_dp_times_its_replicas_forward_and_backward_and_one_replica_waits_for_no
 
 
 def test_replica_waits_are_each_phases_slowest_replica_minus_its_own():
-    from framework.replica_clock import ReplicaClock, _Marks
+    from framework.telemetry.replica_clock import ReplicaClock, _Marks
 
     def marks(forward, backward):
         m = _Marks()
@@ -210,7 +210,7 @@ def _replicas_as_data_parallel_builds_them(module: nn.Module, count: int) -> lis
 
 
 def test_data_parallel_replicas_time_their_backward_through_their_parameter_copies():
-    from framework.replica_clock import ReplicaClock, TimedReplica
+    from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
 
     model = LeNet((1, 28, 28), 10)
     clock = ReplicaClock([torch.device("cpu")] * 2)
@@ -315,7 +315,7 @@ def test_slow_rank_fault_is_parsed_with_seconds_and_refuses_a_bad_value(monkeypa
 def test_wait_clock_counts_only_from_the_last_start_to_stop_and_resets():
     import time
 
-    from framework.wait_clock import WaitClock
+    from framework.telemetry.wait_clock import WaitClock
 
     clock = WaitClock(torch.device("cpu"))
     clock.start()
@@ -333,7 +333,7 @@ def test_wait_clock_counts_only_from_the_last_start_to_stop_and_resets():
 
 @needs_gpu
 def test_wait_clock_on_a_gpu_times_the_stream_between_its_events():
-    from framework.wait_clock import WaitClock
+    from framework.telemetry.wait_clock import WaitClock
 
     clock = WaitClock(torch.device("cuda", 0))
     a = torch.randn(2048, 2048, device="cuda")
@@ -349,7 +349,7 @@ def test_wait_clock_on_a_gpu_times_the_stream_between_its_events():
 
 def _gradients_with_and_without_the_hook(rank: int, world: int, port: int, results) -> None:
     from framework.strategies.ddp import _timed_allreduce
-    from framework.wait_clock import WaitClock
+    from framework.telemetry.wait_clock import WaitClock
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.models.lenet import LeNet
-from framework.speedups import apply_speedups, channels_last_applies, original_module, use_channels_last
+from framework.training.speedups import apply_speedups, channels_last_applies, original_module, use_channels_last
 
 CPU = torch.device("cpu")
 SAMPLE = (1, 28, 28)

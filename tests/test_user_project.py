@@ -203,7 +203,7 @@ def test_the_default_loss_is_cross_entropy_with_its_label_smoothing_option():
     import torch.nn.functional as F
     from hydra import compose, initialize_config_dir
 
-    from framework.metrics import build_loss, per_sample_losses
+    from framework.training.metrics import build_loss, per_sample_losses
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["loss.label_smoothing=0.1"])

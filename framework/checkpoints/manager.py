@@ -6,7 +6,7 @@ from pathlib import Path
 
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
-from framework.checkpoints.state import capture, config_hash, restore_progress, rng_state
+from framework.checkpoints.state import capture, restore_progress, rng_state
 from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
                                          save_checkpoint, save_sharded_checkpoint)
 from framework.launch.environment import restart_attempt
@@ -31,7 +31,7 @@ class Checkpointer:
         self.folder = run_dir / CHECKPOINT_DIR
         self.every = cfg.trainer.checkpoint_every_n_steps
         self.keep = cfg.trainer.keep_checkpoints
-        self.signature, self.config_hash = signature, config_hash(cfg)
+        self.signature = signature
 
     def due(self, step: int, epoch_end: bool) -> bool:
         return epoch_end or bool(self.every and step % self.every == 0)
@@ -42,7 +42,7 @@ class Checkpointer:
         if tb:
             tb.flush()  # everything logged up to this step is on disk before the checkpoint exists
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
-                    "batch_size": position.batch_size, "config_hash": self.config_hash, "signature": self.signature,
+                    "batch_size": position.batch_size, "signature": self.signature,
                     "world_size": strategy.world_size, "format": strategy.checkpoint_format}
         midway = None
         if self.faults.due("kill_in_checkpoint", position.step):
@@ -90,7 +90,7 @@ def _changes(manifest: dict, position: Position, world_size: int, batch_size: in
     saved_world = manifest.get("world_size")
     if saved_world not in (None, world_size):
         changes.append(f"saved by {saved_world} worker(s), continuing on {world_size}")
-    if position.batch_size not in (0, batch_size):
+    if position.batch_size != batch_size:
         changes.append(f"global batch {position.batch_size} -> {batch_size}")
     if not changes:
         return ""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 @dataclass
 class Position:
     """`step` optimizer steps done; in epoch `epoch`, the first `samples_in_epoch` samples of its permutation
-    trained, by a run of global batch `batch_size` (0: unknown, a checkpoint from before positions counted samples)."""
+    trained, by a run of global batch `batch_size`."""
 
     step: int = 0
     epoch: int = 0
@@ -33,12 +33,9 @@ class Position:
     batch_size: int = 0
 
     @classmethod
-    def from_saved(cls, saved: dict, batch_size: int) -> "Position":
-        """A checkpoint's position. Older checkpoints counted `batch_in_epoch` steps of their own batch, which
-        they did not record; they are read as steps of this run's batch (what resuming them always assumed)."""
-        if "samples_in_epoch" in saved:
-            return cls(saved["step"], saved["epoch"], saved["samples_in_epoch"], saved.get("batch_size", 0))
-        return cls(saved["step"], saved["epoch"], saved.get("batch_in_epoch", 0) * batch_size, batch_size)
+    def from_saved(cls, saved: dict) -> "Position":
+        """A checkpoint's position (its manifest and its training state both carry these four numbers)."""
+        return cls(saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["batch_size"])
 
 
 @dataclass
@@ -62,8 +59,8 @@ def resume_point(position: Position, batch_size: int, steps_per_epoch: int) -> R
         raise PositionDoesNotFit(
             f"the checkpoint stopped after {position.samples_in_epoch} samples of epoch {position.epoch + 1}, "
             f"which is not a whole number of batches of {batch_size}; use the checkpoint's batch "
-            f"{position.batch_size or 'size'} or another divisor of {position.samples_in_epoch} "
+            f"{position.batch_size} or another divisor of {position.samples_in_epoch} "
             f"(e.g. {', '.join(map(str, fits[-4:]))})")
-    if position.batch_size in (0, batch_size):
+    if position.batch_size == batch_size:
         return ResumePoint(position.step, position.epoch, done)
     return ResumePoint(position.epoch * steps_per_epoch + done, position.epoch, done)

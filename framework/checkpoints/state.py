@@ -3,8 +3,6 @@ every rank's RNG states, the data position, and the run totals. Only tensors and
 so torch.load(weights_only=True) can read it."""
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import asdict
 
@@ -39,10 +37,7 @@ def restore_rng(state: dict, cuda_devices: list[int] = ()) -> None:
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
     torch.set_rng_state(state["torch"].cpu())
-    saved = state.get("cuda")
-    if torch.is_tensor(saved):  # checkpoints before per-device states held the current device's only
-        saved = {cuda_devices[0]: saved} if cuda_devices else {}
-    for device, generator_state in (saved or {}).items():
+    for device, generator_state in state.get("cuda", {}).items():
         if int(device) in cuda_devices:  # a GPU this run no longer uses keeps its own stream
             torch.cuda.set_rng_state(generator_state.cpu(), int(device))
 
@@ -62,11 +57,6 @@ def signature_mismatch(saved: dict, current: dict) -> str | None:
     diffs = [f"{key}: checkpoint has {saved.get(key)!r}, this run has {value!r}"
              for key, value in current.items() if saved.get(key) != value]
     return "; ".join(diffs) or None
-
-
-def config_hash(cfg: DictConfig) -> str:
-    blob = json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def capture(model: torch.nn.Module, optimizer, scaler, position: Position, totals: dict, rng_states: list[dict]) -> dict:
@@ -96,4 +86,4 @@ def restore_progress(state: dict, rank: int, world_size: int, batch_size: int,
     every rank continues rank 0's, as a fresh run starts every rank from the same seed."""
     rngs = state["rng"]
     restore_rng(rngs[rank] if len(rngs) == world_size else rngs[0], cuda_devices)
-    return Position.from_saved(state["position"], batch_size), state.get("totals", {})
+    return Position.from_saved(state["position"]), state.get("totals", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from framework.components import build_component
+from framework.config.components import build_component
 from framework.errors import ConfigError
 
 

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from framework.components import build_component
+from framework.config.components import build_component
 from framework.errors import ConfigError
 
 SPLITS = ("train", "test")

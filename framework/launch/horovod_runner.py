@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from framework.interrupts import Interrupted
+from framework.training.interrupts import Interrupted
 from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import threads_per_worker
 

@@ -10,7 +10,7 @@ from hydra._internal.utils import get_args_parser
 from omegaconf import DictConfig
 
 from framework.errors import ConfigError
-from framework.interrupts import NoStop
+from framework.training.interrupts import NoStop
 from framework.launch.environment import HOROVOD, outer_launcher
 from framework.launch.slurm import scheduler_name
 

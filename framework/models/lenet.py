@@ -5,7 +5,7 @@ from framework.models.shapes import flat_features, image_shape
 
 
 class LeNet(nn.Module):
-    channels_last_helps = True  # on the CPU: 1.25-1.38x steps/s (bench/speedups.py); see framework/speedups.py
+    channels_last_helps = True  # on the CPU: 1.25-1.38x steps/s (bench/speedups.py); see framework/training/speedups.py
 
     def __init__(self, in_shape, num_classes: int):
         super().__init__()

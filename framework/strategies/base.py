@@ -19,9 +19,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from framework.config_checks import one_of
-from framework.precision import Precision
-from framework.speedups import original_module
+from framework.config.checks import one_of
+from framework.training.precision import Precision
+from framework.training.speedups import original_module
 
 
 def cuda_wanted(cfg: DictConfig) -> bool:
@@ -35,7 +35,7 @@ class Strategy:
     # Kinds of outer launcher (framework.launch.environment: TORCH, HOROVOD) whose already-started workers this
     # strategy can train with; under any other, the driver refuses it before training.
     outer_launchers: frozenset[str] = frozenset()
-    # Measures the time this rank waits for the others (framework/wait_clock.py); None where the strategy cannot
+    # Measures the time this rank waits for the others (framework/telemetry/wait_clock.py); None where the strategy cannot
     # see its waits: its busy time is then the whole step time and no wait is reported.
     wait_clock = None
     # True: HYDRA_DIST_FAULT=slow_rank:<s>:<r> slows slot r (a dp replica) inside the strategy, not the process

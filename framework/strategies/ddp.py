@@ -11,14 +11,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config_checks import boolean, int_at_least, one_of, positive_number
+from framework.config.checks import boolean, int_at_least, one_of, positive_number
 from framework.errors import ConfigError
 from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
 from framework.launch.environment import TORCH, launched_externally, restart_attempt, threads_per_worker
 from framework.launch.slurm import scheduler_name
 from framework.strategies.base import Strategy
-from framework.wait_clock import WaitClock
+from framework.telemetry.wait_clock import WaitClock
 
 CPU_WORKERS_WITHOUT_GPU = 2
 _PG_TIMEOUT = datetime.timedelta(minutes=10)

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from framework.config_checks import boolean, fail, value_at
+from framework.config.checks import boolean, fail, value_at
 from framework.errors import ConfigError
-from framework.precision import Precision
+from framework.training.precision import Precision
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
-from framework.wait_clock import WaitClock, start_when_gradients_are_done
+from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
 

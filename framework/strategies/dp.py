@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from framework.config_checks import int_list
+from framework.config.checks import int_list
 from framework.errors import ConfigError
-from framework.faults import planned_faults
-from framework.precision import autocast_dtype
-from framework.replica_clock import ReplicaClock, TimedReplica
+from framework.callbacks.faults import planned_faults
+from framework.training.precision import autocast_dtype
+from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
 from framework.strategies.base import Strategy
 
 
@@ -55,7 +55,7 @@ class DataParallelStrategy(Strategy):
             print("strategy=dp: no GPU in use, so nn.DataParallel runs the model on the CPU (one replica)", flush=True)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Every replica runs TimedReplica (framework/replica_clock.py: the run's autocast dtype inside the replica
+        """Every replica runs TimedReplica (framework/telemetry/replica_clock.py: the run's autocast dtype inside the replica
         thread, forward/backward timed on the replica's GPU); on the CPU the one replica runs it directly."""
         devices = [torch.device("cuda", i) for i in self.device_ids] or [self.device]
         delays = [planned_faults(slot).get("slow_rank", 0.0) for slot in range(len(devices))]

@@ -13,9 +13,9 @@ from torch import nn
 
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import restore_progress
-from framework.config_checks import boolean, fail, value_at
+from framework.config.checks import boolean, fail, value_at
 from framework.errors import ConfigError
-from framework.precision import Precision
+from framework.training.precision import Precision
 from framework.strategies.ddp import DDPStrategy
 
 

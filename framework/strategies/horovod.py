@@ -10,12 +10,12 @@ import os
 import torch
 from torch import nn
 
-from framework.config_checks import int_at_least, one_of, value_at
+from framework.config.checks import int_at_least, one_of, value_at
 from framework.errors import ConfigError
 from framework.launch.environment import HOROVOD, outer_launcher, threads_per_worker
-from framework.precision import Precision
+from framework.training.precision import Precision
 from framework.strategies.base import Strategy
-from framework.wait_clock import WaitClock, start_when_gradients_are_done
+from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
 
 CPU_WORKERS_WITHOUT_GPU = 2
 INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"

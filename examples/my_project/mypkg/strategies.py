@@ -1,5 +1,5 @@
 """A user's own strategy: ddp, plus one line from every rank once it has joined the process group."""
-from framework.config_checks import fail, value_at
+from framework.config.checks import fail, value_at
 from framework.strategies.ddp import DDPStrategy
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from framework.results import format_rate, read_result
+from framework.results.result_file import format_rate, read_result
 
 BEFORE_METRICS = ("job", "overrides", "status", "train_loss", "test_loss")
 AFTER_METRICS = ("samples_per_sec", "per_rank_samples_per_sec", "run_dir")

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from framework.wait_clock import seconds_between, timestamp
+from framework.telemetry.wait_clock import seconds_between, timestamp
 
 PHASES = ("forward", "backward")
 

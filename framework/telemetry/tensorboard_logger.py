@@ -7,7 +7,7 @@ optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and mem
 gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
 nvidia-ml-py is installed; read at log boundaries only), and the
 run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
-Per GPU (framework/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
+Per GPU (framework/telemetry/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
 the strategy measures it), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU),
 throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
 (GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text.
@@ -20,8 +20,8 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-from framework.gpu_monitor import GpuMonitor
-from framework.meters import IntervalSummary
+from framework.telemetry.gpu_monitor import GpuMonitor
+from framework.telemetry.meters import IntervalSummary
 
 # (chart title, regex over tags): one multiline chart each in the Custom Scalars tab, one line per rank / GPU
 PER_RANK_CHARTS = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from framework.components import build_component
+from framework.config.components import build_component
 from framework.errors import ConfigError
 
 

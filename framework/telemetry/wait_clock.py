@@ -68,7 +68,7 @@ class WaitClock:
             self.stop()
 
     def phases(self, slots: int = 1) -> None:
-        """No forward/backward split: that is dp's replica clock (framework/replica_clock.py)."""
+        """No forward/backward split: that is dp's replica clock (framework/telemetry/replica_clock.py)."""
         return None
 
     def read(self, slots: int = 1) -> float:

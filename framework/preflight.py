@@ -11,16 +11,16 @@ from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
 from framework.checkpoints.state import signature, signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
-from framework.config_checks import (boolean, fail, int_at_least, int_list, number_above, number_in, one_of,
+from framework.config.checks import (boolean, fail, int_at_least, int_list, number_above, number_in, one_of,
                                      positive_number, value_at)
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.errors import ConfigError
-from framework.lr_schedule import SCHEDULES
-from framework.metrics import build_loss, build_metrics
+from framework.training.lr_schedule import SCHEDULES
+from framework.training.metrics import build_loss, build_metrics
 from framework.models.build import check_model_fits
-from framework.optim import build_optimizer
-from framework.precision import PRECISIONS
+from framework.training.optim import build_optimizer
+from framework.training.precision import PRECISIONS
 from framework.strategies import Strategy
 
 
@@ -98,7 +98,12 @@ def _resume_world_size(cfg: DictConfig, strategy: Strategy, checkpoint: Checkpoi
 def _resume_position(cfg: DictConfig, checkpoint: Checkpoint, train_samples: int) -> None:
     """The saved data position must be a whole number of this run's global batches (position.py says why)."""
     batch = cfg.trainer.batch_size
-    position = Position.from_saved(checkpoint.manifest, batch)
+    missing = sorted({"step", "epoch", "samples_in_epoch", "batch_size"} - set(checkpoint.manifest))
+    if missing:
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume} is not allowed: checkpoint {checkpoint.path} does not "
+                          f"record {', '.join(missing)} (an earlier hydra-dist wrote it); start over with "
+                          "trainer.resume=none")
+    position = Position.from_saved(checkpoint.manifest)
     try:
         resume_point(position, batch, max(train_samples // batch, 1))
     except PositionDoesNotFit as exc:

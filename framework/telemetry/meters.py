@@ -23,7 +23,7 @@ class IntervalMeter:
         self.slot_sizes = slot_sizes
         self.device = device
         self.memory_devices = memory_devices
-        # framework/wait_clock.py (one wait per process) or replica_clock.py (dp: one per replica, and each replica's
+        # framework/telemetry/wait_clock.py (one wait per process) or replica_clock.py (dp: one per replica, and each replica's
         # forward and backward); None: this strategy's waits are not measured
         self.wait_clock = wait_clock
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
@@ -103,7 +103,6 @@ class IntervalSummary:
     per_slot_optimizer_state_mib: list[float]
     step_ms: float
     data_ms: float
-    nonfinite: list[tuple[int, int]]  # (rank, first step) of every rank whose loss went NaN/inf
     per_slot_samples: list[float]
     per_slot_seconds: list[float]
     # per optimizer step: the rank's own work (data, forward, backward, optimizer) and its waits for the others;
@@ -138,7 +137,6 @@ class IntervalSummary:
             per_slot_optimizer_state_mib=rows[:, OPTIMIZER_STATE].tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
             data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
-            nonfinite=[(r, int(v)) for r, v in enumerate(rows[:, FIRST_NONFINITE].tolist()) if v > 0],
             per_slot_samples=samples.tolist(),
             per_slot_seconds=seconds.tolist(),
             per_slot_busy_ms=(busy * 1000 / max(1, steps)).tolist(),

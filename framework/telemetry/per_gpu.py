@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from framework.flops import training_flops_per_sample
-from framework.gpu_peaks import KNOWN, is_mig, peak_tflops, precision_key
-from framework.meters import IntervalSummary
+from framework.telemetry.flops import training_flops_per_sample
+from framework.telemetry.gpu_peaks import KNOWN, is_mig, peak_tflops, precision_key
+from framework.telemetry.meters import IntervalSummary
 
 
 @dataclass
@@ -112,9 +112,9 @@ def _mfu_note(slots: list[Slot], key: str) -> str:
         mig = " (a MIG slice: the GPU's peak x its share of the SMs)" if any(is_mig(s.device_name) for s in slots) else ""
         return f"MFU against the dense {key} peak TFLOP/s ({peaks}){mig}"
     if unknown == ["cpu"]:
-        return "TFLOP/s without MFU: CPUs have no peak in the table (framework/gpu_peaks.py)"
+        return "TFLOP/s without MFU: CPUs have no peak in the table (framework/telemetry/gpu_peaks.py)"
     if all(is_mig(name) for name in unknown):
         return (f"TFLOP/s without MFU for {', '.join(unknown)}: a MIG slice of a GPU whose SM count is not in the "
-                "table (framework/gpu_peaks.py)")
+                "table (framework/telemetry/gpu_peaks.py)")
     return (f"TFLOP/s without MFU for {', '.join(unknown)}: no dense peak known (the table has {KNOWN}; "
-            "framework/gpu_peaks.py)")
+            "framework/telemetry/gpu_peaks.py)")

@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from framework.checkpoints.position import Position, resume_point
-from framework.interrupts import Interrupted
-from framework.lr_schedule import LrSchedule
-from framework.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
-from framework.metrics import per_sample_losses
-from framework.precision import Precision
-from framework.progress import Progress
+from framework.training.interrupts import Interrupted
+from framework.training.lr_schedule import LrSchedule
+from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
+from framework.training.metrics import per_sample_losses
+from framework.training.precision import Precision
+from framework.telemetry.progress import Progress
 
 
 class TrainingStopped(RuntimeError):
@@ -61,7 +61,7 @@ class Trainer:
         self.precision, self.tb, self.say = precision, tb, say
         self.checkpointer, self.faults, self.stop = checkpointer, faults, stop
         self.loss, self.metrics = loss, metrics
-        self.per_gpu = per_gpu  # framework/per_gpu.py: FLOP/s, MFU and stragglers (None: not reported)
+        self.per_gpu = per_gpu  # framework/telemetry/per_gpu.py: FLOP/s, MFU and stragglers (None: not reported)
         self.totals = RunTotals()
         self.steps_per_epoch = len(train_loader) // self.t.grad_accum
         if self.steps_per_epoch < 1:
@@ -81,9 +81,6 @@ class Trainer:
 
     def restore_totals(self, totals: dict) -> None:
         if totals:
-            totals = dict(totals)
-            if "val_acc" in totals:  # checkpoints written before metrics were components
-                totals["val_metrics"] = {"acc": totals.pop("val_acc")}
             self.totals = RunTotals(**totals)
 
     def fit(self, start: Position = Position()) -> RunTotals:
