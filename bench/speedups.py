@@ -46,8 +46,8 @@ class TrainingStep:
     def __init__(self, model_name: str, flags: dict, batch_size: int):
         torch.manual_seed(0)
         plain = build_model(OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), SAMPLE, 10)
-        cfg = OmegaConf.create(flags)
-        self.model = apply_speedups(copy.deepcopy(plain), cfg, torch.device("cpu"), SAMPLE)
+        self.model = apply_speedups(copy.deepcopy(plain), bool(flags.get("channels_last")), bool(flags.get("compile")),
+                                    torch.device("cpu"))
         self.channels_last = bool(flags.get("channels_last"))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.raw = torch.randint(0, 256, (batch_size, *SAMPLE), dtype=torch.uint8)

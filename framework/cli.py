@@ -3,12 +3,17 @@
 One Hydra app, so both take the same overrides, -m sweeps, --cfg job, --help and -sc (shell completion)."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
+import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.config.typed import omegaconf_error_line
 from framework.launch.clean_exit import exit_now
 from framework.launch.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.paths import CONF_DIR
@@ -23,17 +28,56 @@ def train_app(cfg: DictConfig):
 
 def main() -> None:
     sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
-    if launched_externally() and env_rank() != 0:  # a launcher's other ranks take config and folder from rank 0
+    external = launched_externally()
+    if external and env_rank() != 0:  # a launcher's other ranks take the config and folder from rank 0
         from framework.launch.outer import follow_rank0
 
         try:
-            code = follow_rank0(sys.argv[1:])
+            code = follow_rank0()
         except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept
             code = 128 + signal.SIGINT
         exit_now(code)  # see framework/launch/clean_exit.py
-    train_app()
-    if launched_externally():  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
+    try:
+        _run_app()
+    except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
+        _config_error(composition_error_line(exc), external)
+    if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
+
+
+def _run_app() -> None:
+    """Hydra's app, with its composition errors raised to us (HYDRA_FULL_ERROR, Hydra's documented switch) rather
+    than printed by Hydra, so that a value of the wrong type for its schema gets the same one line as any other."""
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        train_app()
+    finally:
+        if before is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def composition_error_line(exc: HydraException) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        line = omegaconf_error_line(cause)
+        if str(exc).startswith("Could not override"):  # an unknown key: Hydra's words, and the keys there are
+            return f"{str(exc).splitlines()[0].rstrip('.')}: {line.split(' is not allowed: ', 1)[-1]}"
+        return line
+    text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _config_error(line: str, external: bool) -> None:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    if external:  # the other ranks wait for rank 0's payload: tell them instead
+        from framework.launch.outer import published, publish_to_followers
+
+        if not published():
+            publish_to_followers(error=line)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

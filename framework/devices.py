@@ -86,9 +86,9 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too."""
     from hydra import compose, initialize_config_dir
 
+    from framework.config.settings import settings_of
     from framework.paths import CONF_DIR, config_dir_override
     from framework.strategies import build_strategy, resolve_auto, strategy_names
-    from framework.preflight import _trainer as check_trainer_options
 
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
@@ -100,9 +100,9 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
         for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
-                check_trainer_options(cfg)
                 note = resolve_auto(cfg, launcher=None).removeprefix("strategy=auto ")
-                strategy = build_strategy(cfg)
+                settings = settings_of(cfg)
+                strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
                 plan = f"{note}: {strategy.describe()}" if note else strategy.describe()
             except ConfigError as exc:
@@ -117,10 +117,13 @@ def report(overrides: list[str], config_dir: str | None = None) -> str:
 
 
 def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
-    """(overrides, --config-dir), read with Hydra's own argument parser, as train.py reads them."""
-    from hydra._internal.utils import get_args_parser
+    """(overrides, --config-dir/-cd), as train.py takes them (Hydra's parser is not public API)."""
+    import argparse
 
-    args = get_args_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="hydra-dist-devices", add_help=False)
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
     if args.config_dir is not None and not Path(args.config_dir).is_dir():
         raise ConfigError(f"--config-dir={args.config_dir} is not allowed: no such folder")
     return args.overrides, args.config_dir
@@ -132,6 +135,8 @@ def main() -> None:
         print(__doc__)
         return
     from hydra.errors import HydraException
+
+    import framework.config  # noqa: F401  (registers the config schemas)
 
     try:
         print(report(*_arguments(args)))

@@ -1,5 +1,5 @@
-"""The driver: runs once per job, in the process Hydra started. Validates, saves the resolved config,
-hands the run to the strategy's launcher, and reports. Workers never run Hydra again.
+"""The driver: runs once per job, in the process Hydra started. Types and validates the config, saves the resolved
+config, hands the run to the strategy's launcher, and reports. Workers never run Hydra again.
 
 When a launcher already started one process per rank (torchrun and the like, SLURM or submitit tasks, horovodrun),
 rank 0 drives and trains, and the other ranks follow it (framework/launch/outer.py)."""
@@ -15,15 +15,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
+from framework.config.settings import Payload, settings_of
 from framework.errors import ConfigError
-from framework.training.interrupts import GracefulStop, Interrupted
 from framework.launch.elastic import WorkersFailed
 from framework.launch.environment import env_rank, launched_externally
-from framework.launch.outer import choose_strategy, error_through_rank0_group, follow, multirun_refusal
+from framework.launch.outer import choose_strategy, follow, multirun_refusal, publish_to_followers
 from framework.launch.slurm import in_submitit_task
-from framework.results.result_file import format_rate, write_result
 from framework.preflight import validate
-from framework.worker import worker_entry
+from framework.results.result_file import format_rate, write_result
+from framework.results.run_result import RunResult, Stopped
+from framework.worker import build_callbacks, worker_entry
+from framework.training.interrupts import GracefulStop, Interrupted
 
 RESOLVED_CONFIG = "resolved_config.yaml"
 
@@ -35,11 +37,13 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     external = launched_externally()
     if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
-        follow(cfg)
+        follow()
         return None
     if external and hydra_cfg.mode == RunMode.MULTIRUN and not in_submitit_task():
-        # rank 0 of `torchrun/srun train.py -m ...`: the other ranks refused already, so nobody would join
-        sys.exit(f"error: {multirun_refusal()}")
+        # rank 0 of `torchrun/srun train.py -m ...`: one job per rank cannot be a sweep
+        print(f"error: {multirun_refusal()}", file=sys.stderr, flush=True)
+        publish_to_followers(error=multirun_refusal())
+        sys.exit(2)
     try:
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg, external)
@@ -65,32 +69,33 @@ def _pin_parallel_job(hydra_cfg) -> None:
 
 
 def prepare(cfg: DictConfig, external: bool, run_dir: Path):
-    """Choose the strategy and validate everything; no worker starts here."""
-    strategy, note = choose_strategy(cfg, external)
-    validate(cfg, strategy, run_dir)
-    return strategy, note
+    """Choose the strategy, type the config and validate everything; no worker starts here.
+    Returns (strategy, payload, note)."""
+    strategy_class, note = choose_strategy(cfg, external)
+    settings = settings_of(cfg)
+    strategy = strategy_class(settings.strategy, settings.trainer)
+    build_callbacks(settings.callbacks)
+    resume = validate(settings, strategy, run_dir)
+    return strategy, Payload(settings, str(run_dir), resume), note
 
 
 def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float | None:
     try:
-        strategy, note = prepare(cfg, external, run_dir)
+        strategy, payload, note = prepare(cfg, external, run_dir)
     except ConfigError as exc:
         if external:  # say it first: torchrun stops this process as soon as a follower exits
             print(f"error: {exc}", file=sys.stderr, flush=True)
-            error_through_rank0_group(cfg, str(exc))
+            publish_to_followers(error=str(exc))
             if hydra_cfg.mode == RunMode.MULTIRUN:
                 return None
             sys.exit(2)
         raise
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    OmegaConf.save(OmegaConf.create(resolved), run_dir / RESOLVED_CONFIG)
+    OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), run_dir / RESOLVED_CONFIG)
     strategy.save_settings(run_dir)
-    payload = {"cfg": resolved, "run_dir": str(run_dir)}
     if note:
         print(note, flush=True)
-    if external:  # we are rank 0 of workers torchrun started: share the payload, then train here
-        strategy.setup()
-        strategy.broadcast_object(payload)
+    if external:  # we are rank 0 of workers a launcher started: hand them the payload, then train here
+        publish_to_followers(payload=payload)
         result = worker_entry(payload, strategy)
     elif strategy.runs_in_process:
         with GracefulStop() as stop:
@@ -100,19 +105,23 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
     if result is None:  # a node that does not hold rank 0
         print(f"done: this node's workers finished; rank 0's node reports the result. Run folder {run_dir}", flush=True)
         return None
-    if "stopped" in result:
-        raise WorkersFailed(result["stopped"])
-    result.update(run_dir=str(run_dir), job=hydra_cfg.job.get("num", 0), overrides=list(hydra_cfg.overrides.task))
-    write_result(run_dir, result)
-    per_rank = ", ".join(format_rate(r) for r in result["per_rank_samples_per_sec"])
-    shown = "".join(f"test {'accuracy' if name == 'acc' else name} {result[f'test_{name}']:.4f} | "
-                    for name in result["metrics"])
+    if isinstance(result, Stopped):
+        raise WorkersFailed(result.reason)
+    return _report(result, run_dir, hydra_cfg)
+
+
+def _report(result: RunResult, run_dir: Path, hydra_cfg) -> float:
+    result.run_dir, result.job, result.overrides = str(run_dir), hydra_cfg.job.get("num", 0), list(hydra_cfg.overrides.task)
+    write_result(run_dir, result.to_json())
+    per_rank = ", ".join(format_rate(r) for r in result.per_rank_samples_per_sec)
+    shown = "".join(f"test {'accuracy' if name == 'acc' else name} {value:.4f} | "
+                    for name, value in result.test_metrics.items())
     print(
-        f"done: {shown}{format_rate(result['samples_per_sec'])} samples/s "
-        f"(per rank: {per_rank}) | {result['train_seconds']:.1f} s training | run folder {run_dir}",
+        f"done: {shown}{format_rate(result.samples_per_sec)} samples/s "
+        f"(per rank: {per_rank}) | {result.train_seconds:.1f} s training | run folder {run_dir}",
         flush=True,
     )
-    return result[f"test_{result['objective']}"]
+    return result.objective_value
 
 
 def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
+
 pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's own pinning in a pytest of its own
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,6 +99,12 @@ def assert_curves_match(reference: list[tuple[int, float]], other: list[tuple[in
         assert abs(a - b) <= rel * abs(a), f"step {step}: {names[0]} {a} vs {names[1]} {b}"
 
 
+def kill_in_checkpoint(step: int, rank: int) -> dict:
+    """The environment that makes `rank` die halfway through writing the checkpoint of `step` (tests/faults/)."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "faults"), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "HYDRA_DIST_TEST_KILL_IN_CHECKPOINT": f"{step}:{rank}"}
+
+
 def processes_tagged(tag: str) -> list[int]:
     """Pids of every process whose environment holds tag (tests put a fresh HYDRA_DIST_TEST_TAG into a run's
     environment; every process it starts inherits it, so a leftover worker shows here)."""
@@ -126,6 +134,25 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
     for step in expected:
         assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
     return run_dir
+
+
+def composed(*overrides: str, hydra: bool = False):
+    """conf/ composed with Hydra's compose API, as the driver composes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def strategy_for(*overrides: str):
+    """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up."""
+    from framework.config.settings import settings_of
+    from framework.strategies import build_strategy, resolve_auto
+
+    cfg = composed(*overrides)
+    resolve_auto(cfg, launcher=None)
+    settings = settings_of(cfg)
+    return build_strategy(settings.strategy, settings.trainer)
 
 
 def needs_gpus(count: int = 1):

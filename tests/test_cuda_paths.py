@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import REPO, TINY, TRAIN, check_ok, losses_by_step, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
+from conftest import REPO, TINY, TRAIN, check_ok, strategy_for, losses_by_step, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
 from framework.training.precision import Precision
@@ -127,10 +127,8 @@ def test_counting_flops_runs_the_model_without_its_prints_reaching_the_user(caps
 def test_fsdp_with_cpu_offload_creates_its_group_with_gloo_for_cpu_tensors_beside_nccl():
     """cpu_offload keeps sharded gradients in CPU memory, and clipping all-reduces them there: a bare "nccl" group
     fails at the first step with "No backend type associated with device type cpu"."""
-    from framework.strategies.fsdp import FSDPStrategy
-
     def backend(*overrides):
-        return FSDPStrategy(_composed("strategy=fsdp", *overrides)).backend()
+        return strategy_for("strategy=fsdp", *overrides).backend()
 
     assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true") == "cpu:gloo,cuda:nccl"
     assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true", "strategy.backend=nccl") == "cpu:gloo,cuda:nccl"
@@ -144,7 +142,6 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
     on one GPU (nccl: "Duplicate GPU detected"). The device count is the one thing faked here: this machine has no
     GPU."""
     from framework.errors import ConfigError
-    from framework.strategies.ddp import DDPStrategy
 
     for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "HYDRA_DIST_SCHEDULER_RANKS"):
         monkeypatch.delenv(name, raising=False)
@@ -152,13 +149,13 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    strategy = DDPStrategy(_composed("strategy=ddp", "trainer.accelerator=gpu"))
+    strategy = strategy_for("strategy=ddp", "trainer.accelerator=gpu")
     with pytest.raises(ConfigError, match="with 4 workers on this node.*shows each of them 2 GPU"):
-        strategy.validate_launch()
+        strategy.validate()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of 2: one GPU each
-    strategy.validate_launch()
+    strategy.validate()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    DDPStrategy(_composed("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo")).validate_launch()
+    strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo").validate()
 
 
 def test_a_mig_slice_gets_its_share_of_the_gpus_peak_or_no_mfu():
@@ -191,12 +188,6 @@ def test_runs_of_a_gpu_marked_test_ask_for_the_gpu_and_of_any_other_for_the_cpu(
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------
-
-def _composed(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @needs_gpu
@@ -243,18 +234,19 @@ def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
     if not torch.cuda.is_bf16_supported():
         pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
 
-    cfg = _composed("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16", "trainer.accelerator=gpu")
-    strategy = DataParallelStrategy(cfg)
+    strategy = strategy_for("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16",
+                            "trainer.accelerator=gpu")
+    assert isinstance(strategy, DataParallelStrategy)
     strategy.setup()
     assert torch.cuda.current_device() == 1 and strategy.cuda_devices() == [1, 0]
     layer = nn.Linear(16, 16).to(strategy.device)
     seen = []
     layer.register_forward_hook(lambda module, args, out: seen.append((out.device.index, out.dtype)))
-    model = strategy.wrap_model(layer)
-    with strategy.make_precision("bf16").autocast():
-        model(torch.randn(8, 16, device=strategy.device))
+    wrapped = strategy.wrap(layer, lambda params: torch.optim.SGD(params, lr=0.1))
+    with wrapped.precision.autocast():
+        wrapped.model(torch.randn(8, 16, device=strategy.device))
     assert sorted(seen) == [(0, torch.bfloat16), (1, torch.bfloat16)]
-    assert strategy.unwrap(model) is layer
+    assert strategy.unwrap(wrapped.model) is layer
 
 
 @needs_gpus(2)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
+from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, kill_in_checkpoint, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
                       run_dirs, run_train)
 
 try:
@@ -148,7 +148,7 @@ def test_worker_killed_while_writing_a_checkpoint_resumes_the_same_loss_curve(ru
     """Rank 0 dies halfway through the step-8 checkpoint; the restarted group ignores that uncommitted folder,
     resumes from step 4 and continues the uninterrupted run's loss curve."""
     out = check_ok(_run(tmp_path, [*DEEPSPEED, f"strategy.zero_stage={stage}", "strategy.max_restarts=1", *COMMON],
-                        env={"HYDRA_DIST_FAULT": "kill_in_checkpoint:8:0"}))
+                        env=kill_in_checkpoint(8, 0)))
     assert "fault injection: SIGKILL" in out and "(step 4, " in out
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())

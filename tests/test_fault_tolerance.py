@@ -1,12 +1,12 @@
 """Never lose a run: resume gives the same losses, dead workers are restarted from the last checkpoint,
 NaN stops cleanly. Faults are real: HYDRA_DIST_FAULT makes a worker SIGKILL itself at a named point
-(see framework/callbacks/faults.py); only the first attempt is hit."""
+(framework/callbacks/faults.py), tests/faults/ kills one halfway through a checkpoint; only the first attempt is hit."""
 import json
 
 import pytest
 import torch
 
-from conftest import check_ok, losses_by_step, run_dirs, run_train
+from conftest import check_ok, kill_in_checkpoint, losses_by_step, run_dirs, run_train
 
 # 16 steps per epoch, 2 epochs; a checkpoint every 4 steps and at each epoch end; a loss point every step.
 RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
@@ -45,10 +45,11 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
     ("kill_in_eval:16:1", 16),       # (c) a worker dies during the evaluation after epoch 1
 ])
 def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, fault, resumed_from):
+    point, step, rank = fault.split(":")
+    env = kill_in_checkpoint(int(step), int(rank)) if point == "kill_in_checkpoint" else {"HYDRA_DIST_FAULT": fault}
     # log_all_ranks: the fault may fire on rank 1, whose output is otherwise kept off the console
     out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "strategy.max_restarts=1",
-                              "trainer.log_all_ranks=true", *RUN],
-                             tmp_path, env={"HYDRA_DIST_FAULT": fault}, timeout=300))
+                              "trainer.log_all_ranks=true", *RUN], tmp_path, env=env, timeout=300))
     assert "fault injection: SIGKILL" in out
     run_dir, result = _only_run(tmp_path)
     assert f"(step {resumed_from}, " in out

@@ -2,13 +2,12 @@
 import math
 
 import pytest
-from omegaconf import OmegaConf
 
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
+from framework.config.optimizer import LrScheduleConfig
 from framework.training.lr_schedule import LrSchedule
 
-WARMUP_COSINE = OmegaConf.create({"name": "warmup_cosine", "warmup_fraction": 0.1, "start_factor": 0.1,
-                                  "final_factor": 0.0})
+WARMUP_COSINE = LrScheduleConfig(name="warmup_cosine", warmup_fraction=0.1, start_factor=0.1, final_factor=0.0)
 
 
 def test_warmup_cosine_rises_linearly_then_decays_to_the_final_factor():
@@ -23,7 +22,7 @@ def test_warmup_cosine_rises_linearly_then_decays_to_the_final_factor():
 
 
 def test_constant_is_one_everywhere():
-    schedule = LrSchedule(OmegaConf.create({"name": "constant"}), total_steps=10)
+    schedule = LrSchedule(LrScheduleConfig(name="constant"), total_steps=10)
     assert {schedule.factor(step) for step in range(1, 11)} == {1.0}
 
 

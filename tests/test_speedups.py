@@ -4,17 +4,12 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from framework.models.lenet import LeNet
 from framework.training.speedups import apply_speedups, channels_last_applies, original_module, use_channels_last
 
 CPU = torch.device("cpu")
 SAMPLE = (1, 28, 28)
-
-
-def trainer_cfg(**flags):
-    return OmegaConf.create({"batch_size": 8, **flags})
 
 
 def lenet_and_batch():
@@ -42,15 +37,14 @@ def test_channels_last_applies_to_image_samples_only(shape, expected):
     assert channels_last_applies(shape) is expected
 
 
-def test_no_flags_and_missing_keys_leave_the_model_alone():
+def test_no_speed_ups_leave_the_model_alone():
     model, _, _ = lenet_and_batch()
-    assert apply_speedups(model, trainer_cfg(), CPU) is model
-    assert apply_speedups(model, trainer_cfg(channels_last=False, compile=False), CPU) is model
+    assert apply_speedups(model, channels_last=False, compile=False, device=CPU) is model
 
 
 def test_channels_last_lenet_matches_the_plain_one():
     plain, x, y = lenet_and_batch()
-    fast = apply_speedups(copy.deepcopy(plain), trainer_cfg(channels_last=True), CPU, SAMPLE)
+    fast = apply_speedups(copy.deepcopy(plain), channels_last=True, compile=False, device=CPU)
     conv_weight = fast.features[3].weight  # 20 input channels: the layouts differ
     assert conv_weight.is_contiguous(memory_format=torch.channels_last) and not conv_weight.is_contiguous()
     assert_same_training_step(plain, fast, x, y, fast_x=x.contiguous(memory_format=torch.channels_last))
@@ -58,20 +52,19 @@ def test_channels_last_lenet_matches_the_plain_one():
 
 def test_channels_last_is_skipped_for_flat_samples():
     model, _, _ = lenet_and_batch()
-    fast = apply_speedups(model, trainer_cfg(channels_last=True), CPU, sample_shape=(784,))
-    assert fast.features[3].weight.is_contiguous()
+    assert use_channels_last(True, model, CPU, sample_shape=(784,)) is False
 
 
 def test_compiled_lenet_matches_the_plain_one():
     plain, x, y = lenet_and_batch()
-    fast = apply_speedups(copy.deepcopy(plain), trainer_cfg(compile=True, channels_last=True), CPU, SAMPLE)
+    fast = apply_speedups(copy.deepcopy(plain), channels_last=True, compile=True, device=CPU)
     assert isinstance(fast, torch._dynamo.eval_frame.OptimizedModule)
     assert_same_training_step(plain, fast, x, y, fast_x=x.contiguous(memory_format=torch.channels_last))
 
 
 def test_original_module_gives_the_plain_state_dict_keys():
     plain, _, _ = lenet_and_batch()
-    compiled = apply_speedups(plain, trainer_cfg(compile=True), CPU)
+    compiled = apply_speedups(plain, channels_last=False, compile=True, device=CPU)
     assert list(compiled.state_dict()) != list(plain.state_dict())
     assert original_module(compiled) is plain
     assert original_module(plain) is plain

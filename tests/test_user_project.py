@@ -87,6 +87,28 @@ def test_own_strategy_from_their_package_trains_with_two_gloo_workers(project, t
     assert result["strategy"] == "announcing_ddp" and result["processes"] == 2 and result["test_acc"] > 0.9
 
 
+def test_own_callback_from_their_package_watches_a_two_worker_run(project, tmp_path):
+    """conf/callbacks/with_history.yaml in the user's config dir adds mypkg's Callback to the built-in ones; it
+    gets every log interval and evaluation on rank 0 and writes its file there."""
+    check_ok(_run(project, tmp_path, ["strategy=ddp", "dataset=blobs", "callbacks=with_history", *COMMON,
+                                      "trainer.epochs=2"]))
+    [run_dir] = run_dirs(tmp_path)
+    rows = (run_dir / "loss_history.csv").read_text().splitlines()
+    assert rows[0] == "step,kind,loss,samples_per_sec"
+    kinds = [row.split(",")[1] for row in rows[1:]]
+    assert kinds.count("test") == 2 and kinds.count("train") == 8  # 16 steps a epoch / 4 per log, 2 epochs
+    assert "throughput/samples_per_sec" in read_scalars(run_dir), "the built-in callbacks still run"
+
+
+def test_a_callback_that_is_not_a_callback_is_refused_in_the_driver(project, tmp_path):
+    proc = _run(project, tmp_path, ["strategy=ddp", "dataset=blobs", *COMMON,
+                                    "+callbacks.bad._target_=mypkg.models.MLP", "+callbacks.bad.in_shape=[8]",
+                                    "+callbacks.bad.num_classes=3"], timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert ("callbacks.bad._target_=mypkg.models.MLP is not allowed: it built a MLP, not a "
+            "framework.callbacks.base.Callback") in proc.stderr, proc.stderr
+
+
 def test_under_torchrun_the_refusal_lists_the_strategies_of_every_config_dir(project, tmp_path):
     """Which strategies fit workers that torchrun started comes from each strategy class (outer_launchers),
     the user's own included, not from a list of names."""
@@ -209,4 +231,4 @@ def test_the_default_loss_is_cross_entropy_with_its_label_smoothing_option():
         cfg = compose("config", overrides=["loss.label_smoothing=0.1"])
     logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
     expected = F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="none")
-    assert torch.allclose(per_sample_losses(build_loss(cfg), logits, labels), expected)
+    assert torch.allclose(per_sample_losses(build_loss(cfg.loss), logits, labels), expected)

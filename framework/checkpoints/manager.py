@@ -1,12 +1,11 @@
 """When to write checkpoints and which one to resume from; the trainer calls it, rank 0 writes."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
-from framework.checkpoints.state import capture, restore_progress, rng_state
+from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
                                          save_checkpoint, save_sharded_checkpoint)
 from framework.launch.environment import restart_attempt
@@ -26,60 +25,67 @@ def choose_checkpoint(resume: str | None, run_dir: Path, warn) -> Checkpoint | N
 
 
 class Checkpointer:
-    def __init__(self, cfg, strategy, run_dir: Path, signature: dict, faults, say):
-        self.cfg, self.strategy, self.faults, self.say = cfg, strategy, faults, say
+    """Writes this run's checkpoints when due (every rank calls save; rank 0, or every rank for sharded formats,
+    writes) and resumes one; remembers the newest committed one, so nothing re-reads the folder to find it."""
+
+    def __init__(self, strategy, run_dir: Path, every_n_steps: int | None, keep: int, batch_size: int,
+                 signature: dict, say):
+        self.strategy, self.say = strategy, say
         self.folder = run_dir / CHECKPOINT_DIR
-        self.every = cfg.trainer.checkpoint_every_n_steps
-        self.keep = cfg.trainer.keep_checkpoints
+        self.every, self.keep, self.batch_size = every_n_steps, keep, batch_size
         self.signature = signature
+        self.last: Path | None = None
 
     def due(self, step: int, epoch_end: bool) -> bool:
         return epoch_end or bool(self.every and step % self.every == 0)
 
-    def save(self, model, optimizer, scaler, position: Position, totals: dict, tb) -> None:
-        strategy = self.strategy
+    def save(self, wrapped, position: Position, totals: dict) -> Path:
+        strategy, io = self.strategy, self.strategy.checkpoints
         rngs = strategy.gather_objects(rng_state(strategy.cuda_devices()))
-        if tb:
-            tb.flush()  # everything logged up to this step is on disk before the checkpoint exists
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
-                    "world_size": strategy.world_size, "format": strategy.checkpoint_format}
-        midway = None
-        if self.faults.due("kill_in_checkpoint", position.step):
-            midway = lambda: self.faults.kill_if_due("kill_in_checkpoint", position.step)  # noqa: E731
-        if strategy.checkpoint_format != "file":  # the engine writes shards on every rank
-            state = {"position": asdict(position), "totals": totals, "rng": rngs, "scaler": None}
-            save_sharded_checkpoint(self.folder, state, manifest, self.keep,
-                                    lambda folder, tag: strategy.save_engine_checkpoint(folder, tag, model),
-                                    strategy.barrier, strategy.is_main, midway)
-            return
-        problem = None
+                    "world_size": strategy.world_size, "format": io.format}
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler)
+        if io.sharded:  # the engine writes shards on every rank
+            saved = save_sharded_checkpoint(self.folder, state, manifest, self.keep,
+                                            lambda folder, tag: io.save_shards(folder, tag, wrapped),
+                                            strategy.barrier, strategy.is_main)
+            self.last = saved.path
+            return saved.path
+        problem, path = None, None
         if strategy.is_main:
-            state = capture(strategy.unwrap(model), optimizer, scaler, position, totals, rngs)
             try:
-                save_checkpoint(self.folder, state, manifest, self.keep, midway)
+                path = save_checkpoint(self.folder, {**io.model_and_optimizer(wrapped), **state}, manifest,
+                                       self.keep).path
             except CheckpointNotWritten as exc:
                 problem = str(exc)
         # every rank learns whether rank 0 could write it, so all stop together (not one in a collective)
-        problems = [p for p in strategy.gather_objects(problem) if p]
+        answers = strategy.gather_objects((problem, path))
+        problems = [p for p, _ in answers if p]
         if problems:
             raise CheckpointNotWritten(problems[0])
+        self.last = answers[0][1]
+        return self.last
 
     def last_saved(self) -> Path | None:
-        """This run's newest committed checkpoint (rank 0 wrote it; every rank can read the folder)."""
-        found = newest_valid(self.folder, warn=lambda m: None)
-        return found.path if found else None
+        """This run's newest committed checkpoint: the last one it wrote, or the one it resumed from its own folder."""
+        return self.last
 
-    def resume(self, checkpoint: Checkpoint, model, optimizer, scaler) -> tuple[Position, dict]:
+    def resume(self, checkpoint: Checkpoint, wrapped) -> tuple[Position, dict]:
+        """Every rank: the state of a checkpoint the driver (or rank 0, after a restart) chose and verified."""
+        strategy, io = self.strategy, self.strategy.checkpoints
         state = load_checkpoint(checkpoint)
-        strategy, batch = self.strategy, self.cfg.trainer.batch_size
-        where = (strategy.rank, strategy.world_size, batch, strategy.cuda_devices())
         if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
-            strategy.load_engine_checkpoint(checkpoint.path.parent, checkpoint.path.name, model)
-            position, totals = restore_progress(state, *where)
+            io.load_shards(checkpoint.path.parent, checkpoint.path.name, wrapped)
+            position, totals = io.progress(state)
+            scaler = wrapped.precision.scaler
+            if scaler and state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
         else:
-            position, totals = strategy.restore_file_checkpoint(state, model, optimizer, scaler)
-        changes = _changes(checkpoint.manifest, position, strategy.world_size, batch)
+            position, totals = io.restore_file(state, wrapped)
+        if checkpoint.path.parent == self.folder:
+            self.last = checkpoint.path
+        changes = _changes(checkpoint.manifest, position, strategy.world_size, self.batch_size)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
         return position, totals
 

@@ -8,10 +8,8 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoints.position import Position
-from framework.data.build import dataset_name
 
 
 def rng_state(cuda_devices: list[int] = ()) -> dict:
@@ -42,15 +40,11 @@ def restore_rng(state: dict, cuda_devices: list[int] = ()) -> None:
             torch.cuda.set_rng_state(generator_state.cpu(), int(device))
 
 
-def signature(cfg: DictConfig, in_shape, num_classes: int) -> dict:
-    """What must match for a checkpoint to be resumable by this config."""
-    return {
-        "model": OmegaConf.to_container(cfg.model, resolve=True),
-        "dataset": dataset_name(cfg.dataset),
-        "in_shape": list(in_shape),
-        "num_classes": int(num_classes),
-        "optimizer": cfg.optimizer._target_,
-    }
+def signature(model: dict, dataset_name: str, optimizer_target: str, in_shape, num_classes: int) -> dict:
+    """What must match for a checkpoint to be resumable by this run: the model's config, the dataset, the input
+    shape and classes, the optimizer class."""
+    return {"model": model, "dataset": dataset_name, "in_shape": list(in_shape), "num_classes": int(num_classes),
+            "optimizer": optimizer_target}
 
 
 def signature_mismatch(saved: dict, current: dict) -> str | None:
@@ -59,31 +53,17 @@ def signature_mismatch(saved: dict, current: dict) -> str | None:
     return "; ".join(diffs) or None
 
 
-def capture(model: torch.nn.Module, optimizer, scaler, position: Position, totals: dict, rng_states: list[dict]) -> dict:
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler else None,
-        "position": asdict(position),
-        "totals": totals,
-        "rng": rng_states,
-    }
+def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler) -> dict:
+    """The loop's own part of a checkpoint: everything but model and optimizer (a sharded checkpoint's
+    training_state.pt holds just this)."""
+    return {"position": asdict(position), "totals": totals, "rng": rng_states,
+            "scaler": scaler.state_dict() if scaler else None}
 
 
-def restore(state: dict, model: torch.nn.Module, optimizer, scaler, rank: int, world_size: int, batch_size: int,
-            cuda_devices: list[int] = ()) -> tuple[Position, dict]:
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])  # moves the state to each parameter's device
-    if scaler and state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
-    return restore_progress(state, rank, world_size, batch_size, cuda_devices)
-
-
-def restore_progress(state: dict, rank: int, world_size: int, batch_size: int,
-                     cuda_devices: list[int] = ()) -> tuple[Position, dict]:
-    """RNG streams, data position and run totals (all a sharded checkpoint's training_state.pt holds).
-    Each rank continues its own RNG streams when the world size is the one saved; on another world size
-    every rank continues rank 0's, as a fresh run starts every rank from the same seed."""
+def restore_progress(state: dict, rank: int, world_size: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:
+    """RNG streams, data position and run totals. Each rank continues its own RNG streams when the world size is
+    the one saved; on another world size every rank continues rank 0's, as a fresh run starts every rank from the
+    same seed."""
     rngs = state["rng"]
     restore_rng(rngs[rank] if len(rngs) == world_size else rngs[0], cuda_devices)
     return Position.from_saved(state["position"]), state.get("totals", {})

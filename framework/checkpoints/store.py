@@ -1,12 +1,14 @@
 """Checkpoint files on disk. A checkpoint is `step-XXXXXXXX.pt` plus its manifest `step-XXXXXXXX.json`.
-The .pt is written to a temporary file, fsynced and renamed; the manifest (step, epoch, config hash,
-sha256, size) is written the same way afterwards and is the commit mark: no manifest, no checkpoint.
-Loading verifies size and checksum and uses torch.load(weights_only=True), which refuses pickles that
-would run code.
+The .pt is written to a temporary file, fsynced and renamed; the manifest (step, epoch, sha256 and size of the
+bytes written) is written the same way afterwards and is the commit mark: no manifest, no checkpoint.
+Choosing a checkpoint to resume verifies it once (size, and a streamed sha256 of the files this framework wrote);
+loading uses torch.load(weights_only=True), which refuses pickles that would run code.
 
-A strategy whose engine shards model and optimizer (DeepSpeed ZeRO) writes a folder `step-XXXXXXXX/`
-instead of the .pt: every rank's shards plus training_state.pt. The manifest is still written last, by
-rank 0, after every rank has finished, and lists every file with its size and sha256."""
+A strategy whose engine shards model and optimizer (fsdp's DCP, DeepSpeed ZeRO) writes a folder `step-XXXXXXXX/`
+instead of the .pt: every rank's shards plus training_state.pt (ours). The manifest is still written last, by
+rank 0, after every rank has finished; it lists every file with its size (a stat, not a read: no rank reads
+another rank's shards), and training_state.pt with its sha256 too (hashed from the bytes rank 0 wrote). The
+engine's own metadata and loader check the contents of its shards."""
 from __future__ import annotations
 
 import hashlib
@@ -47,18 +49,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: Path, data: bytes, midway: Callable[[], None] | None = None) -> None:
+def _write_atomically(path: Path, data: bytes) -> None:
     """All of data at path, or (on an OSError: disk full, folder turned read-only) nothing new: the temporary file
     is taken away and the error raised."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            half = len(data) // 2
-            f.write(data[:half])
-            if midway:  # fault-injection point: the process may die with the file half written
-                f.flush()
-                midway()
-            f.write(data[half:])
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -68,8 +65,7 @@ def _write_atomically(path: Path, data: bytes, midway: Callable[[], None] | None
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int,
-                    midway: Callable[[], None] | None = None) -> Checkpoint:
+def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Checkpoint:
     """Raises CheckpointNotWritten (with nothing of this checkpoint left on disk) when the folder cannot take it."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -81,7 +77,7 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int,
     replaced = False
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, data, midway)
+        _write_atomically(path, data)
         replaced = True
         _write_atomically(manifest_path, manifest_data)
     except OSError as exc:
@@ -94,11 +90,10 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int,
 
 
 def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int, write_shards: Callable[[Path, str], None],
-                            barrier: Callable[[], None], is_main: bool,
-                            midway: Callable[[], None] | None = None) -> Checkpoint | None:
+                            barrier: Callable[[], None], is_main: bool) -> Checkpoint:
     """Every rank calls this. The engine writes each rank's shards into folder/step-XXXXXXXX/, rank 0 adds the
     loop's own state (training_state.pt); after a barrier (every rank has finished its shard) rank 0 fsyncs
-    every file and commits the folder with the manifest, which lists each file's size and sha256."""
+    every file and commits the folder with the manifest (each file's size; training_state.pt's sha256)."""
     stem = f"step-{manifest['step']:08d}"
     shard_dir = folder / stem
     if is_main:
@@ -108,24 +103,28 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
             shutil.rmtree(shard_dir)
     barrier()
     write_shards(folder, stem)
+    ours = {}
     if is_main:
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        _write_atomically(shard_dir / TRAINING_STATE, buffer.getvalue(), midway)
+        data = buffer.getvalue()
+        _write_atomically(shard_dir / TRAINING_STATE, data)
+        ours[TRAINING_STATE] = hashlib.sha256(data).hexdigest()
     barrier()
+    committed = Checkpoint(shard_dir, {**manifest, "file": stem})
     if not is_main:
-        return None
+        return committed
     files = {}
     for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
-        data = path.read_bytes()
+        name = str(path.relative_to(shard_dir))
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-        files[str(path.relative_to(shard_dir))] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
     _fsync_dir(shard_dir)
-    manifest = {**manifest, "file": stem, "files": files}
-    _write_atomically(folder / f"{stem}.json", json.dumps(manifest, indent=2).encode())
+    committed.manifest["files"] = files
+    _write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
     _prune(folder, keep)
-    return Checkpoint(shard_dir, manifest)
+    return committed
 
 
 def _prune(folder: Path, keep: int) -> None:
@@ -167,13 +166,20 @@ def verify(checkpoint: Checkpoint) -> str | None:
 
 
 def _verify_file(path: Path, expected: dict) -> str | None:
+    """Size first (a stat); then, where the manifest has one, the sha256, read in 4 MiB pieces."""
     try:
-        data = path.read_bytes()
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            return f"it is truncated ({size} of {expected.get('bytes')} bytes)"
+        if "sha256" not in expected:
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(4 * 2**20):
+                digest.update(chunk)
     except OSError as exc:
         return f"cannot read it ({exc.strerror})"
-    if len(data) != expected.get("bytes"):
-        return f"it is truncated ({len(data)} of {expected.get('bytes')} bytes)"
-    if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
+    if digest.hexdigest() != expected["sha256"]:
         return "its checksum does not match the manifest"
     return None
 

@@ -17,10 +17,11 @@ def _cause(exc: BaseException) -> BaseException:
 
 
 def build_component(node, key: str, **kwargs) -> Any:
-    """instantiate(node, **kwargs); `key` is where node sits in the config (e.g. dataset.train)."""
-    if node is None or "_target_" not in node:
+    """instantiate(node, **kwargs); `key` is where node sits in the config (e.g. dataset.train). node is a config
+    node or a plain mapping (the typed settings keep components as mappings)."""
+    if node is None or not hasattr(node, "get") or "_target_" not in node:
         raise ConfigError(f"{key} is missing or has no _target_ naming the class (or function) to build")
-    target = node._target_
+    target = node.get("_target_")
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as exc:

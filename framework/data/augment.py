@@ -13,13 +13,13 @@ from framework.config.components import build_component
 from framework.errors import ConfigError
 
 
-def build_augment(dataset_cfg, in_shape):
+def build_augment(node, in_shape):
     """dataset.augment (null: none): a batched on-device augmentation, checked against the input shape."""
-    if dataset_cfg.get("augment") is None:
+    if node is None:
         return None
-    augment = build_component(dataset_cfg.augment, "dataset.augment")
+    augment = build_component(node, "dataset.augment")
     if not callable(augment):
-        raise ConfigError(f"dataset.augment._target_={dataset_cfg.augment._target_} is not allowed: it built a "
+        raise ConfigError(f"dataset.augment._target_={node['_target_']} is not allowed: it built a "
                           f"{type(augment).__name__}, which cannot be called as augment(batch, generator)")
     if hasattr(augment, "check"):
         augment.check(tuple(in_shape))

@@ -1,20 +1,20 @@
-"""conf/dataset/*.yaml -> the train and test Datasets, and the facts the model needs (input shape, classes).
+"""The dataset's typed options (framework/config/dataset.py) -> the train and test Datasets, and the facts the
+model needs (input shape, classes).
 
 A dataset config names two components, `train` and `test`, each any map-style torch Dataset returning
 (input, label), built with Hydra's instantiate (so `_target_` may be a class or a factory, `_partial_` too, and
 nested `_target_`s such as a torchvision transform pipeline are built first). The built-in datasets are
-ordinary entries of the same mechanism. Optional keys beside them: `name`, `num_classes`, `in_shape`,
-`in_memory`, `max_train_samples`, `max_test_samples`, `augment`."""
+ordinary entries of the same mechanism."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from framework.config.components import build_component
+from framework.config.dataset import DatasetConfig
 from framework.errors import ConfigError
 
 SPLITS = ("train", "test")
@@ -22,28 +22,14 @@ _SHAPE_SAMPLES = 8  # samples whose shapes are compared in the driver (all of th
 _LABEL_SAMPLES = 1024  # labels read in the driver from a dataset that has no `targets`
 
 
-def option(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    """A dataset key that a user's config may leave out."""
-    value = cfg.get(key, default)
-    return default if value is None else value
-
-
-def dataset_name(cfg: DictConfig) -> str:
-    """`name:` if given, else the train component's class name (for logs, hparams and checkpoint signatures)."""
-    if cfg.get("name"):
-        return str(cfg.name)
-    target = str((cfg.get("train") or {}).get("_target_", "dataset"))
-    return target.rsplit(".", 1)[-1]
-
-
-def build_split(cfg: DictConfig, which: str) -> Dataset:
+def build_split(cfg: DatasetConfig, which: str) -> Dataset:
     """Instantiate dataset.<which> (train or test), limited to dataset.max_<which>_samples."""
     key = f"dataset.{which}"
-    node = cfg.get(which)
-    if node is None or "_target_" not in node:
+    node = getattr(cfg, which)
+    if not isinstance(node, dict) or "_target_" not in node:
         raise ConfigError(f"{key} is missing or has no _target_: a dataset config needs `train:` and `test:` "
                           "entries, each naming a torch Dataset with _target_ (see README, Your own model and data)")
-    target = node._target_
+    target = node["_target_"]
     dataset = build_component(node, key)
     if callable(dataset) and not hasattr(dataset, "__getitem__"):  # `_partial_: true` on a factory
         dataset = dataset()
@@ -52,7 +38,7 @@ def build_split(cfg: DictConfig, which: str) -> Dataset:
                           "map-style torch Dataset (one with __len__ and __getitem__ giving (input, label))")
     if len(dataset) == 0:
         raise ConfigError(f"{key}._target_={target} is not allowed: the dataset is empty")
-    limit = option(cfg, f"max_{which}_samples")
+    limit = getattr(cfg, f"max_{which}_samples")
     if limit and limit < len(dataset):
         dataset = _limited(dataset, limit)
     return dataset
@@ -145,8 +131,8 @@ def _sample(dataset: Dataset, index: int, which: str):
     return x, item[1]
 
 
-def _in_shape(cfg: DictConfig, data: dict[str, Dataset], check: bool) -> tuple[int, ...]:
-    declared = option(cfg, "in_shape")
+def _in_shape(cfg: DatasetConfig, data: dict[str, Dataset], check: bool) -> tuple[int, ...]:
+    declared = cfg.in_shape
     said = getattr(data["train"], "in_shape", None)  # a dataset that states its shape (the built-ins) is trusted
     if said or (declared and not check):
         return tuple(said or declared)
@@ -164,8 +150,8 @@ def _in_shape(cfg: DictConfig, data: dict[str, Dataset], check: bool) -> tuple[i
     return shape
 
 
-def _num_classes(cfg: DictConfig, data: dict[str, Dataset], check: bool) -> int:
-    declared = option(cfg, "num_classes")
+def _num_classes(cfg: DatasetConfig, data: dict[str, Dataset], check: bool) -> int:
+    declared = cfg.num_classes
     train = data["train"]
     said = getattr(train, "num_classes", None)  # trusted, like in_shape: no labels are read for it
     found = declared or said or len(getattr(train, "classes", None) or []) or None
@@ -185,7 +171,7 @@ def _num_classes(cfg: DictConfig, data: dict[str, Dataset], check: bool) -> int:
     return found
 
 
-def build_data(cfg: DictConfig, check: bool = False) -> Data:
+def build_data(cfg: DatasetConfig, check: bool = False) -> Data:
     """Both splits and their facts. check=True (the driver, once): also compare sample shapes and label ranges."""
     data = {which: build_split(cfg, which) for which in SPLITS}
     in_shape = _in_shape(cfg, data, check)

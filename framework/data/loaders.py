@@ -128,11 +128,12 @@ def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int
         yield pipeline(xs.to(device, non_blocking=True)), torch.as_tensor(ys).to(device, non_blocking=True)
 
 
-def build_train_loader(data, cfg, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int):
+def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,
+                       micro_batch: int, rank: int, world: int):
     """The in-memory path when the training split offers its tensors and dataset.in_memory is on (the default);
     the DataLoader path otherwise."""
     tensors = tensors_of(data.train)
-    common = (pipeline, device, micro_batch, rank, world, cfg.trainer.seed)
-    if tensors is not None and cfg.dataset.get("in_memory", True) is not False:
+    common = (pipeline, device, micro_batch, rank, world, seed)
+    if tensors is not None and in_memory:
         return InMemoryLoader(*tensors, *common)
-    return DataLoaderLoader(data.train, *common, num_workers=cfg.trainer.num_workers)
+    return DataLoaderLoader(data.train, *common, num_workers=num_workers)

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
 from torch import nn
 
 from framework.errors import ConfigError
 
 
-def build_model(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def build_model(model_cfg: dict, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     try:
         return instantiate(model_cfg, in_shape=tuple(in_shape), num_classes=num_classes)
     except InstantiationException as exc:
@@ -18,7 +17,7 @@ def build_model(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: i
         raise
 
 
-def check_model_fits(model_cfg: DictConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def check_model_fits(model_cfg: dict, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Driver-side: build the model once (with its one-sample dry run) so a mismatch fails before any
     worker starts. On the CPU, not the meta device: `with torch.device("meta")` imports torch._dynamo,
     1.3 s of start-up that every ddp worker would wait for; LeNet builds in 10 ms. Returns the model."""

@@ -9,6 +9,7 @@ RESULT_FILE = "result.json"
 
 
 def write_result(run_dir: Path, result: dict) -> Path:
+    """result (RunResult.to_json()) into run_dir/result.json, atomically."""
     path = run_dir / RESULT_FILE
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:

@@ -1,6 +1,7 @@
 """Strategies are components: each conf/strategy/*.yaml names its adapter class with `_target_` (a Strategy
-subclass, built with the whole config). A user adds one from their own package and config dir (--config-dir),
-without editing this repo. `name` stays the strategy's name in run folders, results and messages."""
+subclass, built from its own typed options, `Options`, and the trainer's). A user adds one from their own package
+and config dir (--config-dir), without editing this repo. `name` stays the strategy's name in run folders, results
+and messages."""
 from __future__ import annotations
 
 import contextlib
@@ -11,13 +12,11 @@ from omegaconf import DictConfig, open_dict
 
 from framework.errors import ConfigError
 from framework.launch.environment import HOROVOD
-from framework.strategies.base import Strategy, cuda_wanted
+from framework.strategies.base import Strategy
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.single import SingleStrategy
 
 GROUP = "strategy"
-# strategy=auto (conf/strategy/auto.yaml: ddp's options) resolves to one of these
-_AUTO_CHOICES = {"ddp": DDPStrategy, "single": SingleStrategy}
 
 
 def class_path(cls: type) -> str:
@@ -26,23 +25,34 @@ def class_path(cls: type) -> str:
 
 def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
     """strategy=auto becomes ddp over all GPUs (or the workers an outer torch launcher started) when there are
-    several, else single. Returns the note to show, or an empty string."""
+    several, else single (with single's options only). Returns the note to show, or an empty string."""
     if cfg.strategy.name != "auto":
         return ""
     if launcher == HOROVOD:  # auto's options are ddp's: guessing horovod would run it without its own settings
         raise ConfigError("strategy=auto is not allowed under horovodrun: name the engine the workers were started "
                           "for, strategy=horovod")
-    several = launcher is not None or (cuda_wanted(cfg) and torch.cuda.device_count() > 1)
+    accelerator = cfg.trainer.accelerator
+    cuda = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
+    several = launcher is not None or (cuda and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
+    if not several:  # auto's options are ddp's: a bad one is refused even where single runs without them
+        from framework.config.strategy_options import DDPOptions
+        from framework.config.typed import typed
+
+        typed(DDPOptions, cfg.strategy, GROUP)
     with open_dict(cfg):
-        cfg.strategy.name = chosen
-        cfg.strategy._target_ = class_path(_AUTO_CHOICES[chosen])
+        if several:
+            cfg.strategy.name = chosen
+            cfg.strategy._target_ = class_path(DDPStrategy)
+        else:
+            cfg.strategy = {"_target_": class_path(SingleStrategy), "name": chosen}
     reason = "several GPUs/workers" if several else "at most one GPU"
     return f"strategy=auto chose {chosen} ({reason})"
 
 
-def strategy_class(options: DictConfig) -> type[Strategy]:
-    """The Strategy subclass a strategy config node names with _target_; ConfigError when it names none."""
+def strategy_class(options) -> type[Strategy]:
+    """The Strategy subclass a strategy config node (or plain mapping) names with _target_; ConfigError when it
+    names none."""
     target = options.get("_target_") if options is not None else None
     if not target:
         raise ConfigError(f"{GROUP}._target_ is missing: a strategy config names its class with _target_ "
@@ -58,8 +68,9 @@ def strategy_class(options: DictConfig) -> type[Strategy]:
     return cls
 
 
-def build_strategy(cfg: DictConfig) -> Strategy:
-    return strategy_class(cfg.strategy)(cfg)
+def build_strategy(options, trainer) -> Strategy:
+    """The strategy its typed options name, for this trainer config."""
+    return strategy_class({"_target_": options._target_})(options, trainer)
 
 
 @contextlib.contextmanager

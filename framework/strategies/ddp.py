@@ -3,7 +3,6 @@ agent, or by an outer torchrun / scheduler that already started us."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import sys
 
@@ -11,17 +10,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.checks import boolean, int_at_least, one_of, positive_number
+from framework.config.strategy_options import DDPOptions, ElasticOptions
 from framework.errors import ConfigError
 from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
-from framework.launch.environment import TORCH, launched_externally, restart_attempt, threads_per_worker
+from framework.launch.environment import TORCH, launched_externally, threads_per_worker
 from framework.launch.slurm import scheduler_name
-from framework.strategies.base import Strategy
+from framework.launch.store import STORE_TIMEOUT, launch_store
+from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.wait_clock import WaitClock
+from framework.training.precision import Precision
 
 CPU_WORKERS_WITHOUT_GPU = 2
-_PG_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 def _timed_allreduce(clock, bucket):  # no annotations: DDP checks them, and this module's are strings
@@ -33,25 +33,14 @@ def _timed_allreduce(clock, bucket):  # no annotations: DDP checks them, and thi
     return dist.all_reduce(grads, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
-def _attempt_store(rank: int, world_size: int) -> dist.Store:
-    """The launcher's store, with keys private to this restart attempt.
+class ElasticStrategy(Strategy):
+    """What every strategy whose workers start and join like ddp's shares: torch's elastic agent (or an outer
+    torchrun / SLURM), one process per GPU or CPU worker, a torch.distributed process group and its collectives."""
 
-    After the elastic agent restarts a worker group it hands the new workers the same store, which
-    still holds the first attempt's keys; gloo then reads a dead peer's address and fails with
-    'connectFullMesh ... Connection refused'. A per-attempt prefix gives each attempt a clean slate."""
-    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=rank == 0 and not agent_hosts_store, timeout=_PG_TIMEOUT,
-        multi_tenant=not agent_hosts_store,
-    )
-    return dist.PrefixStore(f"hydra_dist/attempt_{restart_attempt()}", store)
-
-
-class DDPStrategy(Strategy):
-    name = "ddp"
+    Options = ElasticOptions
     runs_in_process = False
     outer_launchers = frozenset({TORCH})
+    options: ElasticOptions
 
     # ---- driver side -------------------------------------------------------------------------
     def nproc_per_node(self) -> int:
@@ -78,34 +67,11 @@ class DDPStrategy(Strategy):
                 f"backend {self.backend()}, started by torch's elastic agent")
 
     def validate(self) -> None:
-        self.validate_launch()
-        positive_number(self.cfg, "strategy.bucket_cap_mb")
-        for key in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "static_graph"):
-            boolean(self.cfg, f"strategy.{key}")
-
-    def validate_launch(self) -> None:
-        """The launcher and process-group settings (shared with strategies that start workers like ddp)."""
-        cfg = self.cfg
-        int_at_least(cfg, "strategy.nproc_per_node", 1, optional=True)
-        nnodes = int_at_least(cfg, "strategy.nnodes", 1)
-        int_at_least(cfg, "strategy.node_rank", 0, optional=True)
-        int_at_least(cfg, "strategy.max_restarts", 0)
-        backend = one_of(cfg, "strategy.backend", ["auto", "nccl", "gloo"])
-        rdzv_backend = one_of(cfg, "strategy.rdzv_backend", ["c10d", "static"])
-        if backend == "nccl" and not self.use_cuda:
-            raise ConfigError(
-                "strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use strategy.backend=gloo "
-                "(or auto) for CPU workers"
-            )
+        if self.options.backend == "nccl" and not self.use_cuda:
+            raise ConfigError("strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use "
+                              "strategy.backend=gloo (or auto) for CPU workers")
         if self.use_cuda and "nccl" in self.backend():
             self._validate_one_gpu_per_worker()
-        if nnodes > 1 and not self.options.rdzv_endpoint:
-            raise ConfigError(
-                f"strategy.nnodes={nnodes} needs strategy.rdzv_endpoint=HOST:PORT (the same on every node; "
-                "rank 0's node hosts the rendezvous)"
-            )
-        if rdzv_backend == "static" and self.options.node_rank is None and nnodes > 1:
-            raise ConfigError("strategy.rdzv_backend=static needs strategy.node_rank (0..nnodes-1) on every node")
 
     def _validate_one_gpu_per_worker(self) -> None:
         """nccl refuses two ranks on one GPU ("Duplicate GPU detected"), and each worker takes GPU local_rank modulo
@@ -132,11 +98,11 @@ class DDPStrategy(Strategy):
         return launch_elastic(
             entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
             rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
-            log_all_ranks=self.cfg.trainer.log_all_ranks,
-            log_dir=os.path.join(payload["run_dir"], "worker_logs"),
+            log_all_ranks=self.trainer.log_all_ranks,
+            log_dir=os.path.join(payload.run_dir, "worker_logs"),
         )
 
-    # ---- worker side -------------------------------------------------------------------------
+    # ---- joining -----------------------------------------------------------------------------
     def setup(self) -> None:
         self.rank = int(os.environ["RANK"])
         self.local_rank = int(os.environ["LOCAL_RANK"])
@@ -150,38 +116,26 @@ class DDPStrategy(Strategy):
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(local_world))))
         if not dist.is_initialized():
             dist.init_process_group(
-                self.backend(), store=_attempt_store(self.rank, self.world_size), rank=self.rank,
-                world_size=self.world_size, timeout=_PG_TIMEOUT,
+                self.backend(), store=launch_store(self.rank, self.world_size), rank=self.rank,
+                world_size=self.world_size, timeout=STORE_TIMEOUT,
                 device_id=self.device if self.device.type == "cuda" else None,
             )
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        o = self.options
-        if o.sync_batchnorm:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        ddp = nn.parallel.DistributedDataParallel(
-            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            find_unused_parameters=o.find_unused_parameters, bucket_cap_mb=o.bucket_cap_mb,
-            gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
-        )
-        self.wait_clock = WaitClock(self.device)
-        ddp.register_comm_hook(self.wait_clock, _timed_allreduce)
-        return ddp
+    def leave_group(self, wait_for_peers: bool) -> None:
+        """With wait_for_peers, only once every rank got here (rank 0's store outlives the others). With nccl, one
+        rank waiting for a peer that already left hangs until the group's timeout."""
+        if dist.is_initialized():
+            if wait_for_peers:
+                dist.barrier()
+            dist.destroy_process_group()
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        # Ranks may hold different numbers of test batches; DDP's forward would wait on a buffer broadcast.
-        return self.unwrap(model)
+    def teardown(self) -> None:
+        finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
+        self.leave_group(wait_for_peers=finished)
+        if finished:
+            exit_at_end_of_finished_worker()
 
-    def sync(self, model: nn.Module, on: bool):
-        if not on:
-            return model.no_sync()
-        return self._released_after_backward() if self.wait_clock else super().sync(model, on)
-
-    @contextlib.contextmanager
-    def _released_after_backward(self):
-        yield
-        self.wait_clock.stop()  # backward() has returned: every bucket's all-reduce is done
-
+    # ---- collectives -------------------------------------------------------------------------
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(out, t.contiguous())
@@ -202,20 +156,35 @@ class DDPStrategy(Strategy):
         return box[0]
 
     def barrier(self) -> None:
-        with self.wait_clock.blocking() if self.wait_clock else contextlib.nullcontext():
+        with self.clock.blocking() if self.clock else contextlib.nullcontext():
             dist.barrier()
 
-    def leave_group(self, wait_for_peers: bool) -> None:
-        """Shut this process's group down; with wait_for_peers, only once every rank got here (so nobody leaves
-        while a peer still talks to it, and rank 0's store outlives the others). Every rank must pass the same
-        wait_for_peers: with nccl, one rank waiting for a peer that already left hangs until the group's timeout."""
-        if dist.is_initialized():
-            if wait_for_peers:
-                dist.barrier()
-            dist.destroy_process_group()
+    @contextlib.contextmanager
+    def _released_after_backward(self):
+        yield
+        self.clock.stop()  # backward() has returned: every gradient's reduction is done
 
-    def teardown(self) -> None:
-        finished = sys.exc_info()[0] is None  # called from worker_entry's finally: no exception in flight
-        self.leave_group(wait_for_peers=finished)
-        if finished:
-            exit_at_end_of_finished_worker()
+
+class DDPStrategy(ElasticStrategy):
+    Options = DDPOptions
+    options: DDPOptions
+
+    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
+        o = self.options
+        if o.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=o.find_unused_parameters, bucket_cap_mb=o.bucket_cap_mb,
+            gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
+        )
+        self.clock = WaitClock(self.device)
+        ddp.register_comm_hook(self.clock, _timed_allreduce)
+        return Wrapped(ddp, make_optimizer(ddp.parameters()), Precision(self.trainer.precision, self.device), self.clock)
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        # Ranks may hold different numbers of test batches; DDP's forward would wait on a buffer broadcast.
+        return self.unwrap(model)
+
+    def sync(self, model: nn.Module, on: bool):
+        return self._released_after_backward() if on else model.no_sync()

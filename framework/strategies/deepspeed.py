@@ -15,11 +15,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from framework.config.checks import boolean, fail, value_at
+from framework.config.strategy_options import DeepSpeedOptions
 from framework.errors import ConfigError
-from framework.training.precision import Precision
-from framework.strategies.ddp import DDPStrategy
+from framework.strategies.base import Wrapped
+from framework.strategies.checkpoint_io import CheckpointIO
+from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
+from framework.training.precision import Precision
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
@@ -59,55 +61,54 @@ def _innermost_torch_optimizer(optimizer):
     return optimizer
 
 
-class DeepSpeedStrategy(DDPStrategy):
-    name = "deepspeed"
+class DeepSpeedStrategy(ElasticStrategy):
+    Options = DeepSpeedOptions
+    options: DeepSpeedOptions
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
 
-    checkpoint_reshards = False  # ZeRO partitions (and DeepSpeed's own file names) follow the world size that wrote them
-
-    @property
-    def checkpoint_format(self) -> str:  # a ZeRO-n checkpoint only loads into a ZeRO-n engine
-        return f"deepspeed-zero{self.options.zero_stage}"
+    def __init__(self, options, trainer):
+        super().__init__(options, trainer)
+        self.checkpoints = DeepSpeedCheckpoints(self)
+        self.engine = None
 
     # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(f"strategy=deepspeed is not allowed here: DeepSpeed is not installed; {INSTALL_HINT}")
-        self.validate_launch()
-        cfg = self.cfg
-        stage = value_at(cfg, "strategy.zero_stage")
-        if not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-            fail("strategy.zero_stage", stage, "expected 0, 1, 2 or 3 (ZeRO stage: 0 none, 1 optimizer state, "
-                 "2 + gradients, 3 + parameters partitioned across ranks)")
-        if boolean(cfg, "strategy.offload_optimizer") and stage == 0:
-            raise ConfigError("strategy.offload_optimizer=true is not allowed with strategy.zero_stage=0: DeepSpeed "
-                              "offloads the partitioned optimizer state of ZeRO; use strategy.zero_stage=1, 2 or 3")
-        if cfg.trainer.precision == "fp16" and not self.use_cuda:
+        super().validate()
+        if self.trainer.precision == "fp16" and not self.use_cuda:
             raise ConfigError("trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU: fp16 needs "
                               "CUDA; use bf16 or fp32")
-        if cfg.trainer.on_nonfinite == "skip":
+        if self.trainer.on_nonfinite == "skip":
             raise ConfigError("trainer.on_nonfinite=skip is not allowed with strategy=deepspeed: DeepSpeed's engine "
                               "owns the optimizer step and cannot skip one on request (with fp16 its loss scaler "
                               "skips overflowing steps by itself); use trainer.on_nonfinite=stop")
-        deepspeed_config(cfg, self.processes())  # raises on a strategy.config key that contradicts the config
+        self.engine_config(self.processes())  # raises on a strategy.config key that contradicts the config
+
+    def engine_config(self, processes: int) -> dict:
+        return deepspeed_config(self.options, self.trainer, processes)
 
     def save_settings(self, run_dir: Path) -> None:
-        text = json.dumps(deepspeed_config(self.cfg, self.processes()), indent=2)
+        text = json.dumps(self.engine_config(self.processes()), indent=2)
         (run_dir / CONFIG_FILE).write_text(text + "\n")
 
-    # ---- worker side -------------------------------------------------------------------------
+    # ---- joining -----------------------------------------------------------------------------
     def setup(self) -> None:
         # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.use_cuda else "cpu")
         super().setup()
         if self.use_cuda:
             pin_deepspeed_to(self.device)
-        self.engine = None
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        return model  # deepspeed.initialize wraps model and optimizer together (wrap_optimizer)
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        super().teardown()
 
-    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    # ---- wrapping ----------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
+        """deepspeed.initialize wraps model and optimizer together."""
         try:
             import deepspeed
         except ImportError as exc:
@@ -116,7 +117,7 @@ class DeepSpeedStrategy(DDPStrategy):
         # DeepSpeed's ZeRO calls a torch collective that torch now marks deprecated; not the user's to fix.
         warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+. is deprecated", category=FutureWarning)
         engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=deepspeed_config(self.cfg, self.world_size),
+            model=model, optimizer=make_optimizer(model.parameters()), config=self.engine_config(self.world_size),
             dist_init_required=False,
         )
         self.engine = engine
@@ -124,12 +125,9 @@ class DeepSpeedStrategy(DDPStrategy):
         # DeepSpeed's prefetching, where this clock cannot separate it from work. No wait is reported rather than
         # a misleadingly small one (its busy time is then the step time, as for a strategy without a clock).
         if self.options.zero_stage < 3:
-            self.wait_clock = WaitClock(self.device)
-            start_when_gradients_are_done(engine.module, self.wait_clock)
-        return engine, ds_optimizer
-
-    def make_precision(self, name: str) -> Precision:
-        return DeepSpeedPrecision(name, self.device, self.engine)
+            self.clock = WaitClock(self.device)
+            start_when_gradients_are_done(engine.module, self.clock)
+        return Wrapped(engine, ds_optimizer, DeepSpeedPrecision(self.trainer.precision, self.device, engine), self.clock)
 
     def optimizer_state_bytes(self, optimizer) -> int:
         inner = _innermost_torch_optimizer(optimizer)
@@ -149,19 +147,25 @@ class DeepSpeedStrategy(DDPStrategy):
     def sync(self, model: nn.Module, on: bool):
         # The engine reduces at its accumulation boundary, inside the last micro-batch's backward: once that
         # returns, this rank is released.
-        return self._released_after_backward() if on and self.wait_clock else contextlib.nullcontext()
+        return self._released_after_backward() if on and self.clock else contextlib.nullcontext()
 
-    def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
-        self.engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
 
-    def load_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
-        path, _ = self.engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                              load_lr_scheduler_states=False)
+class DeepSpeedCheckpoints(CheckpointIO):
+    """DeepSpeed's own checkpoint folder; a ZeRO-n checkpoint only loads into a ZeRO-n engine, and ZeRO's partitions
+    (and DeepSpeed's file names) follow the world size that wrote them."""
+
+    sharded = True
+    reshards = False
+
+    @property
+    def format(self) -> str:
+        return f"deepspeed-zero{self.strategy.options.zero_stage}"
+
+    def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
+        wrapped.model.save_checkpoint(str(folder), tag=tag, save_latest=False)
+
+    def load_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
+        path, _ = wrapped.model.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {folder / tag}")
-
-    def teardown(self) -> None:
-        if self.engine is not None:
-            self.engine.destroy()
-            self.engine = None
-        super().teardown()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from framework.config.strategy_options import DeepSpeedOptions
+from framework.config.trainer import TrainerConfig
 from framework.errors import ConfigError
 
 CONFIG_FILE = "deepspeed_config.json"
@@ -30,19 +30,18 @@ _REFUSED = {
 }
 
 
-def generated_config(cfg: DictConfig, processes: int) -> dict:
-    t, o = cfg.trainer, cfg.strategy
-    micro_batch = t.batch_size // (processes * t.grad_accum)
-    zero: dict[str, Any] = {"stage": o.zero_stage}
-    if o.offload_optimizer:
+def generated_config(options: DeepSpeedOptions, trainer: TrainerConfig, processes: int) -> dict:
+    micro_batch = trainer.batch_size // (processes * trainer.grad_accum)
+    zero: dict[str, Any] = {"stage": options.zero_stage}
+    if options.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
     return {
-        "train_batch_size": t.batch_size,
+        "train_batch_size": trainer.batch_size,
         "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": float(t.grad_clip or 0.0),
-        "bf16": {"enabled": t.precision == "bf16"},
-        "fp16": {"enabled": t.precision == "fp16"},
+        "gradient_accumulation_steps": trainer.grad_accum,
+        "gradient_clipping": float(trainer.grad_clip or 0.0),
+        "bf16": {"enabled": trainer.precision == "bf16"},
+        "fp16": {"enabled": trainer.precision == "fp16"},
         "zero_optimization": zero,
         # The optimizer is a torch optimizer from the optimizer group; DeepSpeed supports it, it just does not
         # test every one (and with offload it would insist on its own CPU Adam).
@@ -51,15 +50,6 @@ def generated_config(cfg: DictConfig, processes: int) -> dict:
         "steps_per_print": _NEVER,
         "wall_clock_breakdown": False,
     }
-
-
-def user_config(cfg: DictConfig) -> dict:
-    block = cfg.strategy.config
-    if block is None:
-        return {}
-    if not OmegaConf.is_dict(block):
-        raise ConfigError(f"strategy.config={block!r} is not allowed: expected a mapping of DeepSpeed config keys")
-    return OmegaConf.to_container(block, resolve=True)
 
 
 def _lookup(tree: dict, dotted: str):
@@ -81,10 +71,11 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def deepspeed_config(cfg: DictConfig, processes: int) -> dict:
+def deepspeed_config(options: DeepSpeedOptions, trainer: TrainerConfig, processes: int) -> dict:
     """The final config: generated keys, then strategy.config merged in. Raises ConfigError when
     strategy.config contradicts a generated key or replaces a part the framework owns."""
-    generated, extra = generated_config(cfg, processes), user_config(cfg)
+    generated, extra = generated_config(options, trainer, processes), dict(options.config)
+    settings = {"trainer": trainer, "strategy": options}
     for key, why in _REFUSED.items():
         if key in extra:
             raise ConfigError(f"strategy.config.{key} is not allowed: {why}")
@@ -95,9 +86,10 @@ def deepspeed_config(cfg: DictConfig, processes: int) -> dict:
         if ours is _ABSENT:  # offload_optimizer.device when strategy.offload_optimizer=false
             ours = None
         if theirs != ours:
+            group, _, name = source.partition(".")
             raise ConfigError(
                 f"strategy.config.{key}={theirs!r} is not allowed: it contradicts {source}="
-                f"{OmegaConf.select(cfg, source)!r}, from which this key is generated ({ours!r}); "
+                f"{getattr(settings[group], name)!r}, from which this key is generated ({ours!r}); "
                 f"set {source} instead"
             )
     return _merge(generated, extra)

@@ -4,29 +4,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from framework.config.checks import int_list
+from framework.config.strategy_options import DPOptions
 from framework.errors import ConfigError
-from framework.callbacks.faults import planned_faults
-from framework.training.precision import autocast_dtype
+from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
-from framework.strategies.base import Strategy
+from framework.training.precision import Precision, autocast_dtype
 
 
 class DataParallelStrategy(Strategy):
-    name = "dp"
-    slows_replicas = True
+    Options = DPOptions
+    options: DPOptions
 
     def validate(self) -> None:
-        ids = int_list(self.cfg, "strategy.device_ids", 0, optional=True)
+        ids = self.options.device_ids
         if ids and self.use_cuda and max(ids) >= torch.cuda.device_count():
             raise ConfigError(
                 f"strategy.device_ids={ids} is not allowed: this machine has {torch.cuda.device_count()} GPUs "
                 f"(ids 0..{torch.cuda.device_count() - 1})"
             )
-        if ids and len(set(ids)) != len(ids):
-            raise ConfigError(f"strategy.device_ids={ids} is not allowed: each GPU may appear once")
         gpus = len(self._device_ids())
-        if self.cfg.trainer.compile and gpus > 1:
+        if self.trainer.compile and gpus > 1:
             raise ConfigError(
                 f"trainer.compile=true is not allowed with strategy=dp on {gpus} GPUs: nn.DataParallel copies the "
                 "compiled module into every replica, and its compiled code stays bound to the first GPU's weights; "
@@ -43,28 +40,27 @@ class DataParallelStrategy(Strategy):
         return f"1 process, nn.DataParallel over GPU(s) {ids} (one replica each)"
 
     def setup(self) -> None:
+        self.device_ids = self._device_ids()
         if self.use_cuda:
-            self.device_ids = self._device_ids()
             # DataParallel keeps the master copy on device_ids[0]; make it the current device so that pinned
             # memory, the current CUDA RNG and stray allocations never open a context on an excluded GPU.
             torch.cuda.set_device(self.device_ids[0])
             self.device = torch.device("cuda", self.device_ids[0])
         else:
-            self.device_ids = []
             self.device = torch.device("cpu")
             print("strategy=dp: no GPU in use, so nn.DataParallel runs the model on the CPU (one replica)", flush=True)
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Every replica runs TimedReplica (framework/telemetry/replica_clock.py: the run's autocast dtype inside the replica
-        thread, forward/backward timed on the replica's GPU); on the CPU the one replica runs it directly."""
+    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
+        """Every replica runs TimedReplica (framework/telemetry/replica_clock.py: the run's autocast dtype inside the
+        replica thread, forward/backward timed on the replica's GPU); on the CPU the one replica runs it directly."""
         devices = [torch.device("cuda", i) for i in self.device_ids] or [self.device]
-        delays = [planned_faults(slot).get("slow_rank", 0.0) for slot in range(len(devices))]
-        self.wait_clock = ReplicaClock(devices, delays)
-        dtype = autocast_dtype(self.cfg.trainer.precision) if self.device_ids else None
-        replica = TimedReplica(model, self.wait_clock, self.device.type, dtype)
+        self.clock = ReplicaClock(devices)
+        dtype = autocast_dtype(self.trainer.precision) if self.device_ids else None
+        replica = TimedReplica(model, self.clock, self.device.type, dtype)
         outer = nn.DataParallel(replica, device_ids=self.device_ids) if self.device_ids else replica
-        outer.register_forward_pre_hook(lambda *_: self.wait_clock.begin_micro_batch())
-        return outer
+        outer.register_forward_pre_hook(lambda *_: self.clock.begin_micro_batch())
+        return Wrapped(outer, make_optimizer(outer.parameters()), Precision(self.trainer.precision, self.device),
+                       self.clock)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         if isinstance(model, nn.DataParallel):

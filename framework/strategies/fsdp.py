@@ -8,15 +8,15 @@ import contextlib
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from framework.checkpoints.position import Position
-from framework.checkpoints.state import restore_progress
-from framework.config.checks import boolean, fail, value_at
+from framework.config.strategy_options import FSDPOptions
 from framework.errors import ConfigError
+from framework.strategies.base import Wrapped
+from framework.strategies.checkpoint_io import CheckpointIO
+from framework.strategies.ddp import ElasticStrategy
 from framework.training.precision import Precision
-from framework.strategies.ddp import DDPStrategy
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -41,14 +41,17 @@ class FSDPPrecision(Precision):
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-class FSDPStrategy(DDPStrategy):
-    name = "fsdp"
-    checkpoint_format = "dcp"
-    readable_formats = ("dcp", "file")  # a single-file checkpoint (single, ddp, dp) loads as a full state dict
+class FSDPStrategy(ElasticStrategy):
+    Options = FSDPOptions
+    options: FSDPOptions
     channels_last_refusal = "fully_shard only shards contiguous parameters, and channels_last conv weights are not"
     # fully_shard moves one unit at a time to the GPU and keeps only its shard there (or in CPU memory, with
     # cpu_offload): a model larger than one GPU never sits there whole
     moves_model_itself = True
+
+    def __init__(self, options, trainer):
+        super().__init__(options, trainer)
+        self.checkpoints = DcpCheckpoints(self)
 
     def backend(self) -> str:
         """With cpu_offload the sharded gradients live in CPU memory, and clipping and the non-finite check
@@ -60,35 +63,21 @@ class FSDPStrategy(DDPStrategy):
 
     # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
-        self.validate_launch()
-        cfg = self.cfg
-        self._shard_class_names()
-        boolean(cfg, "strategy.reshard_after_forward")
-        if boolean(cfg, "strategy.cpu_offload") and not self.use_cuda:
+        super().validate()
+        if self.options.cpu_offload and not self.use_cuda:
             raise ConfigError("strategy.cpu_offload=true is not allowed without GPUs: the parameters and optimizer "
                               "state already live in CPU memory; use strategy.cpu_offload=false")
-        if cfg.trainer.precision == "fp16":
+        if self.trainer.precision == "fp16":
             raise ConfigError("trainer.precision=fp16 is not allowed with strategy=fsdp: fp16 needs a loss scaler "
                               "that unscales sharded (DTensor) gradients and agrees on overflows across ranks, which "
                               "torch.amp.GradScaler does not; use bf16 (no loss scaling needed) or fp32")
-        if cfg.trainer.compile:
+        if self.trainer.compile:
             raise ConfigError("trainer.compile=true is not allowed with strategy=fsdp: the model is compiled before "
                               "the strategy wraps it, and fully_shard must shard the uncompiled module; use "
                               "trainer.compile=false")
 
-    def _shard_class_names(self) -> list[str] | None:
-        """None for auto, else the class names listed in strategy.shard_modules."""
-        value = value_at(self.cfg, "strategy.shard_modules")
-        if value == "auto":
-            return None
-        names = OmegaConf.to_container(value) if OmegaConf.is_list(value) else None
-        if not names or not all(isinstance(n, str) and n for n in names):
-            fail("strategy.shard_modules", value, "expected auto (each direct child block that holds parameters) or "
-                 "a non-empty list of module class names, e.g. [Sequential]")
-        return names
-
     def check_model(self, model: nn.Module) -> None:
-        names = self._shard_class_names()
+        names = self.options.shard_class_names
         if names is None:
             return
         present = {type(m).__name__ for m in model.modules() if m is not model}
@@ -100,21 +89,21 @@ class FSDPStrategy(DDPStrategy):
     def describe(self) -> str:
         return super().describe() + "; parameters, gradients and optimizer state sharded by fully_shard"
 
-    # ---- worker side -------------------------------------------------------------------------
+    # ---- wrapping ----------------------------------------------------------------------------
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last."""
-        names = self._shard_class_names()
+        names = self.options.shard_class_names
         if names is None:
             return [child for child in model.children() if next(child.parameters(), None) is not None]
         # modules() lists parents before children; fully_shard wants the inner ones first
         return [m for m in reversed(list(model.modules())) if m is not model and type(m).__name__ in names]
 
-    def wrap_model(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         o = self.options
-        compute = {"bf16": torch.bfloat16}.get(self.cfg.trainer.precision)
+        compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
         # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
         offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
@@ -125,14 +114,7 @@ class FSDPStrategy(DDPStrategy):
         for unit in self.shard_units(model):
             fully_shard(unit, **options)
         fully_shard(model, **options)
-        return model
-
-    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer  # the checkpoint methods save and load both
-        return model, optimizer
-
-    def make_precision(self, name: str) -> Precision:
-        return FSDPPrecision(name, self.device)
+        return Wrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, self.device))
 
     def optimizer_state_bytes(self, optimizer) -> int:
         return sum(_local(t).numel() * t.element_size() for state in optimizer.state.values()
@@ -152,43 +134,54 @@ class FSDPStrategy(DDPStrategy):
             model.set_reshard_after_backward(on)
         return contextlib.nullcontext()
 
-    # ---- checkpoints ----------------------------------------------------------------------------
-    def _state(self, model: nn.Module) -> dict:
+
+class DcpCheckpoints(CheckpointIO):
+    """torch.distributed.checkpoint: one shard per rank; reads a single-file checkpoint (single, ddp, dp) as a full
+    state dict, each rank keeping its shards."""
+
+    format = "dcp"
+    sharded = True
+    readable_formats = ("dcp", "file")
+
+    @staticmethod
+    def _state(wrapped: Wrapped) -> dict:
         """This rank's shards of model and optimizer state (DTensors), keyed by parameter name."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(wrapped.model, wrapped.optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
 
-    def save_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+    def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(self._state(model), checkpoint_id=str(folder / tag))
+        dcp.save(self._state(wrapped), checkpoint_id=str(folder / tag))
 
-    def load_engine_checkpoint(self, folder: Path, tag: str, model: nn.Module) -> None:
+    def load_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
         """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        state = self._state(model)
+        state = self._state(wrapped)
         dcp.load(state, checkpoint_id=str(folder / tag))
-        set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(wrapped.model, wrapped.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
 
-    def restore_file_checkpoint(self, state: dict, model: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
+    def restore_file(self, state: dict, wrapped: Wrapped) -> tuple[Position, dict]:
         """A single-file checkpoint holds the full model and a plain optimizer state dict (parameters by index, in
-        model.parameters() order); each rank keeps its shards of both."""
+        model.parameters() order)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+        model = wrapped.model
         names = [name for name, _ in model.named_parameters()]
         saved = state["optimizer"]
         by_name = {
             "state": {names[i]: s for i, s in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
-        with _buffers_in_cpu_memory(model, self.options.cpu_offload):
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
+        with _buffers_in_cpu_memory(model, self.strategy.options.cpu_offload):
+            set_state_dict(model, wrapped.optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
                            options=StateDictOptions(full_state_dict=True))
-        return restore_progress(state, self.rank, self.world_size, self.cfg.trainer.batch_size, self.cuda_devices())
+        return self.progress(state)
 
 
 @contextlib.contextmanager

@@ -10,11 +10,11 @@ import os
 import torch
 from torch import nn
 
-from framework.config.checks import int_at_least, one_of, value_at
+from framework.config.strategy_options import HorovodOptions
 from framework.errors import ConfigError
 from framework.launch.environment import HOROVOD, outer_launcher, threads_per_worker
+from framework.strategies.base import Strategy, Wrapped
 from framework.training.precision import Precision
-from framework.strategies.base import Strategy
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
 
 CPU_WORKERS_WITHOUT_GPU = 2
@@ -43,7 +43,8 @@ class HorovodPrecision(Precision):
 
 
 class HorovodStrategy(Strategy):
-    name = "horovod"
+    Options = HorovodOptions
+    options: HorovodOptions
     channels_last_refusal = "Horovod's collectives take contiguous tensors only"
     runs_in_process = False
     outer_launchers = frozenset({HOROVOD})
@@ -65,26 +66,17 @@ class HorovodStrategy(Strategy):
         return self.np()
 
     def validate(self) -> None:
-        cfg = self.cfg
-        np = int_at_least(cfg, "strategy.np", 1, optional=True)
-        hosts = value_at(cfg, "strategy.hosts")
-        one_of(cfg, "strategy.compression", ["none", "fp16"])
-        op = one_of(cfg, "strategy.op", ["average", "sum", "adasum"])
-        passes = value_at(cfg, "strategy.backward_passes_per_step")
-        if passes != cfg.trainer.grad_accum:
+        o, grad_accum = self.options, self.trainer.grad_accum
+        if o.backward_passes_per_step != grad_accum:
             raise ConfigError(
-                f"strategy.backward_passes_per_step={passes!r} is not allowed: it is trainer.grad_accum "
-                f"({cfg.trainer.grad_accum}), the one setting for gradient accumulation; set trainer.grad_accum instead"
-            )
+                f"strategy.backward_passes_per_step={o.backward_passes_per_step!r} is not allowed: it is "
+                f"trainer.grad_accum ({grad_accum}), the one setting for gradient accumulation; set trainer.grad_accum "
+                "instead")
         if self.under_horovodrun():
-            self._validate_under_horovodrun(np, hosts)
-        elif hosts is not None:
-            slots = self.host_slots()
-            if np is None:
-                raise ConfigError(f"strategy.hosts={hosts!r} needs strategy.np (the total number of workers)")
-            if np > sum(slots.values()):
-                raise ConfigError(f"strategy.np={np} is not allowed with strategy.hosts={hosts!r}: they offer only "
-                                  f"{sum(slots.values())} slot(s); raise the slots or lower strategy.np")
+            self._validate_under_horovodrun()
+        elif o.hosts is not None and o.np > sum(o.host_slots().values()):
+            raise ConfigError(f"strategy.np={o.np} is not allowed with strategy.hosts={o.hosts!r}: they offer only "
+                              f"{sum(o.host_slots().values())} slot(s); raise the slots or lower strategy.np")
         hvd = import_horovod()
         if not hvd.gloo_built():
             raise ConfigError(f"strategy=horovod is not allowed: this horovod has no gloo controller; rebuild it: {INSTALL}")
@@ -94,37 +86,25 @@ class HorovodStrategy(Strategy):
                 "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see README, Horovod), or use trainer.accelerator=cpu"
             )
         local_workers = int(os.environ["HOROVOD_LOCAL_SIZE"]) if self.under_horovodrun() else self.np()
-        if self.use_cuda and self.options.hosts is None and local_workers > torch.cuda.device_count():
+        if self.use_cuda and o.hosts is None and local_workers > torch.cuda.device_count():
             gpus = torch.cuda.device_count()
             raise ConfigError(f"strategy.np={local_workers} is not allowed: this machine has {gpus} GPU(s) and horovod "
                               f"with NCCL needs one GPU per worker; use at most {gpus} on this machine")
-        if op == "adasum" and not hvd.mpi_built():
+        if o.op == "adasum" and not hvd.mpi_built():
             raise ConfigError("strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built "
                               "with MPI (ours uses gloo); use average or sum")
-        if op == "adasum" and cfg.trainer.grad_accum > 1:
+        if o.op == "adasum" and grad_accum > 1:
             raise ConfigError("strategy.op=adasum is not allowed with trainer.grad_accum > 1 in this framework; "
                               "use average or sum")
 
-    @staticmethod
-    def _validate_under_horovodrun(np: int | None, hosts) -> None:
-        started = int(os.environ["HOROVOD_SIZE"])
-        if np is not None and np != started:
-            raise ConfigError(f"strategy.np={np} is not allowed under horovodrun, which started {started} workers: "
+    def _validate_under_horovodrun(self) -> None:
+        started, o = int(os.environ["HOROVOD_SIZE"]), self.options
+        if o.np is not None and o.np != started:
+            raise ConfigError(f"strategy.np={o.np} is not allowed under horovodrun, which started {started} workers: "
                               "leave strategy.np unset (horovodrun -np decides)")
-        if hosts is not None:
-            raise ConfigError(f"strategy.hosts={hosts!r} is not allowed under horovodrun: its -H option decides "
+        if o.hosts is not None:
+            raise ConfigError(f"strategy.hosts={o.hosts!r} is not allowed under horovodrun: its -H option decides "
                               "the hosts; leave strategy.hosts unset")
-
-    def host_slots(self) -> dict[str, int]:
-        hosts = self.options.hosts
-        slots: dict[str, int] = {}
-        for item in str(hosts).split(","):
-            name, _, count = item.strip().partition(":")
-            if not name or not count.isdigit() or int(count) < 1:
-                raise ConfigError(f"strategy.hosts={hosts!r} is not allowed: expected HOST:SLOTS[,HOST:SLOTS...], "
-                                  "e.g. node1:2,node2:2")
-            slots[name] = int(count)
-        return slots
 
     def launch(self, entry, payload):
         from framework.launch.horovod_runner import launch_horovod
@@ -133,10 +113,10 @@ class HorovodStrategy(Strategy):
         if o.np is None and not self.use_cuda:
             print(f"strategy=horovod: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
                   "(set strategy.np to change)", flush=True)
-        local = self.np() if o.hosts is None else max(self.host_slots().values())
+        local = self.np() if o.hosts is None else max(o.host_slots().values())
         return launch_horovod(entry, payload, np=self.np(), hosts=o.hosts, local_workers=local)
 
-    # ---- worker side -------------------------------------------------------------------------
+    # ---- joining -----------------------------------------------------------------------------
     def setup(self) -> None:
         self.hvd = hvd = import_horovod()
         hvd.init()
@@ -148,33 +128,37 @@ class HorovodStrategy(Strategy):
             self.device = torch.device("cpu")
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(hvd.local_size()))))
 
-    def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    def leave_group(self, wait_for_peers: bool) -> None:
+        """Shut Horovod down, with wait_for_peers only once every rank got here."""
+        if getattr(self, "hvd", None) is not None and self.hvd.is_initialized():
+            if wait_for_peers:
+                self.hvd.barrier()
+            self.hvd.shutdown()
+
+    # ---- wrapping ----------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
         hvd, o = self.hvd, self.options
         hvd.broadcast_parameters(self.unwrap(model).state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=self.unwrap(model).named_parameters(),
+            make_optimizer(model.parameters()), named_parameters=self.unwrap(model).named_parameters(),
             compression=hvd.Compression.fp16 if o.compression == "fp16" else hvd.Compression.none,
             op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[o.op],
-            backward_passes_per_step=self.cfg.trainer.grad_accum,
+            backward_passes_per_step=self.trainer.grad_accum,
         )
         # Not hvd.broadcast_optimizer_state: on a fresh optimizer it first takes a step with zero gradients to
         # create the state, which advances Adam's step count (and applies weight decay), so the run would no
         # longer match one process. Sending rank 0's state dict does the same job without a step.
         optimizer.load_state_dict(hvd.broadcast_object(optimizer.state_dict(), root_rank=0))
         _accept_set_to_none(optimizer)
-        self.wait_clock = WaitClock(self.device)
-        start_when_gradients_are_done(self.unwrap(model), self.wait_clock)
-        _stop_clock_after_synchronize(optimizer, self.wait_clock)
-        return model, optimizer
+        self.clock = WaitClock(self.device)
+        start_when_gradients_are_done(self.unwrap(model), self.clock)
+        _stop_clock_after_synchronize(optimizer, self.clock)
+        return Wrapped(model, optimizer, HorovodPrecision(self.trainer.precision, self.device), self.clock)
 
-    def make_precision(self, name: str) -> Precision:
-        return HorovodPrecision(name, self.device)
+    # DistributedOptimizer counts backward passes itself (backward_passes_per_step = trainer.grad_accum) and
+    # all-reduces after the last one, so every micro-batch's backward runs the same way: the default sync().
 
-    def sync(self, model: nn.Module, on: bool):
-        # DistributedOptimizer counts backward passes itself (backward_passes_per_step = trainer.grad_accum)
-        # and all-reduces after the last one, so every micro-batch's backward runs the same way.
-        return contextlib.nullcontext()
-
+    # ---- collectives -------------------------------------------------------------------------
     def all_gather(self, t: torch.Tensor) -> torch.Tensor:
         return self.hvd.allgather(t.unsqueeze(0).contiguous())
 
@@ -185,23 +169,17 @@ class HorovodStrategy(Strategy):
         return self.hvd.allgather_object(obj)
 
     def broadcast_object(self, obj):
-        # One explicit name: Horovod's default is the object's type name, and rank 0 sends a dict while the others
-        # pass None, so the collectives would never match.
-        return self.hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
+        return broadcast_from_rank0(self.hvd, obj)
 
     def barrier(self) -> None:
-        with self.wait_clock.blocking() if self.wait_clock else contextlib.nullcontext():
+        with self.clock.blocking() if self.clock else contextlib.nullcontext():
             self.hvd.barrier()
 
-    def leave_group(self, wait_for_peers: bool) -> None:
-        """As DDPStrategy.leave_group: shut Horovod down, with wait_for_peers only once every rank got here."""
-        if getattr(self, "hvd", None) is not None and self.hvd.is_initialized():
-            if wait_for_peers:
-                self.hvd.barrier()
-            self.hvd.shutdown()
 
-    def teardown(self) -> None:
-        self.leave_group(wait_for_peers=False)
+def broadcast_from_rank0(hvd, obj):
+    # One explicit name: Horovod's default is the object's type name, and rank 0 sends a dict while the others
+    # pass None, so the collectives would never match.
+    return hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
 
 
 def _accept_set_to_none(optimizer) -> None:

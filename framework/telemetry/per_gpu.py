@@ -60,12 +60,13 @@ class PerGpu:
         self.slots, self.flops_per_sample, self.threshold = slots, flops_per_sample, straggler_threshold
 
     @staticmethod
-    def start(strategy, model, in_shape, micro_batch: int, t, say) -> "PerGpu":
+    def start(strategy, model, in_shape, micro_batch: int, precision: str, straggler_threshold: float,
+              say) -> "PerGpu":
         """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
         the FLOPs and says what it can report."""
         convolutions = has_convolutions(model)
         used = len(strategy.slot_sizes(micro_batch))
-        mine = local_slots(strategy, used, t.precision, convolutions)
+        mine = local_slots(strategy, used, precision, convolutions)
         slots = [s for rank_slots in strategy.gather_objects(mine) for s in rank_slots]
         flops = None
         if strategy.is_main:
@@ -76,10 +77,14 @@ class PerGpu:
             try:
                 flops = training_flops_per_sample(model, in_shape, micro_batch)
                 say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
-                    f"{_mfu_note(slots, precision_key(t.precision, convolutions))}")
+                    f"{_mfu_note(slots, precision_key(precision, convolutions))}")
             except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
                 say(f"model FLOPs not counted ({type(exc).__name__}: {exc}); no throughput/device/tflops or mfu tags")
-        return PerGpu(slots, flops, t.straggler_threshold)
+        return PerGpu(slots, flops, straggler_threshold)
+
+    def report(self, s: IntervalSummary) -> "IntervalReport":
+        tflops = self.tflops(s)
+        return IntervalReport(s, tflops, self.mfu(tflops), self.stragglers(s), self.threshold)
 
     def tflops(self, s: IntervalSummary) -> list[float]:
         """FLOP/s each device did over the interval's wall time (the standard MFU numerator), in TFLOP/s."""
@@ -99,6 +104,17 @@ class PerGpu:
         if not median > 0 or math.isnan(median):
             return []
         return [Straggler(r, self.slots[r], ms, median) for r, ms in enumerate(busy) if ms / median > self.threshold]
+
+
+@dataclass
+class IntervalReport:
+    """What one log boundary tells, on rank 0: the gathered meters, and what tells the GPUs apart."""
+
+    summary: IntervalSummary
+    tflops: list[float]  # per slot; empty when the FLOPs could not be counted
+    mfu: list[float | None]  # per slot; None where the GPU's peak is unknown
+    stragglers: list[Straggler]
+    straggler_threshold: float
 
 
 def has_convolutions(model: nn.Module) -> bool:

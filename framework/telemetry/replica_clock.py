@@ -22,8 +22,6 @@ backward_r). The slowest replica waits 0; one replica alone waits 0.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
@@ -48,11 +46,8 @@ CAVEAT = ("dp on several GPUs: a replica's backward ends when autograd sums the 
 
 
 class ReplicaClock:
-    def __init__(self, devices: list[torch.device], fault_delays: list[float] | None = None):
+    def __init__(self, devices: list[torch.device]):
         self.devices = devices  # one per slot (replica), in DataParallel's device_ids order
-        # HYDRA_DIST_FAULT=slow_rank: seconds each replica sleeps in its forward, after its start mark, so its GPU
-        # idles for that long inside the timed span: a slow GPU
-        self.fault_delays = fault_delays or [0.0] * len(devices)
         self.caveat = CAVEAT if len(devices) > 1 else None
         self.reset()
 
@@ -127,8 +122,6 @@ class TimedReplica(nn.Module):
         slot = self.clock.slot_of(args)
         marks = _Marks()
         marks.forward_start = self.clock.mark(slot)
-        if self.clock.fault_delays[slot]:
-            time.sleep(self.clock.fault_delays[slot])
         out = self._run(args, kwargs)
         marks.forward_end = self.clock.mark(slot)
         self.clock.micro_batches[-1][slot] = marks

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import math
 
-from omegaconf import DictConfig
-
-SCHEDULES = ("constant", "warmup_cosine")
-
+from framework.config.optimizer import LrScheduleConfig
 
 class LrSchedule:
-    def __init__(self, cfg: DictConfig, total_steps: int):
-        self.name = cfg.name
+    def __init__(self, options: LrScheduleConfig, total_steps: int):
+        self.name = options.name
         self.total_steps = max(int(total_steps), 1)
-        self.warmup_fraction = float(cfg.get("warmup_fraction", 0.0))
-        self.start_factor = float(cfg.get("start_factor", 1.0))
-        self.final_factor = float(cfg.get("final_factor", 1.0))
+        self.warmup_fraction = options.warmup_fraction
+        self.start_factor = options.start_factor
+        self.final_factor = options.final_factor
 
     def factor(self, step: int) -> float:
         """Multiplier of the configured lr for optimizer step `step` (1-based)."""

@@ -6,7 +6,6 @@ The loss is any callable loss(logits, labels) -> per-sample losses (shape [batch
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
 from framework.config.components import build_component
 from framework.errors import ConfigError
@@ -30,13 +29,13 @@ class Accuracy:
         return (logits.topk(self.top_k, dim=1).indices == labels.unsqueeze(1)).any(1).sum()
 
 
-def build_metrics(cfg: DictConfig, num_classes: int) -> dict:
+def build_metrics(nodes: dict, num_classes: int) -> dict:
     """name -> metric, from the `metrics` node (a mapping of names to components)."""
     metrics = {}
-    for name, node in (cfg.get("metrics") or {}).items():
+    for name, node in (nodes or {}).items():
         metric = build_component(node, f"metrics.{name}")
         if not callable(metric):
-            raise ConfigError(f"metrics.{name}._target_={node._target_} is not allowed: it built a "
+            raise ConfigError(f"metrics.{name}._target_={node['_target_']} is not allowed: it built a "
                               f"{type(metric).__name__}, which cannot be called as metric(logits, labels)")
         if hasattr(metric, "check"):
             metric.check(num_classes, f"metrics.{name}")
@@ -44,10 +43,10 @@ def build_metrics(cfg: DictConfig, num_classes: int) -> dict:
     return metrics
 
 
-def build_loss(cfg: DictConfig):
-    loss = build_component(cfg.get("loss"), "loss")
+def build_loss(node):
+    loss = build_component(node, "loss")
     if not callable(loss):
-        raise ConfigError(f"loss._target_={cfg.loss._target_} is not allowed: it built a {type(loss).__name__}, "
+        raise ConfigError(f"loss._target_={node['_target_']} is not allowed: it built a {type(loss).__name__}, "
                           "which cannot be called as loss(logits, labels)")
     return loss
 

@@ -29,17 +29,15 @@ def use_channels_last(setting, model: nn.Module, device: torch.device, sample_sh
     return bool(setting)
 
 
-def apply_speedups(model: nn.Module, cfg_trainer, device: torch.device, sample_shape=None,
-                   strategy_ok: bool = True, move: bool = True) -> nn.Module:
-    """Return the model with the speed-ups `cfg_trainer` asks for, on `device` (move=False: where it is, for a
-    strategy that places it itself). A missing key means off; the worker passes its already resolved
-    channels_last (a bool) so batches and model agree."""
-    layout = use_channels_last(cfg_trainer.get("channels_last", False), model, device, sample_shape, strategy_ok)
-    if layout:
+def apply_speedups(model: nn.Module, channels_last: bool, compile: bool, device: torch.device,
+                   move: bool = True) -> nn.Module:
+    """The model in channels_last layout (resolved already: batches and model must agree) and torch.compile'd
+    when asked, on `device` (move=False: where it is, for a strategy that places it itself)."""
+    if channels_last:
         model = model.to(device=device if move else None, memory_format=torch.channels_last)
     elif move:
         model = model.to(device)
-    if cfg_trainer.get("compile", False):
+    if compile:
         model = torch.compile(model)
     return model
 

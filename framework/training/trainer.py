@@ -1,19 +1,22 @@
-"""The one training loop, shared by every strategy. Strategy-specific work is behind Strategy's methods."""
+"""The one training loop, shared by every strategy. Strategy-specific work is behind the strategy and what its
+wrap() returned; what watches the loop (console, TensorBoard, fault injection, a user's own) is a callback."""
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
+from framework.callbacks.base import Callbacks
 from framework.checkpoints.position import Position, resume_point
+from framework.config.trainer import TrainerConfig
+from framework.strategies.base import Strategy, Wrapped
+from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import LrSchedule
-from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.training.metrics import per_sample_losses
-from framework.training.precision import Precision
-from framework.telemetry.progress import Progress
 
 
 class TrainingStopped(RuntimeError):
@@ -34,17 +37,17 @@ class RunTotals:
     val_metrics: dict[str, float] = field(default_factory=dict)
     skipped_steps: int = 0
 
-    def add(self, s: IntervalSummary, rows: torch.Tensor) -> None:
+    def add(self, s: IntervalSummary) -> None:
         self.samples += s.samples
         self.seconds += s.seconds
-        slot_samples, slot_seconds = rows[:, 0].tolist(), rows[:, 1].tolist()
-        if len(self.slot_samples) != len(slot_samples):
-            self.slot_samples, self.slot_seconds = [0.0] * len(slot_samples), [0.0] * len(slot_samples)
-        if len(self.slot_max_mem_gib) != len(slot_samples):
-            self.slot_max_mem_gib = [0.0] * len(slot_samples)
-        for i, (n, sec) in enumerate(zip(slot_samples, slot_seconds)):
-            self.slot_samples[i] += n
-            self.slot_seconds[i] += sec
+        slots = len(s.per_slot_samples)
+        if len(self.slot_samples) != slots:
+            self.slot_samples, self.slot_seconds = [0.0] * slots, [0.0] * slots
+        if len(self.slot_max_mem_gib) != slots:
+            self.slot_max_mem_gib = [0.0] * slots
+        for i in range(slots):
+            self.slot_samples[i] += s.per_slot_samples[i]
+            self.slot_seconds[i] += s.per_slot_seconds[i]
             self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
         self.train_loss = s.loss
 
@@ -52,94 +55,127 @@ class RunTotals:
         return [n / s if s > 0 else 0.0 for n, s in zip(self.slot_samples, self.slot_seconds)]
 
 
+@dataclass
+class EvalResult:
+    """One evaluation on the test split, on rank 0: mean loss and each metric's mean per-sample score."""
+
+    loss: float
+    metrics: dict[str, float]
+
+
+@dataclass
+class LoopData:
+    """The batches the loop trains and evaluates on."""
+
+    train_loader: object  # framework/data/loaders.py: set_epoch(e), iterate(start), len()
+    micro_batch: int
+    eval_batches: object  # a function returning this rank's test batches
+    loss: object  # loss(outputs, targets) -> per-sample losses or their mean
+    metrics: dict  # name -> metric(outputs, targets) -> the batch's sum of a per-sample score
+
+
 class Trainer:
-    def __init__(self, cfg, strategy, model, optimizer, train_loader, micro_batch: int, eval_batches,
-                 precision: Precision, tb, say, checkpointer, faults, stop, loss, metrics: dict, per_gpu=None):
-        self.cfg, self.t = cfg, cfg.trainer
-        self.strategy, self.model, self.optimizer = strategy, model, optimizer
-        self.train_loader, self.eval_batches = train_loader, eval_batches
-        self.precision, self.tb, self.say = precision, tb, say
-        self.checkpointer, self.faults, self.stop = checkpointer, faults, stop
-        self.loss, self.metrics = loss, metrics
-        self.per_gpu = per_gpu  # framework/telemetry/per_gpu.py: FLOP/s, MFU and stragglers (None: not reported)
+    def __init__(self, options: TrainerConfig, *, strategy: Strategy, wrapped: Wrapped, data: LoopData, lr_schedule,
+                 checkpointer, callbacks: Callbacks, devices, stop, say, run_dir: Path, hparams: dict):
+        self.options, self.strategy, self.wrapped, self.data = options, strategy, wrapped, data
+        self.checkpointer, self.callbacks, self.devices, self.stop, self.say = checkpointer, callbacks, devices, stop, say
+        self.run_dir, self._hparams = run_dir, hparams
+        self.is_main = strategy.is_main
         self.totals = RunTotals()
-        self.steps_per_epoch = len(train_loader) // self.t.grad_accum
+        self.epoch = 0
+        self.steps_per_epoch = len(data.train_loader) // options.grad_accum
         if self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
-        planned = self.t.epochs * self.steps_per_epoch
-        self.total_steps = min(self.t.max_steps, planned) if self.t.max_steps else planned
+        planned = options.epochs * self.steps_per_epoch
+        self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.lr_schedule = LrSchedule(cfg.lr_schedule, self.total_steps)
-        self.lr_schedule.attach(optimizer)
-        self.skip_nonfinite = self.t.on_nonfinite == "skip"
+        self.lr_schedule = LrSchedule(lr_schedule, self.total_steps)
+        self.lr_schedule.attach(wrapped.optimizer)
         memory_devices = [torch.device("cuda", i) for i in strategy.cuda_devices()]
-        slot_sizes = strategy.slot_sizes(micro_batch)
-        self.meter = IntervalMeter(slot_sizes, strategy.device, memory_devices, strategy.wait_clock)
-        caveat = getattr(strategy.wait_clock, "caveat", None)
-        if caveat and len(slot_sizes) > 1 and strategy.is_main:
+        slot_sizes = strategy.slot_sizes(data.micro_batch)
+        self.meter = IntervalMeter(slot_sizes, strategy.device, memory_devices, wrapped.clock)
+        caveat = getattr(wrapped.clock, "caveat", None)
+        if caveat and len(slot_sizes) > 1 and self.is_main:
             say(f"note: {caveat}")
 
     def restore_totals(self, totals: dict) -> None:
         if totals:
             self.totals = RunTotals(**totals)
 
+    def lr(self) -> float:
+        return float(self.wrapped.optimizer.param_groups[0]["lr"])
+
+    def hparams(self) -> dict:
+        """The run's hyperparameters, as the HParams tab shows them."""
+        return {**self._hparams, "processes": self.strategy.world_size, "epochs": self.epochs}
+
     def fit(self, start: Position = Position()) -> RunTotals:
         """Train from `start` (framework/checkpoints/position.py: why the data position is counted in samples, and
         how a run on another world size or batch continues the epoch without a sample twice or skipped)."""
-        k, batch = self.t.grad_accum, self.t.batch_size
+        try:
+            self.callbacks.on_fit_start(self)
+            self._fit(start)
+            self.callbacks.on_fit_end(self)
+        except BaseException as exc:
+            self.callbacks.on_exception(self, exc)
+            raise
+        return self.totals
+
+    def _fit(self, start: Position) -> None:
+        k, batch = self.options.grad_accum, self.options.batch_size
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = resumed.step
         self.meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
+            self.epoch = epoch
             first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
             last = min(self.steps_per_epoch, first + self.total_steps - step)
-            self.model.train()
-            self.train_loader.set_epoch(epoch)
-            batches = self.train_loader.iterate(first * k)
+            self.wrapped.model.train()
+            loader = self.data.train_loader
+            loader.set_epoch(epoch)
+            batches = loader.iterate(first * k)
             for batch_in_epoch in range(first + 1, last + 1):
                 step += 1
+                self.callbacks.on_train_step_start(self, step)
                 self._train_step(batches, step)
-                self.faults.kill_if_due("kill_after_step", step)
+                self.callbacks.on_train_step_end(self, step)
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
                 stopping = self.stop.requested  # read once: a signal may land anywhere below
                 checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
-                if step % self.t.log_every_n_steps == 0 or checkpoint_due:
-                    self._log(step, epoch)
+                if step % self.options.log_every_n_steps == 0 or checkpoint_due:
+                    self._log(step)
                 if checkpoint_due:
-                    self.checkpointer.save(self.model, self.optimizer, self.precision.scaler,
-                                           Position(step, epoch, batch_in_epoch * batch, batch), asdict(self.totals),
-                                           self.tb)
+                    path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
+                                                  asdict(self.totals))
+                    self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
                     raise Interrupted(self.stop.signum)
             if self.meter.steps:
-                self._log(step, epoch)
-            if (epoch + 1) % self.t.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
-                self._evaluate(step, epoch)
+                self._log(step)
+            if (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
+                self._evaluate(step)
             self.meter.reset()  # evaluation time is not training time
-        return self.totals
 
     def _train_step(self, batches, step: int) -> None:
-        k = self.t.grad_accum
+        k = self.options.grad_accum
+        model, optimizer, precision = self.wrapped.model, self.wrapped.optimizer, self.wrapped.precision
         # Gradients are dropped here, while the forward pass is about to allocate: dropping them right after
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
-        self.optimizer.zero_grad(set_to_none=True)
-        self.faults.slow_down()  # HYDRA_DIST_FAULT=slow_rank only
+        optimizer.zero_grad(set_to_none=True)
         losses = []
         for micro in range(k):
             fetch_start = time.perf_counter()
             x, y = next(batches)
             self.meter.add_data_time(time.perf_counter() - fetch_start)
-            with self.strategy.sync(self.model, on=micro == k - 1):
-                with self.precision.autocast():
-                    logits = self.model(x)
-                per_sample = per_sample_losses(self.loss, logits.float(), y)
-                if self.faults.due("nan_loss", step):
-                    per_sample = per_sample * float("nan")
-                self.precision.backward(per_sample.mean() / k)
+            with self.strategy.sync(model, on=micro == k - 1):
+                with precision.autocast():
+                    outputs = model(x)
+                per_sample = per_sample_losses(self.data.loss, outputs.float(), y)
+                precision.backward(per_sample.mean() / k)
             losses.append(per_sample)
-        self.lr_schedule.apply(self.optimizer, step)
-        if not self.precision.optimizer_step(self.model, self.optimizer, self.t.grad_clip, self.skip_nonfinite):
+        self.lr_schedule.apply(optimizer, step)
+        if not precision.optimizer_step(model, optimizer, self.options.grad_clip, self.options.on_nonfinite == "skip"):
             self.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
             self.meter.add_step(step)
@@ -148,39 +184,17 @@ class Trainer:
             self.meter.add_micro_batch(per_sample)
         self.meter.add_step(step)
 
-    def _lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _log(self, step: int, epoch: int) -> None:
-        rows = self.meter.rows(self.strategy.optimizer_state_bytes(self.optimizer))
+    def _log(self, step: int) -> None:
+        rows = self.meter.rows(self.strategy.optimizer_state_bytes(self.wrapped.optimizer))
         rows = self.strategy.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
         self.meter.reset()
         self._stop_if_nonfinite(rows)
-        if not self.strategy.is_main:
-            return
-        s = IntervalSummary.from_rows(rows)
-        self.totals.add(s, rows)
-        if self.tb:
-            self.tb.log_interval(step, s, self._lr())
-        self._log_per_gpu(step, s)
-        per_rank = ", ".join(f"{r:,.0f}" for r in s.per_slot_samples_per_sec)
-        data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
-        self.say(
-            f"epoch {epoch + 1}/{self.epochs} step {step}/{self.total_steps} | loss {s.loss:.4f} | "
-            f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",
-            progress=Progress(step, self.total_steps, epoch + 1, self.epochs, s.loss, s.samples_per_sec,
-                              s.samples_per_sec / self.t.batch_size),
-        )
-
-    def _log_per_gpu(self, step: int, s: IntervalSummary) -> None:
-        if self.per_gpu is None:
-            return
-        stragglers = [(g.rank, g.ratio, g.line(step, self.per_gpu.threshold)) for g in self.per_gpu.stragglers(s)]
-        for _, _, line in stragglers:
-            self.say(line)
-        if self.tb:
-            tflops = self.per_gpu.tflops(s)
-            self.tb.log_per_gpu(step, s, tflops, self.per_gpu.mfu(tflops), stragglers)
+        report = None
+        if self.is_main:
+            summary = IntervalSummary.from_rows(rows)
+            self.totals.add(summary)
+            report = self.devices.report(summary)
+        self.callbacks.on_log(self, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
         """Every rank sees the same gathered rows, so every rank stops at the same boundary."""
@@ -197,29 +211,24 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def _evaluate(self, step: int, epoch: int) -> None:
-        model = self.strategy.eval_model(self.model)
+    def _evaluate(self, step: int) -> None:
+        self.callbacks.on_evaluation_start(self, step)
+        model = self.strategy.eval_model(self.wrapped.model)
         model.eval()
-        names = list(self.metrics)
+        names = list(self.data.metrics)
         # count, loss sum, then each metric's sum of per-sample scores
         sums = torch.zeros(2 + len(names), device=self.strategy.device, dtype=torch.float64)
-        for i, (x, y) in enumerate(self.eval_batches()):
-            if i == 0:
-                self.faults.kill_if_due("kill_in_eval", step)
-            with self.precision.autocast():
-                logits = model(x).float()
+        for x, y in self.data.eval_batches():
+            with self.wrapped.precision.autocast():
+                outputs = model(x).float()
             sums[0] += len(y)
-            sums[1] += per_sample_losses(self.loss, logits, y).sum()
+            sums[1] += per_sample_losses(self.data.loss, outputs, y).sum()
             for j, name in enumerate(names):
-                sums[2 + j] += self.metrics[name](logits, y)
+                sums[2 + j] += self.data.metrics[name](outputs, y)
         count, loss_sum, *metric_sums = self.strategy.all_reduce_sum(sums).tolist()
-        if not self.strategy.is_main:
-            return
-        count = max(count, 1)
-        self.totals.val_loss = loss_sum / count
-        self.totals.val_metrics = {name: total / count for name, total in zip(names, metric_sums)}
-        if self.tb:
-            self.tb.log_eval(step, self.totals.val_loss, self.totals.val_metrics)
-        shown = "".join(f" | test {'accuracy' if name == 'acc' else name} {value:.4f}"
-                        for name, value in self.totals.val_metrics.items())
-        self.say(f"epoch {epoch + 1}/{self.epochs} test loss {self.totals.val_loss:.4f}{shown}")
+        result = None
+        if self.is_main:
+            count = max(count, 1)
+            result = EvalResult(loss_sum / count, {name: total / count for name, total in zip(names, metric_sums)})
+            self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
+        self.callbacks.on_evaluation_end(self, step, result)

@@ -1,14 +1,19 @@
-"""A user's own strategy: ddp, plus one line from every rank once it has joined the process group."""
-from framework.config.checks import fail, value_at
+"""A user's own strategy: ddp, plus one option of its own and one line from every rank once it has joined the
+process group. Its options are a dataclass (the schema the driver types strategy.* with): ddp's, plus `banner`."""
+from dataclasses import dataclass
+
+from framework.config.rules import non_empty_text, rule
+from framework.config.strategy_options import DDPOptions
 from framework.strategies.ddp import DDPStrategy
 
 
+@dataclass
+class AnnouncingOptions(DDPOptions):
+    banner: str = rule("hello", non_empty_text())  # what every rank says when it has joined
+
+
 class AnnouncingDDP(DDPStrategy):
-    def validate(self) -> None:
-        super().validate()
-        banner = value_at(self.cfg, "strategy.banner")
-        if not isinstance(banner, str) or not banner.strip():
-            fail("strategy.banner", banner, "expected a non-empty string")
+    Options = AnnouncingOptions
 
     def setup(self) -> None:
         super().setup()

@@ -1,0 +1,46 @@
+"""Rank 0's TensorBoard events: every interval's throughput, loss, lr, memory and per-GPU tags, every evaluation,
+and at the end the run's hyperparameters with its final metrics (the HParams tab). The tags and the Custom Scalars
+layout are framework/telemetry/tensorboard_logger.py's. The event file is flushed at every log boundary, so
+everything logged up to a checkpoint is on disk before the checkpoint exists."""
+from __future__ import annotations
+
+from framework.callbacks.base import Callback
+from framework.checkpoints.disk import OffWhenUnwritable
+from framework.telemetry.tensorboard_logger import TensorBoardLogger
+
+
+class TensorBoardLog(Callback):
+    def __init__(self):
+        self.writer = None
+
+    def on_fit_start(self, trainer) -> None:
+        if trainer.is_main and self.writer is None:
+            logger = TensorBoardLogger(trainer.run_dir, trainer.strategy.device.type == "cuda")
+            self.writer = OffWhenUnwritable(logger, "TensorBoard's event file", trainer.say)
+
+    def on_log(self, trainer, step: int, report) -> None:
+        if report is None or self.writer is None:
+            return
+        self.writer.log_interval(step, report.summary, trainer.lr())
+        self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
+                                [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
+        self.writer.flush()
+
+    def on_evaluation_end(self, trainer, step: int, result) -> None:
+        if result is not None and self.writer is not None:
+            self.writer.log_eval(step, result.loss, result.metrics)
+
+    def on_fit_end(self, trainer) -> None:
+        if self.writer is None:
+            return
+        totals = trainer.totals
+        self.writer.log_hparams(trainer.hparams(), {
+            **{f"hparam/test_{name}": value for name, value in totals.val_metrics.items()},
+            "hparam/test_loss": totals.val_loss, "hparam/train_loss": totals.train_loss,
+            "hparam/samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,
+        })
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

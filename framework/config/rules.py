@@ -1,0 +1,112 @@
+"""What a typed setting allows, declared beside the field in its dataclass schema (framework/config/*.py).
+
+    epochs: int = rule(3, at_least(1))
+
+OmegaConf checks the type when the config is composed or merged; the rule checks the value when the schema is
+instantiated (`Checked.__post_init__`), and a cross-key rule lives in the schema's own `check()`. Every failure
+names the field, its value and what is allowed; framework/config/typed.py adds the config key in front."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, Callable
+
+
+class SettingError(ValueError):
+    """A field's value that its schema does not allow. `message`, when given, replaces the standard sentence
+    (cross-key rules say which other field is involved); `{key}` in it stands for the schema's config key."""
+
+    def __init__(self, field: str, value: Any, allowed: str = "", message: str = ""):
+        super().__init__(message or f"{field}={value!r} is not allowed: expected {allowed}")
+        self.field, self.value, self.allowed, self.message = field, value, allowed, message
+
+
+class Rule:
+    def __init__(self, allowed: str, ok: Callable[[Any], bool]):
+        self.allowed, self.ok = allowed, ok
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def at_least(low: int) -> Rule:
+    return Rule(f"an integer >= {low}", lambda v: _int(v) and v >= low)
+
+
+def above(low: float) -> Rule:
+    return Rule(f"a number > {low:g}", lambda v: _number(v) and v > low)
+
+
+def between(low: float, high: float, high_open: bool = False) -> Rule:
+    return Rule(f"a number in [{low}, {high}{')' if high_open else ']'}",
+                lambda v: _number(v) and low <= v and (v < high if high_open else v <= high))
+
+
+def one_of(*choices, allowed: str = "") -> Rule:
+    return Rule(allowed or "one of " + ", ".join(str(c) for c in choices),
+                lambda v: any(v == c and type(v) is type(c) for c in choices))
+
+
+def non_empty_text() -> Rule:
+    return Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+
+
+def int_list(low: int, unique: bool = False) -> Rule:
+    return Rule(f"a non-empty list of {'distinct ' if unique else ''}integers >= {low}",
+                lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_int(i) and i >= low for i in v)
+                and (not unique or len(set(v)) == len(v)))
+
+
+def rule(default: Any, check: Rule, **kwargs) -> Any:
+    """A dataclass field with a default and the Rule its value must pass (None passes where the type is Optional)."""
+    return dataclasses.field(default=default, metadata={"rule": check}, **kwargs)
+
+
+class Checked:
+    """Base of every schema: instantiating it checks each field's rule, then the schema's cross-key `check()`."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            check = f.metadata.get("rule")
+            value = getattr(self, f.name)
+            if check is None or (value is None and _optional(hints[f.name])):
+                continue
+            if not check.ok(value):
+                raise SettingError(f.name, value, allowed_text(type(self), f.name))
+        self.check()
+
+    def check(self) -> None:
+        """Cross-key rules (raise SettingError naming the field at fault); none by default."""
+
+
+def _optional(annotation) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def allowed_text(schema: type, name: str) -> str:
+    """What field `name` of `schema` allows, in words: its rule, else its type ('or null' when Optional)."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    if name not in fields:
+        return "a key of " + schema.__name__
+    annotation = typing.get_type_hints(schema)[name]
+    check = fields[name].metadata.get("rule")
+    text = check.allowed if check else _type_words(annotation)
+    return text + (" or null" if _optional(annotation) else "")
+
+
+def _type_words(annotation) -> str:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (list, typing.List) and args:
+        return f"a list of {_type_words(args[0]).removeprefix('an ').removeprefix('a ')}s"
+    if args and typing.get_origin(annotation) is typing.Union:
+        return " or ".join(_type_words(a) for a in args)
+    return _TYPE_WORDS.get(annotation, "a value of type " + getattr(annotation, "__name__", str(annotation)))

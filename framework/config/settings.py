@@ -1,0 +1,81 @@
+"""The whole run's config as typed settings: what the driver builds once from Hydra's composed config, checks, and
+hands to every worker (with the run folder, as the Payload). Only the driver (framework/run.py) and the worker's
+assembly (framework/worker.py) see it whole; each component is built from, and receives, its own part."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.config.dataset import DatasetConfig
+from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
+from framework.config.strategy_options import StrategyOptions
+from framework.config.trainer import TrainerConfig
+from framework.config.typed import typed
+from framework.errors import ConfigError
+
+
+@dataclass
+class Settings:
+    trainer: TrainerConfig
+    strategy: StrategyOptions  # the Options of the strategy class its _target_ names
+    optimizer: OptimizerConfig  # with the optimizer's own keyword arguments as attributes
+    lr_schedule: LrScheduleConfig
+    dataset: DatasetConfig  # with the dataset config's own keys as attributes
+    model: dict  # components: each a node with _target_, built by hydra.utils.instantiate
+    loss: dict
+    metrics: dict  # name -> component
+    callbacks: dict  # name -> component (framework/callbacks/base.py)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model.get("_target_", "model")).rsplit(".", 1)[-1]
+
+
+@dataclass
+class Payload:
+    """What every worker gets: the settings and the run folder (plain data: nothing is composed or resolved again in
+    a worker, so no second `${now:}` and no second Hydra run)."""
+
+    settings: Settings
+    run_dir: str
+    resume: Any = None  # the checkpoint the driver chose and verified (framework/checkpoints/store.py), or None
+
+
+def _schema_of(node, default: type) -> type:
+    """The schema Hydra composed the node with (conf/optimizer/sgd.yaml: SGDConfig), else the group's own."""
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    return schema if dataclasses.is_dataclass(schema) and issubclass(schema, default) else default
+
+
+def settings_of(cfg: DictConfig) -> Settings:
+    """Every group of the composed config as its typed options; ConfigError naming the key on a bad value."""
+    from framework.strategies import strategy_class
+
+    _refuse_unused_dataset_keys(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return Settings(
+        trainer=typed(TrainerConfig, plain["trainer"], "trainer"),
+        strategy=typed(strategy_class(plain["strategy"]).Options, plain["strategy"], "strategy"),
+        optimizer=typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer", open_keys=True),
+        lr_schedule=typed(LrScheduleConfig, plain["lr_schedule"], "lr_schedule"),
+        dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),
+        model=plain["model"], loss=plain.get("loss"), metrics=plain.get("metrics") or {},
+        callbacks=plain.get("callbacks") or {},
+    )
+
+
+def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
+    """A dataset config may add keys of its own for its components to interpolate (root: ${dataset.root}); one that
+    nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through)."""
+    declared = {f.name for f in dataclasses.fields(DatasetConfig)}
+    text = OmegaConf.to_yaml(cfg, resolve=False)
+    for key in cfg.dataset:
+        if key not in declared and not re.search(r"\$\{[^}]*\b" + re.escape(str(key)) + r"\b", text):
+            raise ConfigError(
+                f"dataset.{key} is not allowed: the dataset config has no key {key!r} and none of its components "
+                f"uses it (keys every dataset has: {', '.join(sorted(declared))}; a component's own option goes "
+                f"under it, e.g. dataset.train.{key})")

@@ -1,0 +1,131 @@
+"""Each built-in strategy's options (conf/strategy/*.yaml), one dataclass per strategy class (its `Options`).
+
+The driver types a strategy node with the Options of the class its `_target_` names, closed: a key the class does
+not declare is refused with the keys it has. A user's strategy declares its own options by subclassing these
+(examples/my_project/mypkg/strategies.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from framework.config.rules import Checked, SettingError, above, at_least, int_list, non_empty_text, one_of, rule
+
+
+@dataclass
+class StrategyOptions(Checked):
+    _target_: str = ""  # the Strategy subclass
+    name: str = rule("", non_empty_text())  # the strategy's name in run folders, results and messages
+
+
+@dataclass
+class SingleOptions(StrategyOptions):
+    _target_: str = "framework.strategies.single.SingleStrategy"
+    name: str = "single"
+
+
+@dataclass
+class DPOptions(StrategyOptions):
+    _target_: str = "framework.strategies.dp.DataParallelStrategy"
+    name: str = "dp"
+    device_ids: Optional[List[int]] = rule(None, int_list(0, unique=True))  # GPU ids; null: every visible GPU
+
+
+@dataclass
+class ElasticOptions(StrategyOptions):
+    """How workers start and join, for every strategy that starts them like ddp (torch's elastic agent)."""
+
+    nproc_per_node: Optional[int] = rule(None, at_least(1))  # null: one per GPU, or 2 CPU workers (gloo) without
+    backend: str = rule("auto", one_of("auto", "nccl", "gloo"))  # auto: nccl with GPUs, gloo without
+    nnodes: int = rule(1, at_least(1))  # multi-node: start the same command on every node
+    rdzv_endpoint: Optional[str] = None  # HOST:PORT of the rendezvous (needed when nnodes > 1)
+    rdzv_backend: str = rule("c10d", one_of("c10d", "static"))  # static: set node_rank
+    node_rank: Optional[int] = rule(None, at_least(0))  # this node's rank, for rdzv_backend=static
+    max_restarts: int = rule(0, at_least(0))  # restarts of the worker group by the elastic agent after a failure
+    run_id: Optional[str] = None  # rendezvous id shared by all nodes of one job (null: a fresh one per run)
+
+    def check(self) -> None:
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise SettingError("nnodes", self.nnodes, message=f"{{key}}.nnodes={self.nnodes} needs "
+                               "{key}.rdzv_endpoint=HOST:PORT (the same on every node; rank 0's node hosts the rendezvous)")
+        if self.rdzv_backend == "static" and self.node_rank is None and self.nnodes > 1:
+            raise SettingError("node_rank", None, message="{key}.rdzv_backend=static needs {key}.node_rank "
+                               "(0..nnodes-1) on every node")
+
+
+@dataclass
+class DDPOptions(ElasticOptions):
+    _target_: str = "framework.strategies.ddp.DDPStrategy"
+    name: str = "ddp"
+    sync_batchnorm: bool = False
+    find_unused_parameters: bool = False
+    bucket_cap_mb: float = rule(25.0, above(0))
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+
+
+@dataclass
+class FSDPOptions(ElasticOptions):
+    _target_: str = "framework.strategies.fsdp.FSDPStrategy"
+    name: str = "fsdp"
+    # auto: each direct child block holding parameters, then the root | a list of module class names
+    shard_modules: Any = "auto"
+    reshard_after_forward: bool = True  # true: free gathered parameters after forward (less memory)
+    cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)
+
+    def check(self) -> None:
+        super().check()
+        names = self.shard_modules
+        if names != "auto" and not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
+            raise SettingError("shard_modules", names, "auto (each direct child block that holds parameters) or a "
+                               "non-empty list of module class names, e.g. [Sequential]")
+
+    @property
+    def shard_class_names(self) -> list[str] | None:
+        """None for auto, else the class names listed."""
+        return None if self.shard_modules == "auto" else list(self.shard_modules)
+
+
+@dataclass
+class DeepSpeedOptions(ElasticOptions):
+    _target_: str = "framework.strategies.deepspeed.DeepSpeedStrategy"
+    name: str = "deepspeed"
+    # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters partitioned across ranks
+    zero_stage: int = rule(2, one_of(0, 1, 2, 3, allowed="0, 1, 2 or 3 (ZeRO stage: 0 none, 1 optimizer state, "
+                                                        "2 + gradients, 3 + parameters partitioned across ranks)"))
+    offload_optimizer: bool = False  # optimizer state and step on the CPU (ZeRO stages 1-3)
+    config: Dict[str, Any] = field(default_factory=dict)  # merged into the generated DeepSpeed config
+
+    def check(self) -> None:
+        super().check()
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise SettingError("offload_optimizer", True, message="{key}.offload_optimizer=true is not allowed with "
+                               "{key}.zero_stage=0: DeepSpeed offloads the partitioned optimizer state of ZeRO; use "
+                               "{key}.zero_stage=1, 2 or 3")
+
+
+@dataclass
+class HorovodOptions(StrategyOptions):
+    _target_: str = "framework.strategies.horovod.HorovodStrategy"
+    name: str = "horovod"
+    np: Optional[int] = rule(None, at_least(1))  # workers in the whole job; null: one per GPU, or 2 CPU workers
+    hosts: Optional[str] = None  # multi-node: HOST:SLOTS,... (needs np and ssh to every host)
+    compression: str = rule("none", one_of("none", "fp16"))  # fp16: gradients travel as fp16
+    op: str = rule("average", one_of("average", "sum", "adasum"))  # adasum needs a horovod built with MPI
+    # gradient accumulation has one setting, trainer.grad_accum; the YAML sets this to it, another value is refused
+    backward_passes_per_step: int = rule(1, at_least(1))
+
+    def check(self) -> None:
+        if self.hosts is not None:
+            self.host_slots()
+            if self.np is None:
+                raise SettingError("hosts", self.hosts, message=f"{{key}}.hosts={self.hosts!r} needs {{key}}.np (the "
+                                   "total number of workers)")
+
+    def host_slots(self) -> dict[str, int]:
+        slots: dict[str, int] = {}
+        for item in str(self.hosts).split(","):
+            name, _, count = item.strip().partition(":")
+            if not name or not count.isdigit() or int(count) < 1:
+                raise SettingError("hosts", self.hosts, "HOST:SLOTS[,HOST:SLOTS...], e.g. node1:2,node2:2")
+            slots[name] = int(count)
+        return slots

@@ -1,0 +1,52 @@
+"""The trainer group's schema (conf/trainer/default.yaml): how long, how big, in what precision, how often to log,
+evaluate and checkpoint. `python train.py --cfg job` prints the values a run gets."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from framework.config.rules import Checked, SettingError, above, at_least, one_of, rule
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainerConfig(Checked):
+    epochs: int = rule(3, at_least(1))
+    max_steps: Optional[int] = rule(None, at_least(1))  # stop after this many optimizer steps (null: all epochs)
+    # GLOBAL batch per optimizer step, summed over every worker and accumulation step: each of W processes gets
+    # batch_size / (W * grad_accum) samples per micro-batch
+    batch_size: int = rule(128, at_least(1))
+    grad_accum: int = rule(1, at_least(1))
+    precision: str = rule("fp32", one_of(*PRECISIONS))  # fp16 needs CUDA (GradScaler)
+    # clip the global gradient norm to this value (null: no clipping); keeps the default lr 0.2 from diverging
+    grad_clip: Optional[float] = rule(1.0, above(0))
+    seed: int = rule(42, at_least(0))
+    log_every_n_steps: int = rule(100, at_least(1))
+    progress_bar: bool = True  # rank 0 draws a live bar on a terminal (plain lines otherwise); false: plain lines
+    log_all_ranks: bool = False  # other ranks' output on the console too, each line prefixed [rank N]
+    eval_every_n_epochs: int = rule(1, at_least(1))
+    num_workers: int = rule(0, at_least(0))  # DataLoader worker processes (only with dataset.in_memory=false)
+    accelerator: str = rule("auto", one_of("auto", "cpu", "gpu"))  # auto: the GPU when there is one
+    compile: bool = False  # torch.compile the model (the first steps and evaluation pay for compiling)
+    # NHWC layout for image models and their batches: auto (where it pays: LeNet on the CPU) | true | false
+    channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
+    checkpoint_every_n_steps: Optional[int] = rule(500, at_least(1))  # also at every epoch end; null: epoch ends only
+    keep_checkpoints: int = rule(2, at_least(1))  # the newest N in <run folder>/checkpoints
+    # auto: the newest valid checkpoint of this run folder; none: start fresh; or a checkpoint .pt, a checkpoints
+    # folder or a run folder
+    resume: Optional[str] = "auto"
+    on_nonfinite: str = rule("stop", one_of("stop", "skip"))  # NaN/inf loss: stop (keeps the last good checkpoint)
+    # at a log boundary, name any rank whose busy time per step exceeds the median rank's by this factor
+    straggler_threshold: float = rule(1.2, above(1))
+    objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
+
+    @property
+    def cuda_wanted(self) -> bool:
+        import torch
+
+        return self.accelerator == "gpu" or (self.accelerator == "auto" and torch.cuda.is_available())
+
+    def check(self) -> None:
+        if self.resume is not None and not self.resume.strip():
+            raise SettingError("resume", self.resume, "auto, none, or a path to a checkpoint or run folder")
