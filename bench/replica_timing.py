@@ -42,7 +42,7 @@ class TrainingStep:
         self.model = build_model(OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), SAMPLE, 10)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.clock = None
-        if timed:  # as DataParallelStrategy.wrap_model does without GPUs
+        if timed:  # as DataParallelStrategy.wrap does without GPUs
             self.clock = ReplicaClock([torch.device("cpu")])
             self.model = TimedReplica(self.model, self.clock, "cpu", None)
             self.model.register_forward_pre_hook(lambda *_: self.clock.begin_micro_batch())

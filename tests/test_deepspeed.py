@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, kill_in_checkpoint, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
+from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, driver_says, kill_in_checkpoint, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
                       run_dirs, run_train)
 
 try:
@@ -202,11 +202,8 @@ def test_a_zero_checkpoint_is_not_resumed_on_another_world_size(runs, tmp_path, 
     (["trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU"),
 ])
 def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
-    proc = _run(tmp_path, [*DEEPSPEED, *overrides, *COMMON], timeout=120)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
-    assert "training LeNet" not in proc.stdout, "no worker may start"
-    assert not list(tmp_path.rglob("checkpoints"))
+    line = driver_says([*DEEPSPEED, *overrides, *COMMON], tmp_path)  # in this process: test_bad_inputs.py says why
+    assert message in line, line
 
 
 def test_without_deepspeed_the_strategy_says_how_to_install_it_and_others_never_import_it(tmp_path):

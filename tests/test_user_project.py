@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO, check_ok, losses_by_step, read_scalars, run_dirs, run_train
+from conftest import REPO, check_ok, driver_says, losses_by_step, read_scalars, run_dirs, run_train
 from test_torchrun import TORCHRUN
 
 EXAMPLE = REPO / "examples" / "my_project"  # the project README's "Your own model and data" shows
@@ -212,11 +212,18 @@ BAD = {
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_user_components_fail_in_the_driver_with_one_clear_message(project, tmp_path, name):
+def test_bad_user_components_fail_in_the_driver_with_one_clear_message(project, tmp_path, monkeypatch, name):
+    """In this process (conftest.driver_says), with the project's package importable as a run has it."""
     args, message = BAD[name]
-    proc = _run(project, tmp_path, ["strategy=ddp", *COMMON, *args], timeout=120)
+    monkeypatch.syspath_prepend(str(project))
+    line = driver_says(["strategy=ddp", *COMMON, *args], tmp_path, config_dir=project / "conf")
+    assert message in line, line
+
+
+def test_a_bad_user_component_stops_the_run_with_one_line_and_no_worker(project, tmp_path):
+    proc = _run(project, tmp_path, ["strategy=ddp", *COMMON, *BAD["not_a_dataset"][0]], timeout=120)
     assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
+    assert BAD["not_a_dataset"][1] in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "training MLP" not in proc.stdout
 
 

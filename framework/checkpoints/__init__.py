@@ -1,2 +1,4 @@
-"""Checkpoints that are never half-written: store.py (files, manifests, validity), state.py (what a
-training state holds and how it is captured and restored on every rank)."""
+"""Checkpoints that are never half-written: store.py (files, manifests, validity), state.py (the loop's own part of
+a checkpoint: RNG states, data position, totals; framework/strategies/checkpoint_io.py holds model and optimizer),
+position.py (where a run stands in its data), manager.py (when to write, which one to resume), disk.py (room on
+disk)."""

@@ -1,4 +1,5 @@
-"""When to write checkpoints and which one to resume from; the trainer calls it, rank 0 writes."""
+"""When to write checkpoints and which one to resume from; the trainer calls it, rank 0 writes (every rank, for a
+strategy whose engine shards them)."""
 from __future__ import annotations
 
 from pathlib import Path

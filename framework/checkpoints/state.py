@@ -1,6 +1,6 @@
-"""What a training checkpoint holds and how it is captured and restored: model, optimizer, GradScaler,
-every rank's RNG states, the data position, and the run totals. Only tensors and plain Python values,
-so torch.load(weights_only=True) can read it."""
+"""The loop's own part of a checkpoint: every rank's RNG states, the data position and the run totals (a strategy's
+CheckpointIO adds model and optimizer), and the signature a checkpoint must match to be resumed. Only tensors and
+plain Python values, so torch.load(weights_only=True) can read it."""
 from __future__ import annotations
 
 import random

@@ -47,6 +47,10 @@ def between(low: float, high: float, high_open: bool = False) -> Rule:
                 lambda v: _number(v) and low <= v and (v < high if high_open else v <= high))
 
 
+def at_least_number(low: float) -> Rule:
+    return Rule(f"a number >= {low:g}", lambda v: _number(v) and v >= low)
+
+
 def one_of(*choices, allowed: str = "") -> Rule:
     return Rule(allowed or "one of " + ", ".join(str(c) for c in choices),
                 lambda v: any(v == c and type(v) is type(c) for c in choices))
@@ -60,6 +64,16 @@ def int_list(low: int, unique: bool = False) -> Rule:
     return Rule(f"a non-empty list of {'distinct ' if unique else ''}integers >= {low}",
                 lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_int(i) and i >= low for i in v)
                 and (not unique or len(set(v)) == len(v)))
+
+
+def require(key: str, value: Any, check: Rule) -> Any:
+    """A component's own argument checked by the same rules as the schemas (a component may be built outside any
+    config, so it checks what it is given): ConfigError naming the key, the value and what is allowed."""
+    if not check.ok(value):
+        from framework.errors import ConfigError
+
+        raise ConfigError(f"{key}={value!r} is not allowed: expected {check.allowed}")
+    return value
 
 
 def rule(default: Any, check: Rule, **kwargs) -> Any:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.config.components import build_component
+from framework.config.rules import at_least, one_of, require
 from framework.errors import ConfigError
 
 
@@ -28,12 +29,9 @@ def build_augment(node, in_shape):
 
 class RandomCropFlip:
     def __init__(self, padding: int = 4, flip: bool = True, pad_mode: str = "reflect"):
-        if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
-            raise ConfigError(f"dataset.augment.padding={padding!r} is not allowed: expected an integer >= 0")
-        if pad_mode not in ("reflect", "constant", "replicate"):
-            raise ConfigError(f"dataset.augment.pad_mode={pad_mode!r} is not allowed: expected reflect, constant or "
-                              "replicate")
-        self.padding, self.flip, self.pad_mode = padding, bool(flip), pad_mode
+        self.padding = require("dataset.augment.padding", padding, at_least(0))
+        self.pad_mode = require("dataset.augment.pad_mode", pad_mode, one_of("reflect", "constant", "replicate"))
+        self.flip = bool(flip)
 
     def check(self, in_shape: tuple[int, ...]) -> None:
         if len(in_shape) != 3:

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from framework.data.vision import (IDX_MEAN_STD, check_idx_header, load_cifar10_split, locate_cifar10,
                                    locate_idx_files, read_idx_split)
-from framework.errors import ConfigError
+from framework.config.rules import at_least, at_least_number, int_list, one_of, require
 
 
 class Normalization:
@@ -63,8 +63,7 @@ class IdxImages(InMemoryDataset):
     def __init__(self, kind: str, train: bool = True, root: str | None = None, download: bool = True,
                  download_dir: str | None = None, transform=None):
         super().__init__(transform)
-        if kind not in IDX_MEAN_STD:
-            raise ConfigError(f"dataset kind={kind!r} is not allowed: expected one of {', '.join(IDX_MEAN_STD)}")
+        require("dataset kind", kind, one_of(*IDX_MEAN_STD))
         self.kind, self.train, self.download_dir = kind, train, download_dir
         images, labels = locate_idx_files(kind, root, download, download_dir)[0 if train else 2:][:2]
         for path in (images, labels):
@@ -102,12 +101,9 @@ class Synthetic(InMemoryDataset):
         shape = list(shape)
         for key, value, low in (("num_classes", num_classes, 2), ("train_size", train_size, 1),
                                 ("test_size", test_size, 1), ("seed", seed, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"dataset.{key}={value!r} is not allowed: expected an integer >= {low}")
-        if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
-            raise ConfigError(f"dataset.shape={shape!r} is not allowed: expected a list of integers >= 1")
-        if not isinstance(noise, (int, float)) or noise < 0:
-            raise ConfigError(f"dataset.noise={noise!r} is not allowed: expected a number >= 0")
+            require(f"dataset.{key}", value, at_least(low))
+        require("dataset.shape", shape, int_list(1))
+        require("dataset.noise", noise, at_least_number(0))
         self.shape, self.num_classes, self.in_shape = shape, num_classes, tuple(shape)
         self.sizes, self.noise, self.seed, self.train = (train_size, test_size), float(noise), seed, train
         channels = shape[0] if len(shape) == 3 else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from framework.config.components import build_component
+from framework.config.rules import at_least, require
 from framework.errors import ConfigError
 
 
@@ -15,9 +16,7 @@ class Accuracy:
     """Share of samples whose label is among the top_k highest logits (top_k=1: plain accuracy)."""
 
     def __init__(self, top_k: int = 1):
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ConfigError(f"metrics: top_k={top_k!r} is not allowed: expected an integer >= 1")
-        self.top_k = top_k
+        self.top_k = require("metrics: top_k", top_k, at_least(1))
 
     def check(self, num_classes: int, key: str) -> None:
         if self.top_k > num_classes:
