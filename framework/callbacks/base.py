@@ -18,7 +18,8 @@ the strategy's collectives as long as it does so on every rank):
   on_exception(trainer, exc)              the loop raised exc (it goes on after the hooks ran)
 
 `trainer` (framework/training/trainer.py) offers what a callback reads: its options, the strategy, the wrapped
-model and optimizer, is_main, say (rank 0's console and train.log), totals, total_steps, epochs and lr()."""
+model and optimizer, is_main, say (rank 0's console and train.log), totals, total_steps, epochs, epoch, run_dir,
+checkpoint_due (in on_log: a checkpoint follows this boundary) and lr()."""
 from __future__ import annotations
 
 HOOKS = ("on_fit_start", "on_train_step_start", "on_train_step_end", "on_log", "on_evaluation_start",

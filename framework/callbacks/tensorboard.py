@@ -1,7 +1,8 @@
 """Rank 0's TensorBoard events: every interval's throughput, loss, lr, memory and per-GPU tags, every evaluation,
 and at the end the run's hyperparameters with its final metrics (the HParams tab). The tags and the Custom Scalars
-layout are framework/telemetry/tensorboard_logger.py's. The event file is flushed at every log boundary, so
-everything logged up to a checkpoint is on disk before the checkpoint exists."""
+layout are framework/telemetry/tensorboard_logger.py's. The event file is flushed at a log boundary that a
+checkpoint follows, so everything logged up to a checkpoint is on disk before the checkpoint exists (and the writer
+flushes by itself every 30 s)."""
 from __future__ import annotations
 
 from framework.callbacks.base import Callback
@@ -24,7 +25,8 @@ class TensorBoardLog(Callback):
         self.writer.log_interval(step, report.summary, trainer.lr())
         self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
                                 [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
-        self.writer.flush()
+        if trainer.checkpoint_due:
+            self.writer.flush()
 
     def on_evaluation_end(self, trainer, step: int, result) -> None:
         if result is not None and self.writer is not None:

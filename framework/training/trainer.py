@@ -83,6 +83,7 @@ class Trainer:
         self.is_main = strategy.is_main
         self.totals = RunTotals()
         self.epoch = 0
+        self.checkpoint_due = False  # a checkpoint follows the log boundary in progress
         self.steps_per_epoch = len(data.train_loader) // options.grad_accum
         if self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
@@ -142,6 +143,7 @@ class Trainer:
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
                 stopping = self.stop.requested  # read once: a signal may land anywhere below
                 checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
+                self.checkpoint_due = checkpoint_due
                 if step % self.options.log_every_n_steps == 0 or checkpoint_due:
                     self._log(step)
                 if checkpoint_due:
@@ -150,6 +152,7 @@ class Trainer:
                     self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
                     raise Interrupted(self.stop.signum)
+            self.checkpoint_due = False
             if self.meter.steps:
                 self._log(step)
             if (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
