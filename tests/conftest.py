@@ -120,10 +120,11 @@ def processes_tagged(tag: str) -> list[int]:
 
 
 def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference: Path, steps: int,
-                              resumed_from: int) -> Path:
+                              resumed_from: int, rel: float = 1e-6) -> Path:
     """A worker dies at the HYDRA_DIST_FAULT point (no restarts: the run fails); the same command with
     hydra.run.dir resumes from the checkpoint of step resumed_from and gives the reference run's loss at every step
-    1..steps (within 1e-6). Returns the run folder."""
+    1..steps (within rel; on a GPU, whose kernels may sum in another order, compare the steps after resumed_from
+    with a looser rel: a restart from scratch would be far off). Returns the run folder."""
     cwd.mkdir(parents=True, exist_ok=True)
     assert run_train(args, cwd, env={"HYDRA_DIST_FAULT": fault}, timeout=300).returncode != 0
     [run_dir] = run_dirs(cwd)
@@ -131,8 +132,8 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
     assert "resumed from" in out and f"step-{resumed_from:08d} (step {resumed_from}" in out
     expected, got = losses_by_step(reference), losses_by_step(run_dir)
     assert sorted(got) == list(range(1, steps + 1))
-    for step in expected:
-        assert got[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
+    for step in expected if rel <= 1e-6 else range(resumed_from + 1, steps + 1):
+        assert got[step] == pytest.approx(expected[step], rel=rel), f"step {step}"
     return run_dir
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import REPO, TINY, TRAIN, check_ok, strategy_for, losses_by_step, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
+from conftest import (REPO, TINY, TRAIN, assert_killed_run_resumes, check_ok, needs_gpu, needs_gpus, read_scalars,
+                      run_dirs, run_train, strategy_for)
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
 from framework.training.precision import Precision
@@ -198,17 +199,10 @@ def test_a_killed_gpu_run_resumes_and_continues_its_loss_curve(tmp_path, strateg
     reference.mkdir()
     check_ok(run_train(args, reference))
     [reference_dir] = run_dirs(reference)
-    killed = run_train(args, tmp_path, env={"HYDRA_DIST_FAULT": "kill_after_step:10:0"})
-    assert killed.returncode != 0
-    [run_dir] = run_dirs(tmp_path)
-    out = check_ok(run_train([*args, f"hydra.run.dir={run_dir}"], tmp_path))
-    assert "resumed from" in out
+    run_dir = assert_killed_run_resumes(tmp_path / "killed", args, "kill_after_step:10:0", reference_dir, TOTAL,
+                                        resumed_from=8, rel=2e-2)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["device"] == "cuda" and result["resumed_from_step"] == 8 and result["steps"] == TOTAL
-    expected, got = losses_by_step(reference_dir), losses_by_step(run_dir)
-    assert sorted(got) == list(range(1, TOTAL + 1))
-    for step in range(9, TOTAL + 1):  # GPU kernels may sum in another order; a restart from scratch is far off
-        assert got[step] == pytest.approx(expected[step], rel=2e-2), f"step {step}"
 
 
 @needs_gpu
