@@ -1,6 +1,6 @@
-"""The training command: `hydra-dist [overrides]` (installed) and `python train.py [overrides]` run this.
-
-One Hydra app, so both take the same overrides, -m sweeps, --cfg job, --help and -sc (shell completion)."""
+"""The commands: `hydra-dist [overrides]` (installed) and `python train.py [overrides]` train; `hydra-dist-eval` and
+`python eval.py ckpt_path=...` evaluate. Hydra apps, so they take the same overrides, -m sweeps, --cfg job, --help
+and -sc (shell completion)."""
 from __future__ import annotations
 
 import os
@@ -26,6 +26,21 @@ def train_app(cfg: DictConfig):
     return run(cfg)
 
 
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+def eval_app(cfg: DictConfig):
+    from framework.evaluate import eval_main as evaluate
+
+    return evaluate(cfg)
+
+
+def eval_main() -> None:
+    """`hydra-dist-eval` / `python eval.py`: a trained model on the test split (framework/evaluate.py)."""
+    try:
+        _run_app(eval_app)
+    except HydraException as exc:
+        _config_error(composition_error_line(exc), external=False)
+
+
 def main() -> None:
     sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
     external = launched_externally()
@@ -38,20 +53,20 @@ def main() -> None:
             code = 128 + signal.SIGINT
         exit_now(code)  # see framework/launch/clean_exit.py
     try:
-        _run_app()
+        _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         _config_error(composition_error_line(exc), external)
     if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
 
 
-def _run_app() -> None:
+def _run_app(app) -> None:
     """Hydra's app, with its composition errors raised to us (HYDRA_FULL_ERROR, Hydra's documented switch) rather
     than printed by Hydra, so that a value of the wrong type for its schema gets the same one line as any other."""
     before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        train_app()
+        app()
     finally:
         if before is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -16,9 +16,11 @@ from framework.config.settings import Settings
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.errors import ConfigError
-from framework.models.build import check_model_fits
+from framework.config.components import build_component
+from framework.data.batches import take
+from framework.models.build import build_model
 from framework.strategies import Strategy
-from framework.training.metrics import build_loss, build_metrics
+from framework.training.metrics import build_loss, build_metrics, class_ids_of
 from framework.training.optim import build_optimizer
 
 
@@ -29,12 +31,17 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
         raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
     strategy.validate()
     _machine(s, strategy)
-    data = build_data(s.dataset, check=True)  # builds both splits once (finding, or downloading, their files)
-    model = check_model_fits(s.model, data.in_shape, data.num_classes)
+    loss = build_loss(s.loss)
+    metrics = build_metrics(s.metrics)
+    # builds both splits once (finding, or downloading, their files); class ids are checked where they are taken
+    data = build_data(s.dataset, class_ids_of(loss, metrics), check=True)
+    metrics = build_metrics(s.metrics, data.num_classes)
+    model = build_model(s.model, data.in_shape, data.num_classes)
     strategy.check_model(model)
     build_augment(s.dataset.augment, data.in_shape)
-    _loss_and_metrics(s, data)
+    _objective(s, metrics)
     _batch_split(s, strategy, len(data.train))
+    dry_run(s, data, model, build_component(s.step, "step"), loss, metrics)
     checkpoint = _resume(s, strategy, run_dir, data)
     _checkpoint_room(s, run_dir, model)
     return checkpoint
@@ -62,9 +69,62 @@ def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:
         print(warning, flush=True)
 
 
-def _loss_and_metrics(s: Settings, data: Data) -> None:
-    build_loss(s.loss)
-    metrics = build_metrics(s.metrics, data.num_classes)
+def dry_run(s: Settings, data: Data, model, step, loss, metrics: dict) -> None:
+    """Two real training samples through the model, the loss and the metrics, on the CPU, before any worker starts:
+    a model that cannot take the dataset's input, a loss that cannot score its outputs, a metric that does not fit
+    the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
+    from torch.utils.data import default_collate
+
+    from framework.data.batches import describe
+    from framework.data.build import is_class_ids, tensors_of
+    from framework.data.loaders import BatchPipeline
+    from framework.telemetry.flops import silenced
+    from framework.training.metrics import is_torchmetric, per_sample_losses
+    from framework.training.step import Supervised
+
+    index = torch.arange(min(2, len(data.train)))
+    tensors = tensors_of(data.train)
+    x, y = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
+        default_collate([data.train[int(i)] for i in index])
+    x = BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(x)
+    shapes = f"{describe(x, 'input')}; {describe(y, 'target')}"
+    model_name = f"model={s.model.get('_target_')}"
+    model.train()
+    with torch.no_grad(), silenced():
+        if isinstance(step, Supervised):  # say which of the two failed: the model, or the loss on its outputs
+            _one_line(lambda: model(x), f"{model_name} cannot take the dataset's batches ({shapes})")
+        out = _one_line(lambda: step(model, (x, y), loss),
+                        f"loss={s.loss.get('_target_')} cannot score {model_name}'s outputs on the dataset's targets "
+                        f"({shapes})")
+        _one_line(lambda: per_sample_losses(out.loss, out.samples), f"loss={s.loss.get('_target_')}")
+        for name, metric in metrics.items():
+            if getattr(metric, "expects_class_ids", False) and not is_class_ids(out.targets):
+                raise ConfigError(f"metrics.{name}={s.metrics[name].get('_target_')} is not allowed for these targets "
+                                  f"({describe(out.targets, 'target')}): it scores class ids; name the metrics of "
+                                  "this task (e.g. metrics=regression, a torchmetrics metric by _target_, or "
+                                  "metrics={})")
+
+            def score():
+                if is_torchmetric(metric):
+                    metric.update(out.outputs, out.targets)
+                    metric.reset()
+                else:
+                    metric(out.outputs, out.targets)
+            _one_line(score, f"metrics.{name}={s.metrics[name].get('_target_')} cannot score the model's outputs "
+                             f"on the dataset's targets ({describe(out.outputs, 'outputs')}; {shapes})")
+
+
+def _one_line(call, what: str):
+    try:
+        return call()
+    except ConfigError:
+        raise
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"{what}: {type(exc).__name__}: {message}") from None
+
+
+def _objective(s: Settings, metrics: dict) -> None:
     objective = s.trainer.objective
     if objective != "loss" and objective not in metrics:
         raise ConfigError(f"trainer.objective={objective!r} is not allowed: expected loss or a metric of this run "

@@ -6,10 +6,12 @@ from __future__ import annotations
 import multiprocessing
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from framework.callbacks.base import Callback, Callbacks
 from framework.callbacks.faults import FaultInjection, planned_faults
@@ -20,7 +22,7 @@ from framework.checkpoints.state import signature
 from framework.config.components import build_component
 from framework.config.settings import Payload, Settings
 from framework.data.augment import build_augment
-from framework.data.build import build_data
+from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
 from framework.errors import ConfigError
 from framework.launch.environment import restart_attempt
@@ -31,7 +33,7 @@ from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.progress import Console
 from framework.training.allocator import keep_freed_memory
 from framework.training.interrupts import NoStop
-from framework.training.metrics import build_loss, build_metrics
+from framework.training.metrics import build_loss, build_metrics, class_ids_of
 from framework.training.optim import build_optimizer
 from framework.training.speedups import apply_speedups, use_channels_last
 from framework.training.trainer import LoopData, Trainer, TrainingStopped
@@ -68,42 +70,33 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
     t = s.trainer
     say = console(run_dir, strategy.is_main, t.progress_bar, t.log_all_ranks)
     faults = planned_faults()
-    callbacks = Callbacks(build_callbacks(s.callbacks) + ([FaultInjection(faults)] if faults else []))
+    callbacks = Callbacks({**build_callbacks(s.callbacks), **({"fault_injection": FaultInjection(faults)} if faults
+                                                                else {})})
     try:
         seed_everything(t.seed)
-        data = build_data(s.dataset)
-        model = build_model(s.model, data.in_shape, data.num_classes)
+        task = build_task(s, strategy)
+        data, model = task.data, task.model
         micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
         # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
-        devices = PerGpu.start(strategy, model, data.in_shape, micro_batch, t.precision, t.straggler_threshold, say)
-        # resolved once: the model's layout and the batches' layout must agree
-        channels_last = use_channels_last(t.channels_last, model, strategy.device, data.in_shape,
-                                          strategy.channels_last_refusal is None)
-        model = apply_speedups(model, channels_last, t.compile, strategy.device, move=not strategy.moves_model_itself)
-        workers = strategy.world_size * strategy.local_slots()
-        wrapped = strategy.wrap(model, lambda params: build_optimizer(s.optimizer, params, workers))
-        train_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last,
+        devices = PerGpu.start(strategy, model, example_input(data), micro_batch, t.precision, t.straggler_threshold,
+                               say)
+        wrapped = wrap(s, strategy, task)
+        train_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, task.channels_last,
                                        build_augment(s.dataset.augment, data.in_shape))
-        eval_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, channels_last)  # no augment
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers, train_pipeline, strategy.device,
                                     micro_batch, strategy.rank, strategy.world_size)
-
-        def test_batches():
-            return eval_batches(data.test, eval_pipeline, strategy.device, EVAL_BATCH_PER_DEVICE, strategy.rank,
-                                strategy.world_size, t.num_workers)
-
-        loop_data = LoopData(loader, micro_batch, test_batches, build_loss(s.loss), build_metrics(s.metrics, data.num_classes))
+        loop_data = LoopData(loader, micro_batch, test_batches(s, strategy, task), task.step, task.loss, task.metrics)
         checkpointer = Checkpointer(strategy, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
                                     signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape,
                                               data.num_classes), say)
         trainer = Trainer(t, strategy=strategy, wrapped=wrapped, data=loop_data, lr_schedule=s.lr_schedule,
                           checkpointer=checkpointer, callbacks=callbacks, devices=devices, stop=stop, say=say,
-                          run_dir=run_dir, hparams=hparams_of(s, strategy))
+                          run_dir=run_dir, hparams=hparams_of(s, strategy),
+                          model_record=model_record(s, data))
         start = Position()
         checkpoint = resume if restart_attempt() == 0 else checkpoint_after_restart(s, run_dir, strategy, say)
         if checkpoint is not None:
-            start, totals = checkpointer.resume(checkpoint, wrapped)
-            trainer.restore_totals(totals)
+            start = trainer.resume(checkpoint)
         say(
             f"training {s.model_name} on {s.dataset.display_name} with strategy={strategy.name}: "
             f"{strategy.world_size} process(es) on {strategy.device.type}, global batch {t.batch_size} = "
@@ -118,14 +111,60 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
             test_metrics=dict(totals.val_metrics), objective=t.objective, test_loss=totals.val_loss,
             train_loss=totals.train_loss, samples_per_sec=totals.samples / totals.seconds if totals.seconds else 0.0,
             per_rank_samples_per_sec=totals.per_slot_samples_per_sec(), per_rank_max_memory_gib=totals.slot_max_mem_gib,
-            train_seconds=totals.seconds, steps=trainer.total_steps, skipped_steps=totals.skipped_steps,
-            epochs=trainer.epochs, processes=strategy.world_size, global_batch=t.batch_size, micro_batch=micro_batch,
+            train_seconds=totals.seconds, steps=trainer.step, skipped_steps=totals.skipped_steps,
+            epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=strategy.world_size, global_batch=t.batch_size, micro_batch=micro_batch,
             strategy=strategy.name, device=strategy.device.type, resumed_from_step=start.step,
             checkpoint=str(last or ""),
         )
     finally:
         callbacks.close()
         say.close()
+
+
+@dataclass
+class Task:
+    """What a run trains or evaluates, built from its settings in every worker: the data, the plain model (on the
+    CPU, before any wrapper), the step, the loss and the metrics, and the memory layout the model and batches share."""
+
+    data: Data
+    model: nn.Module
+    step: object
+    loss: object
+    metrics: dict
+    channels_last: bool
+
+
+def build_task(s: Settings, strategy) -> Task:
+    loss = build_loss(s.loss)
+    data = build_data(s.dataset, class_ids_of(loss, build_metrics(s.metrics)))
+    model = build_model(s.model, data.in_shape, data.num_classes)
+    # resolved once: the model's layout and the batches' layout must agree
+    channels_last = use_channels_last(s.trainer.channels_last, model, strategy.device, data.in_shape,
+                                      strategy.channels_last_refusal is None)
+    return Task(data, model, build_component(s.step, "step"), loss, build_metrics(s.metrics, data.num_classes),
+                channels_last)
+
+
+def wrap(s: Settings, strategy, task: Task):
+    """The task's model with its speed-ups, on the device and in the strategy's wrapper, with its optimizer."""
+    t = s.trainer
+    model = apply_speedups(task.model, task.channels_last, t.compile, strategy.device,
+                           move=not strategy.moves_model_itself)
+    workers = strategy.world_size * strategy.local_slots()
+    return strategy.wrap(model, lambda params: build_optimizer(s.optimizer, params, workers))
+
+
+def test_batches(s: Settings, strategy, task: Task):
+    """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
+    pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, strategy.device, task.channels_last)
+    return lambda: eval_batches(task.data.test, pipeline, strategy.device, EVAL_BATCH_PER_DEVICE, strategy.rank,
+                                strategy.world_size, s.trainer.num_workers)
+
+
+def example_input(data) -> object:
+    """The first training sample's input as the model gets it (normalized where the dataset says how): what FLOPs
+    are counted on."""
+    return BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(data.example[0])
 
 
 def checkpoint_after_restart(s: Settings, run_dir: Path, strategy, say):
@@ -135,17 +174,22 @@ def checkpoint_after_restart(s: Settings, run_dir: Path, strategy, say):
     return strategy.broadcast_object(chosen)
 
 
-def build_callbacks(nodes: dict) -> list[Callback]:
-    """The callbacks group's components, in order (fault injection, when HYDRA_DIST_FAULT asks for it, comes after
-    them in the workers only)."""
-    callbacks = []
+def build_callbacks(nodes: dict) -> dict[str, Callback]:
+    """The callbacks group's components by name, in order (fault injection, when HYDRA_DIST_FAULT asks for it, comes
+    after them in the workers only)."""
+    callbacks = {}
     for name, node in (nodes or {}).items():
         callback = build_component(node, f"callbacks.{name}")
         if not isinstance(callback, Callback):
             raise ConfigError(f"callbacks.{name}._target_={node['_target_']} is not allowed: it built a "
                               f"{type(callback).__name__}, not a framework.callbacks.base.Callback")
-        callbacks.append(callback)
+        callbacks[str(name)] = callback
     return callbacks
+
+
+def model_record(s: Settings, data: Data) -> dict:
+    """What rebuilds the model outside a run (framework/results/trained_model.py)."""
+    return {"model_config": s.model, "in_shape": data.in_shape, "num_classes": data.num_classes}
 
 
 def console(run_dir: Path, is_main: bool, progress_bar: bool, log_all_ranks: bool) -> Console:

@@ -5,8 +5,8 @@
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `all` adds the
 #      test extra (pytest, the Hydra launcher and sweeper plugins)
 #   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
-#   4. Fashion-MNIST offline: Debian's dataset-fashion-mnist when apt can install it;
-#      otherwise the first run downloads it through torchvision (dataset.download=true).
+#   4. Fashion-MNIST and a public-domain text offline: Debian's dataset-fashion-mnist and dict-devil when apt can
+#      install them; otherwise the first run downloads Fashion-MNIST through torchvision (dataset.download=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${HYDRA_DIST_VENV:-.venv}
@@ -44,12 +44,15 @@ if [ "$mode" = all ]; then
     done
 fi
 
-fmnist=/usr/share/datasets/fashion-mnist
-if [ ! -f "$fmnist/train-images-idx3-ubyte.gz" ]; then
+# Debian packages of the built-in data: Fashion-MNIST (dataset=fashion_mnist) and The Devil's Dictionary, a public
+# domain text (experiment=char_lm); without apt the first run downloads Fashion-MNIST and char_lm needs dataset.path.
+fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+devil=/usr/share/dictd/devil.dict.dz
+if [ ! -f "$fmnist" ] || [ ! -f "$devil" ]; then
     if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-        echo "setup: installing Debian package dataset-fashion-mnist"
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; } >/dev/null \
-            || echo "setup: apt could not install dataset-fashion-mnist; runs will download it with torchvision"
+        echo "setup: installing Debian packages dataset-fashion-mnist and dict-devil"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist dict-devil; } \
+            >/dev/null || echo "setup: apt could not install them; runs will download Fashion-MNIST with torchvision"
     else
         echo "setup: no apt (or not root); Fashion-MNIST will be downloaded by torchvision on first run"
     fi

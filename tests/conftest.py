@@ -41,6 +41,15 @@ def _test_accelerator(request):
         torch.cuda.set_device(device)
 
 
+@pytest.fixture(autouse=True)
+def _forget_user_packages():
+    """Tests that import a copy of examples/my_project in this process (driver checks in-process) each bring their
+    own copy: the next test must import its own, not find the last one's in sys.modules."""
+    yield
+    for name in [n for n in sys.modules if n == "mypkg" or n.startswith("mypkg.")]:
+        del sys.modules[name]
+
+
 def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str]:
     """A run's overrides with trainer.accelerator added unless they name one: cpu in a CPU test, gpu in a test marked
     gpu. The suite passes on machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU

@@ -44,7 +44,7 @@ class IndexRecorder(nn.Module):
 
     def forward(self, x):
         folder = os.environ.get("RESUME_PROBE_DIR")
-        if self.training and folder:
+        if self.training and folder and torch.is_grad_enabled():  # not the driver's no-grad check of the model
             rank = int(os.environ.get("RANK", "0"))
             with open(Path(folder) / f"rank{rank}.txt", "a") as f:
                 f.write(" ".join(str(int(i)) for i in x[:, 0].tolist()) + "\n")

@@ -65,7 +65,9 @@ def _check_clean_stop(code: int, out: str, err: str, left: list[int], folder: Pa
                       r"left behind; (.*)", err)
     assert found, err
     assert err.count("error: ") == 1, "one error, said once"
-    leftovers = [p.name for p in folder.iterdir() if p.suffix not in (".pt", ".json")]
+    best = [p.name for p in (folder / "best").iterdir()] if (folder / "best").exists() else []
+    assert all(Path(name).suffix in (".pt", ".json") for name in best), best
+    leftovers = [p.name for p in folder.iterdir() if p.suffix not in (".pt", ".json") and p.name != "best"]
     assert not leftovers, f"half-written files left: {leftovers}"
     committed = {c.path.name for c in list_checkpoints(folder)}
     assert {p.name for p in folder.glob("*.pt")} == committed, "every .pt left has its manifest"

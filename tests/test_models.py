@@ -3,7 +3,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.models.build import build_model, check_model_fits
+from framework.models.build import build_model
 from framework.paths import CONF_DIR
 
 SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
@@ -31,10 +31,10 @@ def test_lenet_is_the_d2l_layout():
 def test_image_model_on_flat_features_is_a_clear_error():
     cfg = OmegaConf.load(CONF_DIR / "model" / "lenet.yaml")
     with pytest.raises(ConfigError, match=r"model=lenet needs image input"):
-        check_model_fits(cfg, (5,), 2)
+        build_model(cfg, (5,), 2)
 
 
 def test_too_small_input_is_caught_on_the_meta_device():
     cfg = OmegaConf.load(CONF_DIR / "model" / "cifar_net.yaml")
     with pytest.raises(ConfigError, match=r"model=cifar_net cannot take the dataset's input shape \(1, 8, 8\)"):
-        check_model_fits(cfg, (1, 8, 8), 10)
+        build_model(cfg, (1, 8, 8), 10)

@@ -186,7 +186,7 @@ BAD = {
     "not_a_dataset": (["dataset=blobs", "dataset.train._target_=mypkg.bad.not_a_dataset"],
                       "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, not a map-style torch Dataset"),
     "items_not_pairs": (["dataset=blobs", "dataset.train._target_=mypkg.bad.no_pairs"],
-                        "dataset.train[0] is a int, not an (input, label) pair"),
+                        "dataset.train[0] is an int, not an (input, target) pair"),
     "labels_out_of_range": (["dataset=blobs", "+dataset.num_classes=3", "+dataset.train.label_offset=1"],
                             "dataset.train has label 3, outside [0, 3) for num_classes=3"),
     "ragged_samples": (["dataset=blobs", "dataset.train._target_=mypkg.bad.Ragged"],
@@ -238,4 +238,4 @@ def test_the_default_loss_is_cross_entropy_with_its_label_smoothing_option():
         cfg = compose("config", overrides=["loss.label_smoothing=0.1"])
     logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
     expected = F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="none")
-    assert torch.allclose(per_sample_losses(build_loss(cfg.loss), logits, labels), expected)
+    assert torch.allclose(per_sample_losses(build_loss(cfg.loss)(logits, labels), len(labels)), expected)

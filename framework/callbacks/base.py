@@ -57,12 +57,29 @@ class Callback:
     def close(self) -> None:
         """The worker is done with this callback (files to close); also after an exception."""
 
+    def state_dict(self) -> dict | None:
+        """What this callback must remember across a resume (saved in every checkpoint, under its name); None:
+        nothing."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """What state_dict() returned, from the checkpoint a run resumes."""
+
 
 class Callbacks:
-    """Every callback of the run, called in order."""
+    """Every callback of the run by its name in the callbacks group, called in order."""
 
-    def __init__(self, callbacks: list[Callback]):
-        self.items = list(callbacks)
+    def __init__(self, callbacks: dict[str, Callback]):
+        self.named = dict(callbacks)
+        self.items = list(self.named.values())
+
+    def state_dict(self) -> dict:
+        return {name: state for name, c in self.named.items() if (state := c.state_dict()) is not None}
+
+    def load_state_dict(self, states: dict) -> None:
+        for name, state in (states or {}).items():
+            if name in self.named:
+                self.named[name].load_state_dict(state)
 
     def __getattr__(self, hook: str):
         if hook not in HOOKS:

@@ -7,8 +7,8 @@ from pathlib import Path
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
-from framework.checkpoints.store import (CHECKPOINT_DIR, Checkpoint, find_checkpoint, load_checkpoint, newest_valid,
-                                         save_checkpoint, save_sharded_checkpoint)
+from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, find_checkpoint, keep_apart,
+                                         load_checkpoint, newest_valid, save_checkpoint, save_sharded_checkpoint)
 from framework.launch.environment import restart_attempt
 
 
@@ -40,13 +40,13 @@ class Checkpointer:
     def due(self, step: int, epoch_end: bool) -> bool:
         return epoch_end or bool(self.every and step % self.every == 0)
 
-    def save(self, wrapped, position: Position, totals: dict) -> Path:
+    def save(self, wrapped, position: Position, totals: dict, callbacks: dict) -> Path:
         strategy, io = self.strategy, self.strategy.checkpoints
         rngs = strategy.gather_objects(rng_state(strategy.cuda_devices()))
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
                     "world_size": strategy.world_size, "format": io.format}
-        state = loop_state(position, totals, rngs, wrapped.precision.scaler)
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks)
         if io.sharded:  # the engine writes shards on every rank
             saved = save_sharded_checkpoint(self.folder, state, manifest, self.keep,
                                             lambda folder, tag: io.save_shards(folder, tag, wrapped),
@@ -72,8 +72,20 @@ class Checkpointer:
         """This run's newest committed checkpoint: the last one it wrote, or the one it resumed from its own folder."""
         return self.last
 
-    def resume(self, checkpoint: Checkpoint, wrapped) -> tuple[Position, dict]:
-        """Every rank: the state of a checkpoint the driver (or rank 0, after a restart) chose and verified."""
+    def keep_best(self, step: int) -> None:
+        """Every rank: the checkpoint just committed for `step` becomes checkpoints/best/ (hard links: no second
+        write), replacing the one kept before. Rank 0 moves the files; every rank waits for it."""
+        if self.strategy.is_main and self.last is not None:
+            try:
+                keep_apart(self.last, self.folder / BEST_DIR)
+            except OSError as error:  # the run goes on: its rolling checkpoints are whole, the best kept before too
+                self.say(f"warning: the best checkpoint (step {step}) could not be kept apart in "
+                         f"{self.folder / BEST_DIR}: {error.strerror or error}; the one kept before stays")
+        self.strategy.barrier()
+
+    def resume(self, checkpoint: Checkpoint, wrapped) -> tuple[Position, dict, dict]:
+        """Every rank: the state of a checkpoint the driver (or rank 0, after a restart) chose and verified:
+        its position, the run totals and the callbacks' states."""
         strategy, io = self.strategy, self.strategy.checkpoints
         state = load_checkpoint(checkpoint)
         if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
@@ -88,7 +100,7 @@ class Checkpointer:
             self.last = checkpoint.path
         changes = _changes(checkpoint.manifest, position, strategy.world_size, self.batch_size)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
-        return position, totals
+        return position, totals, state.get("callbacks", {})
 
 
 def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:

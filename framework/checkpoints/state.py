@@ -43,8 +43,8 @@ def restore_rng(state: dict, cuda_devices: list[int] = ()) -> None:
 def signature(model: dict, dataset_name: str, optimizer_target: str, in_shape, num_classes: int) -> dict:
     """What must match for a checkpoint to be resumable by this run: the model's config, the dataset, the input
     shape and classes, the optimizer class."""
-    return {"model": model, "dataset": dataset_name, "in_shape": list(in_shape), "num_classes": int(num_classes),
-            "optimizer": optimizer_target}
+    return {"model": model, "dataset": dataset_name, "in_shape": list(in_shape) if in_shape else None,
+            "num_classes": num_classes, "optimizer": optimizer_target}
 
 
 def signature_mismatch(saved: dict, current: dict) -> str | None:
@@ -53,11 +53,11 @@ def signature_mismatch(saved: dict, current: dict) -> str | None:
     return "; ".join(diffs) or None
 
 
-def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler) -> dict:
+def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler, callbacks: dict) -> dict:
     """The loop's own part of a checkpoint: everything but model and optimizer (a sharded checkpoint's
-    training_state.pt holds just this)."""
+    training_state.pt holds just this); `callbacks`: each callback's state_dict() by its name."""
     return {"position": asdict(position), "totals": totals, "rng": rng_states,
-            "scaler": scaler.state_dict() if scaler else None}
+            "scaler": scaler.state_dict() if scaler else None, "callbacks": callbacks}
 
 
 def restore_progress(state: dict, rank: int, world_size: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:

@@ -28,6 +28,7 @@ from framework.checkpoints.disk import CheckpointNotWritten, remove_quietly, wri
 from framework.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
+BEST_DIR = "best"  # inside CHECKPOINT_DIR: the best checkpoint by the objective, apart from the rolling ones
 TRAINING_STATE = "training_state.pt"  # in a sharded checkpoint's folder: everything but the engine's shards
 
 
@@ -125,6 +126,37 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
     _write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
     _prune(folder, keep)
     return committed
+
+
+def keep_apart(path: Path, folder: Path) -> Checkpoint:
+    """The committed checkpoint at `path` (a .pt or a shard folder) into `folder` as the only one there: its files
+    hard-linked (copied where links cannot be made), its manifest last, then the one kept before taken away."""
+    manifest = path.with_suffix(".json")
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        shutil.copytree(path, staging / path.name, copy_function=_link_or_copy) if path.is_dir() else \
+            _link_or_copy(path, staging / path.name)
+        shutil.copyfile(manifest, staging / manifest.name)
+        _fsync_dir(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk leaves the best kept before, and nothing half-made
+        raise
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(staging, folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return Checkpoint(folder / path.name, json.loads(manifest.read_text()))
+
+
+def _link_or_copy(source, target) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _prune(folder: Path, keep: int) -> None:

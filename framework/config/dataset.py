@@ -1,12 +1,15 @@
-"""The keys every dataset config has, whatever its `train` and `test` components are (conf/dataset/*.yaml; a
-user's own dataset config may leave any of them out). The rest of a dataset node is the user's: keys its
-components interpolate (root, download, ...) pass through untouched."""
+"""The keys every dataset config has, whatever its components are (conf/dataset/*.yaml; a user's own dataset config
+may leave any of them out). A dataset config names either `train` and `test` components, or one Dataset with its
+own `_target_` and `val_fraction` (framework/data/build.py splits it). The rest of a dataset node is the user's: keys
+its components interpolate (root, download, ...), or the one Dataset's own arguments."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from framework.config.rules import Checked, at_least, int_list, rule
+import dataclasses
+
+from framework.config.rules import Checked, SettingError, at_least, between, int_list, rule
 
 
 @dataclass
@@ -21,11 +24,33 @@ class DatasetConfig(Checked):
     num_classes: Optional[int] = rule(None, at_least(2))  # null: the dataset's num_classes/classes, else max label+1
     in_shape: Optional[List[int]] = rule(None, int_list(1))  # null: the dataset's in_shape, else the first sample's
     augment: Any = None  # batched on-device augmentation, e.g. {_target_: framework.data.augment.RandomCropFlip}
+    _target_: Optional[str] = None  # one Dataset (its arguments beside it), split by val_fraction
+    val_fraction: Optional[float] = rule(None, between(0.0, 1.0, high_open=True))  # its share held out for testing
+    split_seed: int = rule(0, at_least(0))  # the split's permutation: the same on every rank, world size, resume
+
+    def check(self) -> None:
+        if self._target_ and (self.train or self.test):
+            raise SettingError("_target_", self._target_, message="{key}._target_ is not allowed beside {key}.train "
+                               "and {key}.test: name either one Dataset (with val_fraction) or the two splits")
+        if self._target_ and self.val_fraction is None:
+            raise SettingError("val_fraction", None, message=f"{{key}}._target_={self._target_} needs "
+                               "{key}.val_fraction (the share of its samples held out for testing, e.g. 0.1)")
+        if self.val_fraction is not None and not self._target_:
+            raise SettingError("val_fraction", self.val_fraction, message=f"{{key}}.val_fraction={self.val_fraction} "
+                               "splits one Dataset named by {key}._target_, and this config names train and test")
+
+    @property
+    def one_dataset(self) -> dict | None:
+        """The one Dataset's component node (its _target_ and its own arguments), or None."""
+        if not self._target_:
+            return None
+        declared = {f.name for f in dataclasses.fields(self)}
+        return {"_target_": self._target_, **{k: v for k, v in vars(self).items() if k not in declared}}
 
     @property
     def display_name(self) -> str:
         """`name` if given, else the train component's class name (logs, hparams, checkpoint signatures)."""
         if self.name:
             return self.name
-        target = str((self.train or {}).get("_target_", "dataset"))
+        target = str(self._target_ or (self.train or {}).get("_target_", "dataset"))
         return target.rsplit(".", 1)[-1]

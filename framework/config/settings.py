@@ -18,6 +18,9 @@ from framework.config.typed import typed
 from framework.errors import ConfigError
 
 
+DEFAULT_STEP = "framework.training.step.Supervised"
+
+
 @dataclass
 class Settings:
     trainer: TrainerConfig
@@ -29,6 +32,7 @@ class Settings:
     loss: dict
     metrics: dict  # name -> component
     callbacks: dict  # name -> component (framework/callbacks/base.py)
+    step: dict  # how a batch becomes outputs and a loss (framework/training/step.py)
 
     @property
     def model_name(self) -> str:
@@ -51,11 +55,14 @@ def _schema_of(node, default: type) -> type:
     return schema if dataclasses.is_dataclass(schema) and issubclass(schema, default) else default
 
 
-def settings_of(cfg: DictConfig) -> Settings:
-    """Every group of the composed config as its typed options; ConfigError naming the key on a bad value."""
+def settings_of(cfg: DictConfig, dataset_as_written: bool = True) -> Settings:
+    """Every group of the composed config as its typed options; ConfigError naming the key on a bad value.
+    dataset_as_written=False: the dataset node was resolved already (a run's saved config), so its own keys' uses by
+    interpolation cannot be seen, and are not asked for."""
     from framework.strategies import strategy_class
 
-    _refuse_unused_dataset_keys(cfg)
+    if dataset_as_written:
+        _refuse_unused_dataset_keys(cfg)
     plain = OmegaConf.to_container(cfg, resolve=True)
     return Settings(
         trainer=typed(TrainerConfig, plain["trainer"], "trainer"),
@@ -64,13 +71,15 @@ def settings_of(cfg: DictConfig) -> Settings:
         lr_schedule=typed(LrScheduleConfig, plain["lr_schedule"], "lr_schedule"),
         dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),
         model=plain["model"], loss=plain.get("loss"), metrics=plain.get("metrics") or {},
-        callbacks=plain.get("callbacks") or {},
+        callbacks=plain.get("callbacks") or {}, step=plain.get("step") or {"_target_": DEFAULT_STEP},
     )
 
 
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     """A dataset config may add keys of its own for its components to interpolate (root: ${dataset.root}); one that
     nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through)."""
+    if cfg.dataset.get("_target_"):  # one Dataset: its keys are its own arguments, which it checks
+        return
     declared = {f.name for f in dataclasses.fields(DatasetConfig)}
     text = OmegaConf.to_yaml(cfg, resolve=False)
     for key in cfg.dataset:

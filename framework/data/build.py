@@ -1,19 +1,22 @@
-"""The dataset's typed options (framework/config/dataset.py) -> the train and test Datasets, and the facts the
-model needs (input shape, classes).
+"""The dataset's typed options (framework/config/dataset.py) -> the train and test Datasets, and the facts a model
+may need (the input shape, the class count).
 
-A dataset config names two components, `train` and `test`, each any map-style torch Dataset returning
-(input, label), built with Hydra's instantiate (so `_target_` may be a class or a factory, `_partial_` too, and
-nested `_target_`s such as a torchvision transform pipeline are built first). The built-in datasets are
+A dataset config names two components, `train` and `test`, or one (its own `_target_`) with `val_fraction`, each
+any map-style torch Dataset returning (input, target), built with Hydra's instantiate (so `_target_` may be a class
+or a factory, `_partial_` too, and nested `_target_`s such as a torchvision transform pipeline are built first).
+Input and target may be tensors or any nesting of them (framework/data/batches.py). The built-in datasets are
 ordinary entries of the same mechanism."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
 
 from framework.config.components import build_component
+from framework.data.batches import describe, take, tree_map
 from framework.config.dataset import DatasetConfig
 from framework.errors import ConfigError
 
@@ -22,31 +25,56 @@ _SHAPE_SAMPLES = 8  # samples whose shapes are compared in the driver (all of th
 _LABEL_SAMPLES = 1024  # labels read in the driver from a dataset that has no `targets`
 
 
-def build_split(cfg: DatasetConfig, which: str) -> Dataset:
-    """Instantiate dataset.<which> (train or test), limited to dataset.max_<which>_samples."""
-    key = f"dataset.{which}"
-    node = getattr(cfg, which)
-    if not isinstance(node, dict) or "_target_" not in node:
-        raise ConfigError(f"{key} is missing or has no _target_: a dataset config needs `train:` and `test:` "
-                          "entries, each naming a torch Dataset with _target_ (see README, Your own model and data)")
+def _as_dataset(node: dict, key: str) -> Dataset:
     target = node["_target_"]
     dataset = build_component(node, key)
     if callable(dataset) and not hasattr(dataset, "__getitem__"):  # `_partial_: true` on a factory
         dataset = dataset()
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise ConfigError(f"{key}._target_={target} is not allowed: it returned a {type(dataset).__name__}, not a "
-                          "map-style torch Dataset (one with __len__ and __getitem__ giving (input, label))")
+                          "map-style torch Dataset (one with __len__ and __getitem__ giving (input, target))")
     if len(dataset) == 0:
         raise ConfigError(f"{key}._target_={target} is not allowed: the dataset is empty")
-    limit = getattr(cfg, f"max_{which}_samples")
-    if limit and limit < len(dataset):
-        dataset = _limited(dataset, limit)
     return dataset
 
 
-def tensors_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(inputs, labels) of the whole split when the dataset can give them as two tensors: a TensorDataset, or a
-    dataset with `tensors()` (the built-ins); None for anything else, or one with a per-sample transform."""
+def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
+    """The train and test splits: dataset.train and dataset.test, or one dataset (the node's own _target_) split by
+    dataset.val_fraction; each limited to dataset.max_<split>_samples."""
+    if cfg.one_dataset is not None:
+        splits = split_one(_as_dataset(cfg.one_dataset, "dataset"), cfg.val_fraction, cfg.split_seed)
+    else:
+        splits = {}
+        for which in SPLITS:
+            node = getattr(cfg, which)
+            if not isinstance(node, dict) or "_target_" not in node:
+                raise ConfigError(
+                    f"dataset.{which} is missing or has no _target_: a dataset config names either `train:` and "
+                    "`test:` Datasets with _target_, or one Dataset with _target_ and val_fraction (see README, Your "
+                    "own model and data)")
+            splits[which] = _as_dataset(node, f"dataset.{which}")
+    for which, dataset in splits.items():
+        limit = getattr(cfg, f"max_{which}_samples")
+        if limit and limit < len(dataset):
+            splits[which] = subset(dataset, torch.arange(limit))
+    return splits
+
+
+def split_one(dataset: Dataset, val_fraction: float, seed: int) -> dict[str, Dataset]:
+    """A seeded permutation cut into test (the first val_fraction) and train: the same on every rank, world size
+    and resume (it depends on the seed and the dataset's length only)."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+    held_out = max(1, round(val_fraction * len(dataset)))
+    if held_out >= len(dataset):
+        raise ConfigError(f"dataset.val_fraction={val_fraction} is not allowed: it leaves no training sample of the "
+                          f"{len(dataset)}")
+    return {"train": subset(dataset, order[held_out:]), "test": subset(dataset, order[:held_out])}
+
+
+def tensors_of(dataset: Dataset) -> tuple[Any, Any] | None:
+    """(inputs, targets) of the whole split when the dataset can give them as tensors (each a tensor or a nesting of
+    them, first dimension the sample): a TensorDataset of two, or a dataset with `tensors()` (the built-ins); None for
+    anything else, or one with a per-sample transform."""
     if getattr(dataset, "transform", None) is not None:
         return None
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
@@ -56,65 +84,45 @@ def tensors_of(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
-class _LimitedTensors(Dataset):
-    """The first n samples of an in-memory dataset, keeping what it says about itself."""
+class _IndexedTensors(Dataset):
+    """Some samples of an in-memory dataset, keeping what it says about itself (in_shape, normalization, ...)."""
 
-    def __init__(self, dataset, n: int):
-        self.source, self.n = dataset, n
+    def __init__(self, dataset, indices: torch.Tensor):
+        self.source, self.indices = dataset, indices
 
     def tensors(self):
         x, y = self.source.tensors()
-        return x[:self.n], y[:self.n]
+        return take(x, self.indices), take(y, self.indices)
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.indices)
 
     def __getitem__(self, index: int):
-        if index >= self.n:
-            raise IndexError(index)
-        return self.source[index]
+        return self.source[int(self.indices[index])]
 
     def __getattr__(self, name: str):  # num_classes, in_shape, normalization, classes, ...
-        if name in ("source", "n"):
+        if name in ("source", "indices"):
             raise AttributeError(name)
         return getattr(self.source, name)
 
 
-def _limited(dataset: Dataset, n: int) -> Dataset:
+def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
+    """The samples at `indices`, keeping the in-memory fast path where the dataset had it."""
     if isinstance(dataset, TensorDataset):
-        return TensorDataset(*(t[:n] for t in dataset.tensors))
+        return TensorDataset(*(t[indices] for t in dataset.tensors))
     if callable(getattr(dataset, "tensors", None)):
-        return _LimitedTensors(dataset, n)
-    return Subset(dataset, range(n))
-
-
-def _labels(dataset: Dataset) -> torch.Tensor | None:
-    """All labels when the dataset has them at hand (tensors, or a `targets` list as torchvision's have)."""
-    tensors = tensors_of(dataset)
-    if tensors is not None:
-        return tensors[1]
-    targets = getattr(dataset, "targets", None)
-    if isinstance(dataset, Subset) and targets is None:
-        base = getattr(dataset.dataset, "targets", None)
-        targets = [base[i] for i in dataset.indices] if base is not None else None
-    return torch.as_tensor(targets) if targets is not None else None
-
-
-def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
-    """Labels of up to _LABEL_SAMPLES samples spread over a dataset that keeps no label list (each read costs a
-    __getitem__, so a large one is checked on a sample, not whole)."""
-    count = min(len(dataset), _LABEL_SAMPLES)
-    indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
-    return torch.as_tensor([int(_sample(dataset, i, which)[1]) for i in indices])
+        return _IndexedTensors(dataset, indices)
+    return Subset(dataset, indices.tolist())
 
 
 @dataclass
 class Data:
     train: Dataset
     test: Dataset
-    in_shape: tuple[int, ...]
-    num_classes: int
+    in_shape: tuple[int, ...] | None  # one sample's input shape; None where the input is not one tensor
+    num_classes: int | None  # the class count where there are class ids (or the dataset says it); else None
     normalization: Any  # framework.data.builtin.Normalization, or None: inputs are used as they come
+    example: tuple  # the first training sample as a batch of one: (input, target), on the CPU
 
 
 def _sample(dataset: Dataset, index: int, which: str):
@@ -123,57 +131,125 @@ def _sample(dataset: Dataset, index: int, which: str):
     except Exception as exc:
         raise ConfigError(f"dataset.{which}[{index}] could not be read: {type(exc).__name__}: {exc}") from None
     if not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise ConfigError(f"dataset.{which}[{index}] is a {type(item).__name__}, not an (input, label) pair")
+        kind = type(item).__name__
+        raise ConfigError(f"dataset.{which}[{index}] is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not an "
+                          "(input, target) pair")
     x = item[0]
-    if not torch.is_tensor(x):
-        raise ConfigError(f"dataset.{which}[{index}] gives an input of type {type(x).__name__}, not a tensor; add a "
+    bad = _not_tensors(x)
+    if bad is not None:
+        raise ConfigError(f"dataset.{which}[{index}] gives an input of type {type(bad).__name__}, not a tensor; add a "
                           "transform that makes one (e.g. torchvision.transforms.ToTensor)")
     return x, item[1]
 
 
-def _in_shape(cfg: DatasetConfig, data: dict[str, Dataset], check: bool) -> tuple[int, ...]:
+def _not_tensors(tree):
+    """The first leaf of an input that torch's collate cannot make a tensor of, or None."""
+    if torch.is_tensor(tree) or isinstance(tree, (int, float, np.ndarray, np.number)):
+        return None
+    if isinstance(tree, dict):
+        tree = list(tree.values())
+    if isinstance(tree, (list, tuple)):
+        return next((b for b in map(_not_tensors, tree) if b is not None), None)
+    return tree
+
+
+def _shapes(tree) -> Any:
+    return tuple(tree.shape) if torch.is_tensor(tree) else tree_map(lambda t: tuple(t.shape), tree)
+
+
+def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool) -> tuple[int, ...] | None:
     declared = cfg.in_shape
-    said = getattr(data["train"], "in_shape", None)  # a dataset that states its shape (the built-ins) is trusted
+    said = getattr(splits["train"], "in_shape", None)  # a dataset that states its shape (the built-ins) is trusted
     if said or (declared and not check):
         return tuple(said or declared)
     shapes = {}
-    for which, dataset in data.items():
-        for index in range(min(_SHAPE_SAMPLES, len(dataset))):
-            shapes.setdefault(tuple(_sample(dataset, index, which)[0].shape), f"dataset.{which}[{index}]")
+    for which, dataset in splits.items():
+        for index in range(min(_SHAPE_SAMPLES if check else 1, len(dataset))):
+            shapes.setdefault(repr(_shapes(_sample(dataset, index, which)[0])), f"dataset.{which}[{index}]")
     if len(shapes) > 1:
-        found = ", ".join(f"{where}: {list(shape)}" for shape, where in shapes.items())
+        found = ", ".join(f"{where}: {shape.replace('(', '[').replace(')', ']').replace(',]', ']')}"
+                          for shape, where in shapes.items())
         raise ConfigError(f"dataset samples differ in shape ({found}); every input must have one shape (resize or "
                           "crop them with a transform)")
-    [shape] = shapes
+    x = _sample(splits["train"], 0, "train")[0]
+    shape = tuple(x.shape) if torch.is_tensor(x) else None
     if declared and tuple(declared) != shape:
-        raise ConfigError(f"dataset.in_shape={list(declared)} is not allowed: the samples have shape {list(shape)}")
+        raise ConfigError(f"dataset.in_shape={list(declared)} is not allowed: the samples have shape "
+                          f"{list(shape) if shape else describe(x, 'input')}")
     return shape
 
 
-def _num_classes(cfg: DatasetConfig, data: dict[str, Dataset], check: bool) -> int:
-    declared = cfg.num_classes
-    train = data["train"]
+def _labels(dataset: Dataset) -> torch.Tensor | None:
+    """All class ids when the dataset has them at hand (tensors, or a `targets` list as torchvision's have)."""
+    tensors = tensors_of(dataset)
+    if tensors is not None:
+        return tensors[1] if torch.is_tensor(tensors[1]) else None
+    targets = getattr(dataset, "targets", None)
+    if isinstance(dataset, Subset) and targets is None:
+        base = getattr(dataset.dataset, "targets", None)
+        targets = [base[i] for i in dataset.indices] if base is not None else None
+    return torch.as_tensor(targets) if targets is not None else None
+
+
+def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
+    """Class ids of up to _LABEL_SAMPLES samples spread over a dataset that keeps no label list (each read costs a
+    __getitem__, so a large one is checked on a sample, not whole)."""
+    count = min(len(dataset), _LABEL_SAMPLES)
+    indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
+    return torch.stack([torch.as_tensor(_sample(dataset, i, which)[1]) for i in indices])
+
+
+def is_class_ids(target) -> bool:
+    """A target of class ids: an integer, or an integer tensor (one id per sample, or a mask of ids)."""
+    if isinstance(target, (bool, np.bool_)):
+        return False
+    if isinstance(target, (int, np.integer)):
+        return True
+    return torch.is_tensor(target) and not target.is_floating_point() and not target.is_complex() \
+        and target.dtype != torch.bool
+
+
+def _num_classes(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, class_ids: ClassIds) -> int | None:
+    """The class count: declared (dataset.num_classes), said by the dataset (num_classes, classes), or, where the
+    loss or a metric takes class ids and the targets are ids, counted from them; with check (the driver) the ids are
+    also checked to lie in [0, num_classes) (class_ids.ignore: a value the loss skips, e.g. a mask's border)."""
+    train = splits["train"]
     said = getattr(train, "num_classes", None)  # trusted, like in_shape: no labels are read for it
-    found = declared or said or len(getattr(train, "classes", None) or []) or None
+    found = cfg.num_classes or said or len(getattr(train, "classes", None) or []) or None
+    if not class_ids.expected or not is_class_ids(_sample(train, 0, "train")[1]):
+        return found
     labels = {}
     if (check or not found) and not said:
-        labels = {which: _labels(dataset) for which, dataset in data.items()}
-        labels = {which: y if y is not None else _sampled_labels(data[which], which) for which, y in labels.items()}
+        labels = {which: _labels(dataset) for which, dataset in splits.items()}
+        labels = {which: y if y is not None else _sampled_labels(splits[which], which) for which, y in labels.items()}
+        if class_ids.ignore is not None:
+            labels = {which: y[y != class_ids.ignore] for which, y in labels.items()}
     if found is None:
-        found = int(max(int(y.max()) for y in labels.values())) + 1
-    if not isinstance(found, int) or found < 2:
+        found = int(max(int(y.max()) for y in labels.values() if y.numel())) + 1
+    if found < 2:
         raise ConfigError(f"dataset.num_classes={found!r} is not allowed: expected an integer >= 2")
     for which, y in labels.items():
-        if y is not None and len(y) and (int(y.min()) < 0 or int(y.max()) >= found):
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= found):
             bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
             raise ConfigError(f"dataset.{which} has label {bad}, outside [0, {found}) for num_classes={found}; "
                               "labels must be class ids 0..num_classes-1 (set dataset.num_classes if it is larger)")
     return found
 
 
-def build_data(cfg: DatasetConfig, check: bool = False) -> Data:
-    """Both splits and their facts. check=True (the driver, once): also compare sample shapes and label ranges."""
-    data = {which: build_split(cfg, which) for which in SPLITS}
-    in_shape = _in_shape(cfg, data, check)
-    num_classes = _num_classes(cfg, data, check)
-    return Data(data["train"], data["test"], in_shape, num_classes, getattr(data["train"], "normalization", None))
+@dataclass
+class ClassIds:
+    """Whether the loss or a metric takes class ids (framework/training/metrics.py: class_ids_of), and the id the
+    loss ignores (CrossEntropyLoss's ignore_index), if any."""
+
+    expected: bool = False
+    ignore: int | None = None
+
+
+def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool = False) -> Data:
+    """Both splits and their facts. check=True (the driver, once): also compare sample shapes and class ids."""
+    splits = build_splits(cfg)
+    in_shape = _in_shape(cfg, splits, check)
+    num_classes = _num_classes(cfg, splits, check, class_ids)
+    _sample(splits["train"], 0, "train")
+    return Data(splits["train"], splits["test"], in_shape, num_classes,
+                getattr(splits["train"], "normalization", None), default_collate([splits["train"][0]]))

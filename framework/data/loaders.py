@@ -16,16 +16,18 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from framework.data.augment import batch_generator
+from framework.data.batches import batch_size, take, to_device, tree_map
 from framework.data.build import tensors_of
 
 
 class BatchPipeline:
-    """Device-side steps for a batch: raw pixels (or features) -> standardized floats, the optional batched
-    augmentation, then channels_last for image batches when the model uses it."""
+    """Device-side steps for a batch's input: raw pixels (or features) -> standardized floats and the optional
+    batched augmentation (datasets that say how: one tensor per input), then channels_last for the 4-D float
+    tensors of the input when the model uses it (an input of any nesting)."""
 
     def __init__(self, normalization, in_shape, device: torch.device, channels_last: bool = False, augment=None):
-        images = len(tuple(in_shape)) == 3
-        self.channels_last = channels_last and images
+        images = in_shape is not None and len(tuple(in_shape)) == 3
+        self.channels_last = channels_last
         self.augment = augment
         self.scale = None
         if normalization is not None:
@@ -34,12 +36,19 @@ class BatchPipeline:
             self.mean = torch.tensor(normalization.mean, device=device).view(shape)[: None if images else 1]
             self.std = torch.tensor(normalization.std, device=device).view(shape)[: None if images else 1]
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(self, x, generator: torch.Generator | None = None):
+        if not torch.is_tensor(x):  # a nesting of tensors: only the layout is ours to change
+            return tree_map(_channels_last, x) if self.channels_last else x
         if self.scale is not None:
             x = (x.float() * self.scale - self.mean) / self.std
         if generator is not None and self.augment is not None:
             x = self.augment(x, generator)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        return _channels_last(x) if self.channels_last else x
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    """NHWC layout for a batch of images (4-D floats); any other tensor as it is."""
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
 
 
 def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> list[int]:
@@ -62,7 +71,7 @@ class _Sharded:
     def __iter__(self):
         return self.iterate(0)
 
-    def _prepared(self, x: torch.Tensor, index: int) -> torch.Tensor:
+    def _prepared(self, x, index: int):
         generator = None
         if self.pipeline.augment is not None:
             generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
@@ -72,18 +81,19 @@ class _Sharded:
 class InMemoryLoader(_Sharded):
     def __init__(self, x, y, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int):
         super().__init__(pipeline, device, micro_batch, rank, world, seed)
-        self.x = x.to(device, non_blocking=True)
-        self.y = y.to(device, non_blocking=True)
+        self.x, self.y = to_device(x, device), to_device(y, device)
+        self.samples = batch_size(self.x)
 
     def __len__(self) -> int:
-        return (len(self.x) // self.world) // self.micro_batch
+        return (self.samples // self.world) // self.micro_batch
 
     def iterate(self, start: int):
         """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
-        order = torch.tensor(shard_indices(len(self.x), self.rank, self.world, self.epoch, self.seed), device=self.device)
+        order = torch.tensor(shard_indices(self.samples, self.rank, self.world, self.epoch, self.seed),
+                             device=self.device)
         for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
-            yield self._prepared(self.x[idx], i), self.y[idx]
+            yield self._prepared(take(self.x, idx), i), take(self.y, idx)
 
 
 class DataLoaderLoader(_Sharded):
@@ -106,8 +116,7 @@ class DataLoaderLoader(_Sharded):
 
     def iterate(self, start: int):
         for i, (x, y) in enumerate(itertools.islice(self.loader, start, None), start):
-            x, y = x.to(self.device, non_blocking=True), torch.as_tensor(y).to(self.device, non_blocking=True)
-            yield self._prepared(x, i), y
+            yield self._prepared(to_device(x, self.device), i), to_device(y, self.device)
 
 
 def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0):
@@ -118,14 +127,14 @@ def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int
     batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
     tensors = tensors_of(dataset)
     if tensors is not None:
-        x, y = tensors[0][rank::world].to(device), tensors[1][rank::world].to(device)
-        for xs, ys in zip(x.tensor_split(batches), y.tensor_split(batches)):
-            yield pipeline(xs), ys
+        x, y = (to_device(take(t, share), device) for t in tensors)
+        for chunk in torch.arange(len(share), device=device).tensor_split(batches):
+            yield pipeline(take(x, chunk)), take(y, chunk)
         return
     chunks = [c.tolist() for c in share.tensor_split(batches)]
     loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, pin_memory=device.type == "cuda")
     for xs, ys in loader:
-        yield pipeline(xs.to(device, non_blocking=True)), torch.as_tensor(ys).to(device, non_blocking=True)
+        yield pipeline(to_device(xs, device)), to_device(ys, device)
 
 
 def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,

@@ -1,24 +1,45 @@
-"""Instantiate conf/model/*.yaml for a dataset's input shape and class count."""
+"""Instantiate conf/model/*.yaml. A model from any library works by `_target_`: the dataset's input shape and class
+count are passed only to a constructor (or factory) that names `in_shape` / `num_classes` among its parameters and
+whose config does not set them already (a torchvision factory such as `torchvision.models.resnet50` takes
+`num_classes` through **kwargs: give it in the model's config, e.g. `num_classes: ${dataset.num_classes}`)."""
 from __future__ import annotations
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+import inspect
+
+from hydra.utils import get_object
 from torch import nn
 
+from framework.config.components import build_component
 from framework.errors import ConfigError
 
 
-def build_model(model_cfg: dict, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def _named_parameters(target: str) -> set[str]:
     try:
-        return instantiate(model_cfg, in_shape=tuple(in_shape), num_classes=num_classes)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, ConfigError):
-            raise exc.__cause__ from None
-        raise
+        return set(inspect.signature(get_object(target)).parameters)
+    except Exception:  # not importable, or no signature: build_component says what is wrong
+        return set()
 
 
-def check_model_fits(model_cfg: dict, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Driver-side: build the model once (with its one-sample dry run) so a mismatch fails before any
-    worker starts. On the CPU, not the meta device: `with torch.device("meta")` imports torch._dynamo,
-    1.3 s of start-up that every ddp worker would wait for; LeNet builds in 10 ms. Returns the model."""
-    return build_model(model_cfg, in_shape, num_classes)
+def model_facts(model_cfg: dict, in_shape: tuple[int, ...] | None, num_classes: int | None) -> dict:
+    """The keyword arguments the dataset adds for this model: in_shape and num_classes where it names them."""
+    wanted = _named_parameters(str(model_cfg.get("_target_", ""))) - set(model_cfg)
+    facts = {}
+    if "in_shape" in wanted:
+        if in_shape is None:
+            raise ConfigError(f"model={model_cfg['_target_']} takes in_shape, and the dataset's input is not one "
+                              "tensor; set dataset.in_shape, or give the model what it needs in its config")
+        facts["in_shape"] = tuple(in_shape)
+    if "num_classes" in wanted:
+        if num_classes is None:
+            raise ConfigError(f"model={model_cfg['_target_']} takes num_classes, and the dataset has no class ids to "
+                              "count them; set dataset.num_classes (or the model's own num_classes)")
+        facts["num_classes"] = num_classes
+    return facts
+
+
+def build_model(model_cfg: dict, in_shape: tuple[int, ...] | None, num_classes: int | None) -> nn.Module:
+    model = build_component(model_cfg, "model", **model_facts(model_cfg, in_shape, num_classes))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model._target_={model_cfg['_target_']} is not allowed: it built a {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model

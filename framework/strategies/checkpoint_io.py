@@ -27,6 +27,13 @@ class CheckpointIO:
     def readable_formats(self) -> tuple[str, ...]:
         return (self.format,)
 
+    def full_model_state(self, wrapped: "Wrapped") -> dict | None:
+        """Every rank calls it (a sharding engine gathers): the user's module's whole state dict in CPU memory on
+        rank 0, None elsewhere (what weights/*.pt hold)."""
+        if not self.strategy.is_main:
+            return None
+        return {k: v.detach().cpu() for k, v in self.strategy.unwrap(wrapped.model).state_dict().items()}
+
     def model_and_optimizer(self, wrapped: "Wrapped") -> dict:
         """Rank 0, for a single-file checkpoint: the user's module's and the optimizer's state dicts."""
         return {"model": self.strategy.unwrap(wrapped.model).state_dict(), "optimizer": wrapped.optimizer.state_dict()}

@@ -161,6 +161,20 @@ class DeepSpeedCheckpoints(CheckpointIO):
     def format(self) -> str:
         return f"deepspeed-zero{self.strategy.options.zero_stage}"
 
+    def full_model_state(self, wrapped: Wrapped) -> dict | None:
+        """ZeRO-3 partitions the parameters: they are gathered (on every rank, DeepSpeed's public context) for the
+        copy; ZeRO 0-2 keep them whole on every rank."""
+        import deepspeed
+
+        module = wrapped.model.module
+        gathered = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+                    if self.strategy.options.zero_stage == 3 else contextlib.nullcontext())
+        with gathered:
+            if not self.strategy.is_main:
+                return None
+            return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu()
+                    for k, v in module.state_dict().items()}
+
     def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
         wrapped.model.save_checkpoint(str(folder), tag=tag, save_latest=False)
 

@@ -151,6 +151,12 @@ class DcpCheckpoints(CheckpointIO):
         model_state, optimizer_state = get_state_dict(wrapped.model, wrapped.optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
 
+    def full_model_state(self, wrapped: Wrapped) -> dict | None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(wrapped.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.strategy.is_main else None
+
     def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
         import torch.distributed.checkpoint as dcp
 

@@ -13,24 +13,33 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
+from framework.data.batches import leaves, tree_map
+
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
 
 
-def training_flops_per_sample(model: nn.Module, in_shape, batch: int) -> float:
+def training_flops_per_sample(model: nn.Module, example, batch: int) -> float:
     """FLOPs of forward + backward for one sample (matmuls and convolutions, as FlopCounterMode counts them).
-    The model is the user's plain module (no strategy wrapper); raises if its forward cannot run on meta tensors."""
+    `example`: one sample's input shape (a float input), or a batch of the real input (any nesting of tensors, any
+    dtypes), whose shapes and dtypes a micro-batch of `batch` samples is made of. The model is the user's plain
+    module (no strategy wrapper); raises if its forward cannot run on meta tensors."""
     state = {name: _on_meta(t) for name, t in [*model.named_parameters(), *model.named_buffers()]}
-    x = torch.empty((batch, *in_shape), device="meta")
-    with _silenced(), FlopCounterMode(display=False) as counter:
+    if isinstance(example, tuple) and all(isinstance(d, int) for d in example):
+        x = torch.empty((batch, *example), device="meta")
+    else:
+        x = tree_map(lambda t: torch.empty((batch, *t.shape[1:]), dtype=t.dtype, device="meta"), example)
+    with silenced(), FlopCounterMode(display=False) as counter:
         out = functional_call(model, state, (x,))
-        out.float().sum().backward()
+        sum(t.float().sum() for t in leaves(out) if t.is_floating_point()).backward()
     return counter.get_total_flops() / batch
 
 
 @contextlib.contextmanager
-def _silenced():
+def silenced():
+    """Whatever runs inside prints and warns nothing the user sees (a model's own prints in a forward that is ours,
+    not a training step)."""
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
             warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -60,7 +60,7 @@ class PerGpu:
         self.slots, self.flops_per_sample, self.threshold = slots, flops_per_sample, straggler_threshold
 
     @staticmethod
-    def start(strategy, model, in_shape, micro_batch: int, precision: str, straggler_threshold: float,
+    def start(strategy, model, example, micro_batch: int, precision: str, straggler_threshold: float,
               say) -> "PerGpu":
         """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
         the FLOPs and says what it can report."""
@@ -75,7 +75,7 @@ class PerGpu:
                     f"{strategy.local_slots()} GPUs of this process train (nn.DataParallel gives each at least one "
                     "sample); raise trainer.batch_size to use them all")
             try:
-                flops = training_flops_per_sample(model, in_shape, micro_batch)
+                flops = training_flops_per_sample(model, example, micro_batch)
                 say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
                     f"{_mfu_note(slots, precision_key(precision, convolutions))}")
             except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it

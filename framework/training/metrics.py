@@ -1,41 +1,61 @@
 """Evaluation metrics and the training loss, both components (conf/metrics/*.yaml, conf/loss/*.yaml).
 
-A metric is any callable metric(logits, labels) -> the SUM over the batch of a per-sample score; the evaluation
-adds the sums of every batch and rank and reports sum / samples (accuracy, top-k accuracy, error rate, ...).
-The loss is any callable loss(logits, labels) -> per-sample losses (shape [batch]) or their mean (a scalar)."""
+A metric is either a torchmetrics.Metric (update(outputs, targets) per batch, compute() at the end, synchronized
+across ranks by its own reduction: MeanSquaredError, Perplexity, JaccardIndex, F1Score, ...) or any callable
+metric(outputs, targets) -> the SUM over the batch of a per-sample score, which the evaluation adds up over every
+batch and rank and divides by the samples (accuracy, top-k accuracy, error rate, ...). The loss is any callable
+loss(outputs, targets) -> one value per sample, per element of a sample (a token, a pixel: averaged per sample), or
+their mean (a scalar)."""
 from __future__ import annotations
 
+import sys
+
 import torch
+from torch import nn
 
 from framework.config.components import build_component
 from framework.config.rules import at_least, require
+from framework.data.build import ClassIds
 from framework.errors import ConfigError
 
 
 class Accuracy:
-    """Share of samples whose label is among the top_k highest logits (top_k=1: plain accuracy)."""
+    """Share of samples whose class id is among the top_k highest scores (top_k=1: plain accuracy). Outputs
+    [B, C, ...] and ids [B, ...]: with more than one id per sample (a mask), each sample scores its share right."""
+
+    expects_class_ids = True
+    higher_is_better = True
 
     def __init__(self, top_k: int = 1):
         self.top_k = require("metrics: top_k", top_k, at_least(1))
 
-    def check(self, num_classes: int, key: str) -> None:
-        if self.top_k > num_classes:
+    def check(self, num_classes: int | None, key: str) -> None:
+        if num_classes is not None and self.top_k > num_classes:
             raise ConfigError(f"{key}.top_k={self.top_k} is not allowed: the dataset has {num_classes} classes")
 
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.top_k == 1:
-            return (logits.argmax(1) == labels).sum()
-        return (logits.topk(self.top_k, dim=1).indices == labels.unsqueeze(1)).any(1).sum()
+            right = outputs.argmax(1) == labels
+        else:
+            right = (outputs.topk(self.top_k, dim=1).indices == labels.unsqueeze(1)).any(1)
+        return right.reshape(len(labels), -1).float().mean(1).sum()
 
 
-def build_metrics(nodes: dict, num_classes: int) -> dict:
+def is_torchmetric(metric) -> bool:
+    # A torchmetrics object exists only once its package was imported: never import it here (2 s per process).
+    module = sys.modules.get("torchmetrics")
+    return module is not None and isinstance(metric, module.Metric)
+
+
+def build_metrics(nodes: dict, num_classes: int | None = None) -> dict:
     """name -> metric, from the `metrics` node (a mapping of names to components)."""
     metrics = {}
     for name, node in (nodes or {}).items():
         metric = build_component(node, f"metrics.{name}")
-        if not callable(metric):
+        if not (callable(metric) or is_torchmetric(metric)):
             raise ConfigError(f"metrics.{name}._target_={node['_target_']} is not allowed: it built a "
-                              f"{type(metric).__name__}, which cannot be called as metric(logits, labels)")
+                              f"{type(metric).__name__}, which is neither a torchmetrics.Metric nor callable as "
+                              "metric(outputs, targets)")
         if hasattr(metric, "check"):
             metric.check(num_classes, f"metrics.{name}")
         metrics[str(name)] = metric
@@ -46,11 +66,75 @@ def build_loss(node):
     loss = build_component(node, "loss")
     if not callable(loss):
         raise ConfigError(f"loss._target_={node['_target_']} is not allowed: it built a {type(loss).__name__}, "
-                          "which cannot be called as loss(logits, labels)")
+                          "which cannot be called as loss(outputs, targets)")
     return loss
 
 
-def per_sample_losses(loss, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss for each sample of the batch; a loss that returns only the batch mean gives it to every sample."""
-    value = loss(logits, labels)
-    return value.expand(len(labels)) if value.dim() == 0 else value
+def class_ids_of(loss, metrics: dict) -> ClassIds:
+    """Whether the loss or a metric takes class ids (torch's cross-entropy and NLL losses, the Accuracy metric, any
+    component that says `expects_class_ids = True`), and the id the loss ignores."""
+    takes = isinstance(loss, (nn.CrossEntropyLoss, nn.NLLLoss)) or getattr(loss, "expects_class_ids", False)
+    takes = takes or any(getattr(m, "expects_class_ids", False) for m in metrics.values())
+    return ClassIds(bool(takes), getattr(loss, "ignore_index", None))
+
+
+def higher_is_better(metric) -> bool:
+    """Whether a larger value of this metric is better (torchmetrics' own attribute; a plain metric may say it, and
+    is taken as a score otherwise)."""
+    value = getattr(metric, "higher_is_better", None)
+    return True if value is None else bool(value)
+
+
+def per_sample_losses(value: torch.Tensor, samples: int) -> torch.Tensor:
+    """One loss per sample from what a loss returned: per sample [B], per element of each sample [B, ...] (tokens,
+    pixels: their mean), or one number for the batch (given to every sample)."""
+    if value.dim() == 0:
+        return value.expand(samples)
+    if value.shape[0] != samples:
+        raise ValueError(f"the loss returned shape {list(value.shape)} for a batch of {samples}; a loss returns one "
+                         "value per sample (reduction='none'), per element of each sample, or their mean")
+    return value.reshape(samples, -1).mean(1) if value.dim() > 1 else value
+
+
+class EvalMetrics:
+    """One evaluation's metrics: plain ones summed per sample on the device (and all-reduced once), torchmetrics
+    updated per batch and computed at the end, synchronized over the strategy's own collectives (so under Horovod,
+    which has no torch.distributed group, too)."""
+
+    def __init__(self, metrics: dict, strategy):
+        self.metrics, self.strategy = metrics, strategy
+        self.plain = [name for name, m in metrics.items() if not is_torchmetric(m)]
+        for name, metric in metrics.items():
+            if is_torchmetric(metric):
+                metric.to(strategy.device)
+                # the strategy's own gather (torchmetrics' default needs a torch.distributed group)
+                metric.dist_sync_fn = lambda tensor, group=None: strategy.gather_objects(tensor)
+                metric.distributed_available_fn = lambda: strategy.world_size > 1
+        # count, loss sum, then each plain metric's sum of per-sample scores
+        self.sums = torch.zeros(2 + len(self.plain), device=strategy.device, dtype=torch.float64)
+        self.reset()  # the same torchmetrics objects serve every evaluation of the run
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        for metric in self.metrics.values():
+            if is_torchmetric(metric):
+                metric.reset()
+
+    def update(self, losses: torch.Tensor, outputs, targets) -> None:
+        self.sums[0] += len(losses)
+        self.sums[1] += losses.sum()
+        for j, name in enumerate(self.plain):
+            self.sums[2 + j] += self.metrics[name](outputs, targets)
+        for metric in self.metrics.values():
+            if is_torchmetric(metric):
+                metric.update(outputs, targets)
+
+    def compute(self) -> tuple[float, dict[str, float]]:
+        """Every rank calls it (it reduces); (mean loss, name -> value) are the whole split's on every rank."""
+        count, loss_sum, *plain_sums = self.strategy.all_reduce_sum(self.sums).tolist()
+        count = max(count, 1)
+        values = dict(zip(self.plain, (s / count for s in plain_sums)))
+        for name, metric in self.metrics.items():
+            if is_torchmetric(metric):
+                values[name] = float(metric.compute())
+        return loss_sum / count, {name: values[name] for name in self.metrics}

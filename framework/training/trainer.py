@@ -16,7 +16,7 @@ from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import LrSchedule
-from framework.training.metrics import per_sample_losses
+from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
 
 
 class TrainingStopped(RuntimeError):
@@ -65,24 +65,29 @@ class EvalResult:
 
 @dataclass
 class LoopData:
-    """The batches the loop trains and evaluates on."""
+    """The batches the loop trains and evaluates on, and how it scores them."""
 
     train_loader: object  # framework/data/loaders.py: set_epoch(e), iterate(start), len()
     micro_batch: int
     eval_batches: object  # a function returning this rank's test batches
-    loss: object  # loss(outputs, targets) -> per-sample losses or their mean
-    metrics: dict  # name -> metric(outputs, targets) -> the batch's sum of a per-sample score
+    step: object  # framework/training/step.py: step(model, batch, loss) -> StepOutput
+    loss: object  # loss(outputs, targets) -> per-sample losses (or per element of a sample), or their mean
+    metrics: dict  # name -> a torchmetrics.Metric, or metric(outputs, targets) -> the batch's sum of a per-sample score
 
 
 class Trainer:
     def __init__(self, options: TrainerConfig, *, strategy: Strategy, wrapped: Wrapped, data: LoopData, lr_schedule,
-                 checkpointer, callbacks: Callbacks, devices, stop, say, run_dir: Path, hparams: dict):
+                 checkpointer, callbacks: Callbacks, devices, stop, say, run_dir: Path, hparams: dict,
+                 model_record: dict):
         self.options, self.strategy, self.wrapped, self.data = options, strategy, wrapped, data
         self.checkpointer, self.callbacks, self.devices, self.stop, self.say = checkpointer, callbacks, devices, stop, say
         self.run_dir, self._hparams = run_dir, hparams
+        self.model_record = model_record  # the model's config, in_shape and num_classes: what rebuilds it
         self.is_main = strategy.is_main
         self.totals = RunTotals()
         self.epoch = 0
+        self.step = 0  # optimizer steps done
+        self.stop_requested: str | None = None  # a callback's reason to end after this evaluation (every rank alike)
         self.checkpoint_due = False  # a checkpoint follows the log boundary in progress
         self.steps_per_epoch = len(data.train_loader) // options.grad_accum
         if self.steps_per_epoch < 1:
@@ -99,12 +104,49 @@ class Trainer:
         if caveat and len(slot_sizes) > 1 and self.is_main:
             say(f"note: {caveat}")
 
-    def restore_totals(self, totals: dict) -> None:
+    def resume(self, checkpoint) -> Position:
+        """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
+        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
         if totals:
             self.totals = RunTotals(**totals)
+        self.callbacks.load_state_dict(callbacks)
+        return position
+
+    def export_weights(self, name: str) -> Path | None:
+        """Every rank calls it (a sharding engine gathers): the model's full weights into weights/<name>.pt, written
+        by rank 0 (framework/checkpoints/weights.py); the path there, None elsewhere."""
+        from framework.checkpoints.weights import write_weights
+
+        state = self.strategy.checkpoints.full_model_state(self.wrapped)
+        if not self.is_main:
+            return None
+        objective = {"name": self.objective, "value": self.totals.val_loss if self.objective == "loss"
+                     else self.totals.val_metrics.get(self.objective)}
+        try:
+            return write_weights(self.run_dir, name, state, step=self.step, objective=objective, **self.model_record)
+        except OSError as error:  # a by-product of the checkpoints, which keep the same weights: the run goes on
+            self.say(f"warning: weights/{name}.pt could not be written in {self.run_dir}: {error.strerror or error}; "
+                     f"the checkpoints hold the same model")
+            return None
 
     def lr(self) -> float:
         return float(self.wrapped.optimizer.param_groups[0]["lr"])
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current evaluation (call it on every rank, with the same decision)."""
+        self.stop_requested = reason
+
+    @property
+    def objective(self) -> str:
+        """What the run optimizes: trainer.objective, a metric's name or loss."""
+        return self.options.objective
+
+    def objective_value(self, result: EvalResult) -> float:
+        return result.loss if self.objective == "loss" else result.metrics[self.objective]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.objective != "loss" and higher_is_better(self.data.metrics[self.objective])
 
     def hparams(self) -> dict:
         """The run's hyperparameters, as the HParams tab shows them."""
@@ -125,7 +167,7 @@ class Trainer:
     def _fit(self, start: Position) -> None:
         k, batch = self.options.grad_accum, self.options.batch_size
         resumed = resume_point(start, batch, self.steps_per_epoch)
-        step = resumed.step
+        step = self.step = resumed.step
         self.meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             self.epoch = epoch
@@ -137,6 +179,7 @@ class Trainer:
             batches = loader.iterate(first * k)
             for batch_in_epoch in range(first + 1, last + 1):
                 step += 1
+                self.step = step
                 self.callbacks.on_train_step_start(self, step)
                 self._train_step(batches, step)
                 self.callbacks.on_train_step_end(self, step)
@@ -148,7 +191,7 @@ class Trainer:
                     self._log(step)
                 if checkpoint_due:
                     path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
-                                                  asdict(self.totals))
+                                                  asdict(self.totals), self.callbacks.state_dict())
                     self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
                     raise Interrupted(self.stop.signum)
@@ -158,6 +201,9 @@ class Trainer:
             if (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
                 self._evaluate(step)
             self.meter.reset()  # evaluation time is not training time
+            if self.stop_requested:
+                self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
+                break
 
     def _train_step(self, batches, step: int) -> None:
         k = self.options.grad_accum
@@ -169,14 +215,14 @@ class Trainer:
         losses = []
         for micro in range(k):
             fetch_start = time.perf_counter()
-            x, y = next(batches)
+            batch = next(batches)
             self.meter.add_data_time(time.perf_counter() - fetch_start)
             with self.strategy.sync(model, on=micro == k - 1):
                 with precision.autocast():
-                    outputs = model(x)
-                per_sample = per_sample_losses(self.data.loss, outputs.float(), y)
+                    out = self.data.step(model, batch, self.data.loss)
+                per_sample = per_sample_losses(out.loss, out.samples)
                 precision.backward(per_sample.mean() / k)
-            losses.append(per_sample)
+            losses.append(per_sample.detach())
         self.lr_schedule.apply(optimizer, step)
         if not precision.optimizer_step(model, optimizer, self.options.grad_clip, self.options.on_nonfinite == "skip"):
             self.totals.skipped_steps += 1
@@ -213,25 +259,24 @@ class Trainer:
             "use trainer.precision=fp32, or trainer.on_nonfinite=skip"
         )
 
-    @torch.no_grad()
     def _evaluate(self, step: int) -> None:
         self.callbacks.on_evaluation_start(self, step)
-        model = self.strategy.eval_model(self.wrapped.model)
-        model.eval()
-        names = list(self.data.metrics)
-        # count, loss sum, then each metric's sum of per-sample scores
-        sums = torch.zeros(2 + len(names), device=self.strategy.device, dtype=torch.float64)
-        for x, y in self.data.eval_batches():
-            with self.wrapped.precision.autocast():
-                outputs = model(x).float()
-            sums[0] += len(y)
-            sums[1] += per_sample_losses(self.data.loss, outputs, y).sum()
-            for j, name in enumerate(names):
-                sums[2 + j] += self.data.metrics[name](outputs, y)
-        count, loss_sum, *metric_sums = self.strategy.all_reduce_sum(sums).tolist()
-        result = None
+        result = evaluate(self.strategy, self.wrapped, self.data)
         if self.is_main:
-            count = max(count, 1)
-            result = EvalResult(loss_sum / count, {name: total / count for name, total in zip(names, metric_sums)})
             self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
-        self.callbacks.on_evaluation_end(self, step, result)
+        self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
+
+
+@torch.no_grad()
+def evaluate(strategy: Strategy, wrapped: Wrapped, data: LoopData) -> EvalResult:
+    """The test split through the step on every rank (each its share), the metrics over all of it: every rank gets
+    the same result. The training loop's evaluation, and eval.py's."""
+    model = strategy.eval_model(wrapped.model)
+    model.eval()
+    metrics = EvalMetrics(data.metrics, strategy)
+    for batch in data.eval_batches():
+        with wrapped.precision.autocast():
+            out = data.step(model, batch, data.loss)
+        metrics.update(per_sample_losses(out.loss, out.samples), out.outputs, out.targets)
+    loss, values = metrics.compute()
+    return EvalResult(loss, values)

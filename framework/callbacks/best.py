@@ -1,0 +1,46 @@
+"""The run's best and last weights: after every evaluation that improves trainer.objective (by more than min_delta),
+the checkpoint just committed for that step is kept apart in checkpoints/best/ (resumable, never pruned by the
+rolling ones) and its model's weights are written to weights/best.pt; at the end of training, weights/last.pt.
+The best value so far travels in the checkpoints, so a resumed run keeps comparing against it."""
+from __future__ import annotations
+
+import math
+
+from framework.callbacks.base import Callback
+
+
+class KeepBest(Callback):
+    def __init__(self, min_delta: float = 0.0):
+        self.min_delta = float(min_delta)
+        self.best: float | None = None
+        self.best_step: int | None = None
+
+    def improved(self, trainer, result) -> bool:
+        value = trainer.objective_value(result)
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        gain = value - self.best if trainer.higher_is_better else self.best - value
+        return gain > self.min_delta
+
+    def on_evaluation_end(self, trainer, step: int, result) -> None:
+        # rank 0 has the result: it decides, and every rank follows (the copy and the export are collective)
+        decision = self.improved(trainer, result) if trainer.is_main else None
+        if not trainer.strategy.broadcast_object(decision):
+            return
+        if trainer.is_main:
+            self.best, self.best_step = trainer.objective_value(result), step
+        trainer.checkpointer.keep_best(step)
+        path = trainer.export_weights("best")
+        if path is not None:
+            trainer.say(f"best {trainer.objective} so far ({self.best:.4f} at step {step}): {path}")
+
+    def on_fit_end(self, trainer) -> None:
+        trainer.export_weights("last")
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step = state.get("best"), state.get("best_step")

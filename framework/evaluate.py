@@ -1,0 +1,153 @@
+"""`python eval.py ckpt_path=<run folder or checkpoint> [dataset=... strategy=...]` (`hydra-dist-eval`): a trained
+model on the test split, with any strategy, the metrics printed and written to eval.json in the evaluation's own
+folder (outputs/evals/...), as lightning-hydra-template's eval.py does.
+
+ckpt_path is a run folder (its weights/best.pt, else weights/last.pt, else its newest checkpoint), a weights file
+(weights/*.pt), or a checkpoint (a .pt, or a sharded checkpoint's folder, which only the strategy that wrote it
+reads). The model, dataset, loss, metrics and step are the run's own (its resolved_config.yaml) unless the command
+line names them: `dataset=...` evaluates the run's model on another dataset."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
+from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
+from framework.config.settings import Settings, settings_of
+from framework.errors import ConfigError
+from framework.launch.elastic import WorkersFailed
+from framework.launch.outer import choose_strategy
+from framework.run import RESOLVED_CONFIG
+from framework.training.trainer import EvalResult, LoopData, evaluate
+
+EVAL_FILE = "eval.json"
+RUN_GROUPS = ("model", "dataset", "loss", "metrics", "step")  # taken from the run unless named on the command line
+
+
+@dataclass
+class EvalPayload:
+    settings: Settings
+    run_dir: str  # the evaluation's own folder
+    source: str  # the weights file or checkpoint evaluated
+    kind: str  # "weights" (a full state dict of the model) or "checkpoint"
+
+
+def eval_main(cfg: DictConfig) -> float | None:
+    """Hydra's task function for eval.py."""
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
+    except (ConfigError, WorkersFailed) as exc:
+        sys.exit(f"error: {exc}")
+
+
+def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
+    source, kind, run_dir = resolve_source(cfg.ckpt_path)
+    if run_dir is not None:
+        take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
+    strategy_class, note = choose_strategy(cfg, external=False)
+    settings = settings_of(cfg, dataset_as_written=run_dir is None)
+    strategy = strategy_class(settings.strategy, settings.trainer)
+    strategy.validate()
+    if kind == "checkpoint" and source.is_dir():
+        saved = json.loads(source.with_suffix(".json").read_text()).get("format")
+        if saved not in strategy.checkpoints.readable_formats:
+            raise ConfigError(f"ckpt_path={source} is not allowed with strategy={strategy.name}: it holds {saved} shards; "
+                              "evaluate it with the strategy that wrote it, or give the run's weights/*.pt")
+    if note:
+        print(note, flush=True)
+    payload = EvalPayload(settings, str(out_dir), str(source), kind)
+    result = strategy.launch(evaluate_entry, payload)
+    shown = " | ".join(f"test {name} {value:.4f}" for name, value in result.metrics.items())
+    print(f"eval: {source} | test loss {result.loss:.4f}{' | ' + shown if shown else ''}", flush=True)
+    report = {"ckpt_path": str(cfg.ckpt_path), "evaluated": str(source), "test_loss": result.loss,
+              **{f"test_{name}": value for name, value in result.metrics.items()}, "metrics": list(result.metrics),
+              "strategy": strategy.name, "processes": strategy.processes(), "dataset": settings.dataset.display_name,
+              "model": settings.model_name}
+    (out_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    objective = settings.trainer.objective
+    return result.loss if objective == "loss" else result.metrics.get(objective, result.loss)
+
+
+def resolve_source(ckpt_path) -> tuple[Path, str, Path | None]:
+    """(what to load, "weights" or "checkpoint", the run folder it belongs to or None)."""
+    if ckpt_path in (None, "", "???"):
+        raise ConfigError("ckpt_path is missing: give a run folder, a weights file (weights/*.pt) or a checkpoint")
+    path = Path(str(ckpt_path))
+    if not path.exists():
+        raise ConfigError(f"ckpt_path={path} is not allowed: no such file or folder")
+    if path.is_dir() and (path / RESOLVED_CONFIG).is_file():  # a run folder
+        for name in ("best", "last"):
+            if (path / WEIGHTS_DIR / f"{name}.pt").is_file():
+                return path / WEIGHTS_DIR / f"{name}.pt", "weights", path
+        checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+        return checkpoint.path, "checkpoint", path
+    run = _run_folder_of(path)
+    if path.is_file() and path.parent.name == WEIGHTS_DIR:
+        return path, "weights", run
+    checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+    return checkpoint.path, "checkpoint", run
+
+
+def _run_folder_of(path: Path) -> Path | None:
+    for parent in path.resolve().parents:
+        if (parent / RESOLVED_CONFIG).is_file():
+            return parent
+    return None
+
+
+def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> None:
+    """The run's model, dataset, loss, metrics and step, for each one the command line does not choose anew
+    (`dataset=mnist`); its keys named on the command line (`dataset.max_test_samples=256`) go over the run's."""
+    run_cfg = OmegaConf.load(resolved)
+    chosen = {o.lstrip("+").split("=", 1)[0] for o in overrides if "=" in o}
+    with open_dict(cfg):
+        for group in RUN_GROUPS:
+            if group in chosen or group not in run_cfg:
+                continue
+            keys = [o.lstrip("+").removeprefix(f"{group}.") for o in overrides if o.lstrip("+").startswith(f"{group}.")]
+            cfg[group] = OmegaConf.merge(run_cfg[group], OmegaConf.from_dotlist(keys))
+
+
+def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
+    """Every worker of an evaluation: build the run's task, load the weights, evaluate; rank 0 returns the result."""
+    from framework.strategies import build_strategy
+    from framework.worker import build_task, seed_everything, test_batches, wrap
+
+    s = payload.settings
+    strategy = build_strategy(s.strategy, s.trainer)
+    strategy.setup()
+    try:
+        seed_everything(s.trainer.seed)
+        task = build_task(s, strategy)
+        source = Path(payload.source)
+        sharded = payload.kind == "checkpoint" and source.is_dir()
+        if not sharded:  # a full state dict goes into the plain model, before any wrapper shards it
+            state = read_weights(source) if payload.kind == "weights" else load_checkpoint(_checkpoint(source))
+            _load(task.model, state["model"], source)
+        wrapped = wrap(s, strategy, task)
+        if sharded:
+            strategy.checkpoints.load_shards(source.parent, source.name, wrapped)
+        data = LoopData(None, 0, test_batches(s, strategy, task), task.step, task.loss, task.metrics)
+        result = evaluate(strategy, wrapped, data)
+        return result if strategy.is_main else None
+    finally:
+        strategy.teardown()
+
+
+def _checkpoint(path: Path) -> Checkpoint:
+    return Checkpoint(path, json.loads(path.with_suffix(".json").read_text()))
+
+
+def _load(model, state: dict, source: Path) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(f"ckpt_path={source} does not fit the model: {' '.join(str(exc).split())[:400]}") from None
+

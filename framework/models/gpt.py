@@ -1,0 +1,84 @@
+"""A small causal transformer in the manner of nanoGPT (experiment=char_lm): token and position embeddings, n_layer
+pre-norm blocks of causal self-attention (torch's scaled_dot_product_attention) and an MLP, a final LayerNorm and a
+head tied to the token embedding. Input: token ids [B, T]; output: logits [B, T, vocabulary]. The dataset gives the
+block size (in_shape = (T,)) and the vocabulary (num_classes)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from framework.config.rules import at_least, between, require
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.n_head, self.dropout = n_head, dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd, bias=bias), nn.GELU(),
+                                 nn.Linear(4 * n_embd, n_embd, bias=bias), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, in_shape, num_classes: int, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
+                 dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        require("model.n_layer", n_layer, at_least(1))
+        require("model.n_head", n_head, at_least(1))
+        require("model.n_embd", n_embd, at_least(n_head))
+        require("model.dropout", dropout, between(0.0, 1.0, high_open=True))
+        if n_embd % n_head:
+            from framework.errors import ConfigError
+
+            raise ConfigError(f"model.n_embd={n_embd} is not allowed with model.n_head={n_head}: it must divide evenly")
+        self.block_size = int(in_shape[0])
+        self.wte = nn.Embedding(num_classes, n_embd)
+        self.wpe = nn.Embedding(self.block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.head = nn.Linear(n_embd, num_classes, bias=False)
+        self.head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+            if name.endswith(("proj.weight", "mlp.2.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))

@@ -1,0 +1,34 @@
+"""A trained model back from its run folder, for inference:
+
+    from framework.results.trained_model import load_model
+    model = load_model("outputs/runs/2026-11-24_12-00-00_ddp_lenet")            # best weights, in eval mode
+    model = load_model(run_folder, which="last", device="cuda")
+
+The run's weights/<which>.pt (framework/checkpoints/weights.py) holds the model's full state dict with its config,
+input shape and class count, whatever strategy trained it (shards were gathered when it was written)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
+from framework.errors import ConfigError
+from framework.models.build import build_model
+
+
+def load_model(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu") -> nn.Module:
+    """The model a run trained, with its best (or last) weights, on `device`, in eval mode. `run_dir` may also be a
+    weights file itself."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / WEIGHTS_DIR / f"{which}.pt"
+    if not path.is_file():
+        raise ConfigError(f"{path} is not there: a run writes weights/best.pt after an evaluation that improved its "
+                          "objective and weights/last.pt when it ends")
+    saved = read_weights(path)
+    model = build_model(saved["model_config"], tuple(saved["in_shape"]) if saved["in_shape"] else None,
+                        saved["num_classes"])
+    model.load_state_dict(saved["model"])
+    return model.to(device).eval()
