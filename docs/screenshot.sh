@@ -21,3 +21,14 @@ chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
     --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_per_gpu_charts.png" \
     "http://127.0.0.1:6124/#custom_scalars"
+# docs/tensorboard_profile_breakdown.png: the Text tab of a ddp run profiled over steps 20-24 (trainer.profile),
+# whose rank 1 sleeps 20 ms in every step: rank 0's time goes to communication (waiting in the all-reduce)
+HYDRA_DIST_FAULT=slow_rank:0.02:1 $PY train.py strategy=ddp trainer.max_steps=30 dataset.max_train_samples=16384 \
+    dataset.max_test_samples=2048 trainer.log_every_n_steps=8 "trainer.profile=[20,24]" \
+    hydra.run.dir="$work/profile/outputs/runs/ddp_profiled"
+$PY -m tensorboard.main --logdir "$work/profile/outputs" --host 127.0.0.1 --port 6125 & tb3=$!
+trap 'kill $tb $tb2 $tb3' EXIT
+sleep 8
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,700 \
+    --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_profile_breakdown.png" \
+    "http://127.0.0.1:6125/#text"

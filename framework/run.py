@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -24,6 +25,7 @@ from framework.launch.slurm import in_submitit_task
 from framework.preflight import validate
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
+from framework.telemetry.stall import mark_driver_process, stall_report
 from framework.worker import build_callbacks, worker_entry
 from framework.training.interrupts import GracefulStop, Interrupted
 
@@ -94,14 +96,19 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
     strategy.save_settings(run_dir)
     if note:
         print(note, flush=True)
-    if external:  # we are rank 0 of workers a launcher started: hand them the payload, then train here
-        publish_to_followers(payload=payload)
-        result = worker_entry(payload, strategy)
-    elif strategy.runs_in_process:
-        with GracefulStop() as stop:
-            result = strategy.launch(lambda p: worker_entry(p, stop=stop), payload)
-    else:
-        result = strategy.launch(worker_entry, payload)
+    mark_driver_process()
+    launched_at = time.time()
+    try:
+        if external:  # we are rank 0 of workers a launcher started: hand them the payload, then train here
+            publish_to_followers(payload=payload)
+            result = worker_entry(payload, strategy)
+        elif strategy.runs_in_process:
+            with GracefulStop() as stop:
+                result = strategy.launch(lambda p: worker_entry(p, stop=stop), payload)
+        else:
+            result = strategy.launch(worker_entry, payload)
+    except WorkersFailed as exc:  # the workers ended a stall: say what rank 0 found (framework/telemetry/stall.py)
+        raise WorkersFailed(stall_report(run_dir, launched_at) or str(exc)) from None
     if result is None:  # a node that does not hold rank 0
         print(f"done: this node's workers finished; rank 0's node reports the result. Run folder {run_dir}", flush=True)
         return None

@@ -15,6 +15,7 @@ from torch import nn
 
 from framework.callbacks.base import Callback, Callbacks
 from framework.callbacks.faults import FaultInjection, planned_faults
+from framework.callbacks.profiler import StepProfiler
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import Checkpointer, choose_checkpoint
 from framework.checkpoints.position import Position
@@ -31,6 +32,7 @@ from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.progress import Console
+from framework.telemetry.stall import Heartbeat, nccl_flight_recorder, watch_for_stalls
 from framework.training.allocator import keep_freed_memory
 from framework.training.interrupts import NoStop
 from framework.training.metrics import build_loss, build_metrics, class_ids_of
@@ -53,6 +55,8 @@ def worker_entry(payload: Payload, strategy=None, stop=None) -> RunResult | Stop
     keep_freed_memory()
     s = payload.settings
     strategy = strategy or build_strategy(s.strategy, s.trainer)
+    if strategy.use_cuda and not strategy.runs_in_process:
+        nccl_flight_recorder(Path(payload.run_dir))  # read by the process group, created in setup()
     strategy.setup()
     try:
         return _train(s, Path(payload.run_dir), payload.resume, strategy, stop or NoStop())
@@ -70,8 +74,9 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
     t = s.trainer
     say = console(run_dir, strategy.is_main, t.progress_bar, t.log_all_ranks)
     faults = planned_faults()
-    callbacks = Callbacks({**build_callbacks(s.callbacks), **({"fault_injection": FaultInjection(faults)} if faults
-                                                                else {})})
+    profiler = {"profiler": StepProfiler(*t.profile)} if t.profile else {}
+    callbacks = Callbacks({**profiler, **build_callbacks(s.callbacks),
+                           **({"fault_injection": FaultInjection(faults)} if faults else {})})
     try:
         seed_everything(t.seed)
         task = build_task(s, strategy)
@@ -79,7 +84,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
         micro_batch = t.batch_size // (strategy.world_size * t.grad_accum)
         # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
         devices = PerGpu.start(strategy, model, example_input(data), micro_batch, t.precision, t.straggler_threshold,
-                               say)
+                               say, t.straggler_intervals, t.straggler_min_gap_ms)
         wrapped = wrap(s, strategy, task)
         train_pipeline = BatchPipeline(data.normalization, data.in_shape, strategy.device, task.channels_last,
                                        build_augment(s.dataset.augment, data.in_shape))
@@ -89,10 +94,11 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
         checkpointer = Checkpointer(strategy, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
                                     signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape,
                                               data.num_classes), say)
+        heartbeat = Heartbeat()
         trainer = Trainer(t, strategy=strategy, wrapped=wrapped, data=loop_data, lr_schedule=s.lr_schedule,
                           checkpointer=checkpointer, callbacks=callbacks, devices=devices, stop=stop, say=say,
                           run_dir=run_dir, hparams=hparams_of(s, strategy),
-                          model_record=model_record(s, data))
+                          model_record=model_record(s, data), heartbeat=heartbeat)
         start = Position()
         checkpoint = resume if restart_attempt() == 0 else checkpoint_after_restart(s, run_dir, strategy, say)
         if checkpoint is not None:
@@ -103,7 +109,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
             f"{strategy.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
             f"{trainer.total_steps} steps"
         )
-        totals = trainer.fit(start)
+        with watch_for_stalls(t.stall_timeout, heartbeat, run_dir, strategy, say, checkpointer.last_saved):
+            totals = trainer.fit(start)
         if not strategy.is_main:
             return None
         last = checkpointer.last_saved()
@@ -112,7 +119,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
             train_loss=totals.train_loss, samples_per_sec=totals.samples / totals.seconds if totals.seconds else 0.0,
             per_rank_samples_per_sec=totals.per_slot_samples_per_sec(), per_rank_max_memory_gib=totals.slot_max_mem_gib,
             train_seconds=totals.seconds, steps=trainer.step, skipped_steps=totals.skipped_steps,
-            epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=strategy.world_size, global_batch=t.batch_size, micro_batch=micro_batch,
+            epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=strategy.world_size,
+            global_batch=t.batch_size, micro_batch=micro_batch,
             strategy=strategy.name, device=strategy.device.type, resumed_from_step=start.step,
             checkpoint=str(last or ""),
         )

@@ -3,6 +3,8 @@ line, and the one-chart-per-metric layout. Real ddp runs on 2 gloo workers, even
 TensorBoard's reader; a real fault (HYDRA_DIST_FAULT=slow_rank) makes rank 1 the slow GPU."""
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,12 +20,10 @@ from framework.models.lenet import LeNet
 from framework.models.linear import LinearModel
 
 SLOW_SECONDS = 0.2
-# 16 steps of 2 x 32 samples, logged every 8: two intervals, each averaging 8 steps
-RUN = ["strategy=ddp", "strategy.nproc_per_node=2", "model=lenet", *TINY, "trainer.max_steps=16",
+# 24 steps of 2 x 32 samples, logged every 8: three intervals, each averaging 8 steps; a straggler is named once it
+# persisted for trainer.straggler_intervals=2 of them (so at the second and the third)
+RUN = ["strategy=ddp", "strategy.nproc_per_node=2", "model=lenet", *TINY, "trainer.max_steps=24",
        "trainer.log_every_n_steps=8"]
-# On the shared 2-core CI machine, unrelated load alone has made one rank 1.4x busier than the other for a whole
-# interval; the slowed rank's ratio is 1.7x or more. Both runs use the same threshold, so it separates them.
-THRESHOLD = "trainer.straggler_threshold=1.5"
 
 
 def _per_rank(scalars, tag, ranks=2):
@@ -33,7 +33,7 @@ def _per_rank(scalars, tag, ranks=2):
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("slowed")
-    out = check_ok(run_train([*RUN, THRESHOLD], cwd, env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
+    out = check_ok(run_train(RUN, cwd, env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
     [run_dir] = run_dirs(cwd)
     return out, run_dir, read_scalars(run_dir)
 
@@ -42,7 +42,7 @@ def test_the_slowed_rank_is_busier_its_peer_waits_and_the_straggler_line_names_i
     out, _, scalars = slowed
     busy0, busy1 = _per_rank(scalars, "time/busy_ms")
     wait0, wait1 = _per_rank(scalars, "time/wait_ms")
-    assert len(busy0) == len(busy1) == 2
+    assert len(busy0) == len(busy1) == 3
     for b0, b1, w0, w1 in zip(busy0, busy1, wait0, wait1):
         assert b1 > 2 * b0, f"busy ms/step: rank 0 {busy0}, rank 1 {busy1}"
         assert w0 > 2 * w1, f"wait ms/step: rank 0 {wait0}, rank 1 {wait1}"
@@ -53,11 +53,12 @@ def test_the_slowed_rank_is_busier_its_peer_waits_and_the_straggler_line_names_i
     rate0, rate1 = _per_rank(scalars, "throughput/device/samples_per_busy_sec")
     assert all(r0 > 2 * r1 for r0, r1 in zip(rate0, rate1))
     ratios = [v for _, v in scalars["stragglers/busy_ratio/rank1"]]
-    assert len(ratios) == 2 and all(r > 1.5 for r in ratios)
+    assert [step for step, _ in scalars["stragglers/busy_ratio/rank1"]] == [16, 24] and all(r > 1.5 for r in ratios)
     assert "stragglers/busy_ratio/rank0" not in scalars
     lines = [line for line in out.splitlines() if line.startswith("straggler at step")]
     assert len(lines) == 2
-    assert all(re.search(r"rank 1 on \S+ \(cpu\) was busy [\d.]+ ms/step, [\d.]+x the median", line) for line in lines)
+    assert all(re.search(r"rank 1 on \S+ \(cpu\) was busy [\d.]+ ms/step, [\d.]+x the median .*"
+                         r"\d log intervals in a row", line) for line in lines)
 
 
 def test_tflops_per_rank_come_from_the_counted_flops_and_cpus_get_no_mfu(slowed):
@@ -97,14 +98,21 @@ def test_one_multiline_chart_per_metric_is_read_back_from_the_event_file(slowed)
                                                                     "throughput/samples_per_sec/rank1"]
 
 
-def test_without_the_fault_no_rank_is_a_straggler(tmp_path):
-    out = check_ok(run_train([*RUN, THRESHOLD], tmp_path))
+def test_a_healthy_run_on_a_loaded_machine_names_no_straggler(tmp_path):
+    """Default straggler settings, both cores also busy with another program: unequal slices of the cores make one
+    rank slower for an interval now and then, which is no straggler (a gap must persist and be 10 ms or more)."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = check_ok(run_train(RUN, tmp_path))
+    finally:
+        hog.kill()
+        hog.wait()
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     assert "straggler at step" not in out
     assert not [tag for tag in scalars if tag.startswith("stragglers/")]
     busy0, busy1 = _per_rank(scalars, "time/busy_ms")
-    assert len(busy0) == len(busy1) == 2 and all(b > 0 for b in busy0 + busy1)
+    assert len(busy0) == len(busy1) == 3 and all(b > 0 for b in busy0 + busy1)
 
 
 @pytest.mark.parametrize("strategy", [["strategy=horovod"], ["strategy=deepspeed", "strategy.zero_stage=1"]],
@@ -112,13 +120,13 @@ def test_without_the_fault_no_rank_is_a_straggler(tmp_path):
 def test_horovod_and_deepspeed_also_tell_the_slowed_rank_from_the_one_waiting(tmp_path, strategy):
     # Horovod all-reduces behind optimizer.synchronize(), DeepSpeed inside its engine's backward: the wait runs from
     # the rank's last gradient until the engine hands the averaged gradients back
-    check_ok(run_train([*strategy, *RUN[2:], THRESHOLD], tmp_path, timeout=300,
+    check_ok(run_train([*strategy, *RUN[2:]], tmp_path, timeout=300,
                        env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     busy0, busy1 = _per_rank(scalars, "time/busy_ms")
     wait0, wait1 = _per_rank(scalars, "time/wait_ms")
-    assert len(busy0) == len(busy1) == 2
+    assert len(busy0) == len(busy1) == 3
     for b0, b1, w0, w1 in zip(busy0, busy1, wait0, wait1):
         assert b1 > 2 * b0 and w0 > 2 * w1, f"busy {busy0} {busy1}, wait {wait0} {wait1}"
     log = (run_dir / "train.log").read_text()  # horovodrun prefixes the workers' console lines
@@ -414,7 +422,8 @@ def test_dp_replica_times_on_the_gpu_come_from_cuda_events(tmp_path):
 def test_dp_on_several_gpus_times_every_replica_and_names_the_slowed_one(tmp_path):
     gpus = torch.cuda.device_count()
     out = check_ok(run_train(["strategy=dp", "trainer.accelerator=gpu", *TINY, "trainer.batch_size=256",
-                              "trainer.max_steps=16", "trainer.log_every_n_steps=8"], tmp_path,
+                              "trainer.max_steps=16", "trainer.log_every_n_steps=8", "trainer.straggler_intervals=1"],
+                             tmp_path,
                              env={"HYDRA_DIST_FAULT": "slow_rank:0.05:1"}))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)

@@ -66,6 +66,11 @@ def int_list(low: int, unique: bool = False) -> Rule:
                 and (not unique or len(set(v)) == len(v)))
 
 
+def step_range() -> Rule:
+    return Rule("[first, last]: two integers with 1 <= first <= last",
+                lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_int(i) for i in v) and 1 <= v[0] <= v[1])
+
+
 def require(key: str, value: Any, check: Rule) -> Any:
     """A component's own argument checked by the same rules as the schemas (a component may be built outside any
     config, so it checks what it is given): ConfigError naming the key, the value and what is allowed."""

@@ -42,6 +42,9 @@ class ElasticOptions(StrategyOptions):
     node_rank: Optional[int] = rule(None, at_least(0))  # this node's rank, for rdzv_backend=static
     max_restarts: int = rule(0, at_least(0))  # restarts of the worker group by the elastic agent after a failure
     run_id: Optional[str] = None  # rendezvous id shared by all nodes of one job (null: a fresh one per run)
+    # seconds a collective may wait before the process group gives up (longer than trainer.stall_timeout, whose
+    # watchdog names the stalled rank first)
+    timeout: float = rule(600.0, above(0))
 
     def check(self) -> None:
         if self.nnodes > 1 and not self.rdzv_endpoint:

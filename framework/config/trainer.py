@@ -3,9 +3,9 @@ evaluate and checkpoint. `python train.py --cfg job` prints the values a run get
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import List, Optional, Union
 
-from framework.config.rules import Checked, SettingError, above, at_least, one_of, rule
+from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, one_of, rule, step_range
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -39,6 +39,14 @@ class TrainerConfig(Checked):
     on_nonfinite: str = rule("stop", one_of("stop", "skip"))  # NaN/inf loss: stop (keeps the last good checkpoint)
     # at a log boundary, name any rank whose busy time per step exceeds the median rank's by this factor
     straggler_threshold: float = rule(1.2, above(1))
+    # ...only once it did so at this many log boundaries in a row, and by at least straggler_min_gap_ms per step
+    straggler_intervals: int = rule(2, at_least(1))
+    straggler_min_gap_ms: float = rule(10.0, at_least_number(0))
+    # seconds without progress after which the run ends with every rank's stack (framework/telemetry/stall.py);
+    # null: no watchdog
+    stall_timeout: Optional[float] = rule(300.0, above(0))
+    # [first, last]: torch.profiler traces of these steps on every rank, in <run folder>/profile/ (null: none)
+    profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
 
     @property

@@ -1,7 +1,9 @@
 """Start workers with torch's elastic agent: the machinery behind torchrun, called from Python."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -53,7 +55,8 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         start_method="spawn",
     )
     try:
-        results = elastic_launch(config, entry)(payload)
+        with _quiet_agent():
+            results = elastic_launch(config, entry)(payload)
     except ChildFailedError as exc:
         raise WorkersFailed(_root_cause(exc)) from exc
     except SignalException as exc:  # the agent already stopped every worker (SIGTERM, then SIGKILL)
@@ -66,6 +69,22 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     except ValueError as exc:  # malformed endpoint and similar rendezvous problems
         raise ConfigError(f"strategy rendezvous settings are not usable: {exc}") from exc
     return next((r for r in results.values() if r is not None), None)
+
+
+@contextlib.contextmanager
+def _quiet_agent():
+    """The agent logs a failed worker as a traceback of its own process-watching code (and spawn says it terminates
+    the others): the driver reports the worker's root cause in one line instead (WorkersFailed)."""
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic.multiprocessing.api",
+                                                    "torch.multiprocessing.spawn")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _rank_logs(nproc_per_node: int, log_all_ranks: bool, log_dir: str | None) -> DefaultLogsSpecs:

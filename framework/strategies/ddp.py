@@ -3,6 +3,7 @@ agent, or by an outer torchrun / scheduler that already started us."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import sys
 
@@ -16,7 +17,7 @@ from framework.launch.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
 from framework.launch.environment import TORCH, launched_externally, threads_per_worker
 from framework.launch.slurm import scheduler_name
-from framework.launch.store import STORE_TIMEOUT, launch_store
+from framework.launch.store import launch_store
 from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.wait_clock import WaitClock
 from framework.training.precision import Precision
@@ -67,6 +68,11 @@ class ElasticStrategy(Strategy):
                 f"backend {self.backend()}, started by torch's elastic agent")
 
     def validate(self) -> None:
+        stall = self.trainer.stall_timeout
+        if stall is not None and self.options.timeout <= stall:
+            raise ConfigError(f"strategy.timeout={self.options.timeout:g} must be longer than trainer.stall_timeout="
+                              f"{stall:g}: the stall watchdog names the stalled rank before the process group gives "
+                              f"up; raise strategy.timeout (or lower trainer.stall_timeout)")
         if self.options.backend == "nccl" and not self.use_cuda:
             raise ConfigError("strategy.backend=nccl is not allowed without GPUs: nccl needs CUDA; use "
                               "strategy.backend=gloo (or auto) for CPU workers")
@@ -117,7 +123,7 @@ class ElasticStrategy(Strategy):
         if not dist.is_initialized():
             dist.init_process_group(
                 self.backend(), store=launch_store(self.rank, self.world_size), rank=self.rank,
-                world_size=self.world_size, timeout=STORE_TIMEOUT,
+                world_size=self.world_size, timeout=datetime.timedelta(seconds=self.options.timeout),
                 device_id=self.device if self.device.type == "cuda" else None,
             )
 

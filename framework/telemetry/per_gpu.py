@@ -30,6 +30,7 @@ class Straggler:
     slot: Slot
     busy_ms: float
     median_ms: float
+    intervals: int  # log intervals in a row past the threshold
 
     @property
     def ratio(self) -> float:
@@ -38,7 +39,7 @@ class Straggler:
     def line(self, step: int, threshold: float) -> str:
         return (f"straggler at step {step}: rank {self.rank} on {self.slot.host} ({self.slot.device}) was busy "
                 f"{self.busy_ms:.1f} ms/step, {self.ratio:.2f}x the median {self.median_ms:.1f} ms "
-                f"(trainer.straggler_threshold={threshold:g})")
+                f"(trainer.straggler_threshold={threshold:g}; {self.intervals} log intervals in a row)")
 
 
 def local_slots(strategy, slots: int, precision: str, convolutions: bool) -> list[Slot]:
@@ -56,12 +57,15 @@ def sm_count(index: int) -> int:
 
 
 class PerGpu:
-    def __init__(self, slots: list[Slot], flops_per_sample: float | None, straggler_threshold: float):
+    def __init__(self, slots: list[Slot], flops_per_sample: float | None, straggler_threshold: float,
+                 straggler_intervals: int = 1, straggler_min_gap_ms: float = 0.0):
         self.slots, self.flops_per_sample, self.threshold = slots, flops_per_sample, straggler_threshold
+        self.intervals, self.min_gap_ms = straggler_intervals, straggler_min_gap_ms
+        self._streaks = [0] * len(slots)  # log intervals in a row each slot was past the threshold
 
     @staticmethod
     def start(strategy, model, example, micro_batch: int, precision: str, straggler_threshold: float,
-              say) -> "PerGpu":
+              say, straggler_intervals: int = 1, straggler_min_gap_ms: float = 0.0) -> "PerGpu":
         """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
         the FLOPs and says what it can report."""
         convolutions = has_convolutions(model)
@@ -80,7 +84,7 @@ class PerGpu:
                     f"{_mfu_note(slots, precision_key(precision, convolutions))}")
             except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
                 say(f"model FLOPs not counted ({type(exc).__name__}: {exc}); no throughput/device/tflops or mfu tags")
-        return PerGpu(slots, flops, straggler_threshold)
+        return PerGpu(slots, flops, straggler_threshold, straggler_intervals, straggler_min_gap_ms)
 
     def report(self, s: IntervalSummary) -> "IntervalReport":
         tflops = self.tflops(s)
@@ -103,7 +107,13 @@ class PerGpu:
         median = statistics.median(busy)
         if not median > 0 or math.isnan(median):
             return []
-        return [Straggler(r, self.slots[r], ms, median) for r, ms in enumerate(busy) if ms / median > self.threshold]
+        # A loaded machine makes some rank 1.2-1.4x slower for an interval now and then: only a gap that persists
+        # and is large in absolute terms too names a straggler.
+        for r, ms in enumerate(busy):
+            past = ms / median > self.threshold and ms - median >= self.min_gap_ms
+            self._streaks[r] = self._streaks[r] + 1 if past else 0
+        return [Straggler(r, self.slots[r], ms, median, self._streaks[r]) for r, ms in enumerate(busy)
+                if self._streaks[r] >= self.intervals]
 
 
 @dataclass

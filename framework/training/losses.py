@@ -17,7 +17,7 @@ class SequenceCrossEntropy:
         self.ignore_index = ignore_index
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=self.ignore_index, reduction="none")
+        return per_token_nats(logits, targets, self.ignore_index)
 
 
 class BitsPerToken:
@@ -27,5 +27,13 @@ class BitsPerToken:
     higher_is_better = False
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        nats = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        nats = per_token_nats(logits, targets)
         return nats.reshape(len(targets), -1).mean(1).sum() / math.log(2)
+
+
+def per_token_nats(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Cross-entropy per token, shaped like targets. Over [B*T, V] rows: the vocabulary contiguous, as log_softmax
+    wants it (not over logits.transpose(1, 2), a strided class dimension)."""
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index,
+                           reduction="none")
+    return flat.view(targets.shape)

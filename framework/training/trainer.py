@@ -14,6 +14,7 @@ from framework.checkpoints.position import Position, resume_point
 from framework.config.trainer import TrainerConfig
 from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
+from framework.telemetry.stall import Heartbeat
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import LrSchedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
@@ -78,11 +79,12 @@ class LoopData:
 class Trainer:
     def __init__(self, options: TrainerConfig, *, strategy: Strategy, wrapped: Wrapped, data: LoopData, lr_schedule,
                  checkpointer, callbacks: Callbacks, devices, stop, say, run_dir: Path, hparams: dict,
-                 model_record: dict):
+                 model_record: dict, heartbeat: Heartbeat | None = None):
         self.options, self.strategy, self.wrapped, self.data = options, strategy, wrapped, data
         self.checkpointer, self.callbacks, self.devices, self.stop, self.say = checkpointer, callbacks, devices, stop, say
         self.run_dir, self._hparams = run_dir, hparams
         self.model_record = model_record  # the model's config, in_shape and num_classes: what rebuilds it
+        self.heartbeat = heartbeat or Heartbeat()  # where the loop is, for the stall watchdog's thread
         self.is_main = strategy.is_main
         self.totals = RunTotals()
         self.epoch = 0
@@ -190,6 +192,7 @@ class Trainer:
                 if step % self.options.log_every_n_steps == 0 or checkpoint_due:
                     self._log(step)
                 if checkpoint_due:
+                    self.heartbeat.beat(step, "checkpoint")
                     path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
                                                   asdict(self.totals), self.callbacks.state_dict())
                     self.callbacks.on_checkpoint_saved(self, step, path)
@@ -213,10 +216,13 @@ class Trainer:
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
         optimizer.zero_grad(set_to_none=True)
         losses = []
+        beat = self.heartbeat.beat
         for micro in range(k):
+            beat(step, "data")
             fetch_start = time.perf_counter()
             batch = next(batches)
             self.meter.add_data_time(time.perf_counter() - fetch_start)
+            beat(step, "compute")
             with self.strategy.sync(model, on=micro == k - 1):
                 with precision.autocast():
                     out = self.data.step(model, batch, self.data.loss)
@@ -224,7 +230,10 @@ class Trainer:
                 precision.backward(per_sample.mean() / k)
             losses.append(per_sample.detach())
         self.lr_schedule.apply(optimizer, step)
-        if not precision.optimizer_step(model, optimizer, self.options.grad_clip, self.options.on_nonfinite == "skip"):
+        skip_nonfinite = self.options.on_nonfinite == "skip"
+        stepped = precision.optimizer_step(model, optimizer, self.options.grad_clip, skip_nonfinite)
+        beat(step, "step_end")
+        if not stepped:
             self.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
             self.meter.add_step(step)
@@ -234,6 +243,7 @@ class Trainer:
         self.meter.add_step(step)
 
     def _log(self, step: int) -> None:
+        self.heartbeat.beat(step, "log")
         rows = self.meter.rows(self.strategy.optimizer_state_bytes(self.wrapped.optimizer))
         rows = self.strategy.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
         self.meter.reset()
@@ -261,20 +271,23 @@ class Trainer:
 
     def _evaluate(self, step: int) -> None:
         self.callbacks.on_evaluation_start(self, step)
-        result = evaluate(self.strategy, self.wrapped, self.data)
+        result = evaluate(self.strategy, self.wrapped, self.data,
+                          on_batch=lambda: self.heartbeat.beat(step, "evaluate"))
         if self.is_main:
             self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
         self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
 
 
 @torch.no_grad()
-def evaluate(strategy: Strategy, wrapped: Wrapped, data: LoopData) -> EvalResult:
+def evaluate(strategy: Strategy, wrapped: Wrapped, data: LoopData, on_batch=None) -> EvalResult:
     """The test split through the step on every rank (each its share), the metrics over all of it: every rank gets
     the same result. The training loop's evaluation, and eval.py's."""
     model = strategy.eval_model(wrapped.model)
     model.eval()
     metrics = EvalMetrics(data.metrics, strategy)
     for batch in data.eval_batches():
+        if on_batch is not None:
+            on_batch()
         with wrapped.precision.autocast():
             out = data.step(model, batch, data.loss)
         metrics.update(per_sample_losses(out.loss, out.samples), out.outputs, out.targets)

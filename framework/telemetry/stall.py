@@ -1,0 +1,253 @@
+"""The stall watchdog (trainer.stall_timeout): when a rank has moved on for that long, every rank's Python stack goes
+to <run folder>/stall/rank<r>.txt, rank 0 names the rank(s) behind the others with their innermost frame in the
+user's code, and every worker ends (exit code EXIT_STALLED); the checkpoints written before stay.
+
+The process group is what hangs, so the ranks learn of each other through the run folder: a thread in every rank
+writes where its loop is (step, phase, seconds since it last moved) to <run folder>/.heartbeat/rank<r>.json every
+tick, and rank 0's thread reads them all. The loop itself only stores where it is (Heartbeat.beat: two attributes and
+a clock read per phase), and the thread takes the stacks (sys._current_frames, which works while the main thread is
+blocked in user code or inside a collective)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+STALL_DIR, HEARTBEAT_DIR, SUMMARY = "stall", ".heartbeat", "summary.txt"
+_DRIVER_PID = "HYDRA_DIST_DRIVER_PID"
+EXIT_STALLED = 75
+# the order of a step's phases: a rank at an earlier one did not reach what the later ones wait in
+PHASES = {"start": 0, "data": 1, "compute": 2, "step_end": 3, "log": 4, "checkpoint": 5, "evaluate": 6}
+DOING = {"start": "starting", "data": "fetching its batch from the data loader", "compute": "forward/backward",
+         "step_end": "ending the step (optimizer step done, callbacks)", "log": "gathering the log interval's meters",
+         "checkpoint": "writing a checkpoint", "evaluate": "evaluating"}
+_LIBRARIES = (os.path.dirname(os.__file__), "site-packages", "dist-packages", "<frozen")
+_FRAMEWORK = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mark_driver_process() -> None:
+    """The driver says so to the processes it starts: their stall summary goes through it (framework/run.py), while a
+    driver that trains itself (single, dp, rank 0 under torchrun and the like) prints it from its watchdog."""
+    os.environ[_DRIVER_PID] = str(os.getpid())
+
+
+@contextlib.contextmanager
+def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", run_dir: Path, strategy, say, last_checkpoint):
+    """A StallWatchdog around the loop on every rank (none with trainer.stall_timeout=null)."""
+    if timeout is None:
+        yield
+        return
+    watchdog = StallWatchdog(heartbeat, run_dir, strategy.rank, strategy.world_size, timeout, say, last_checkpoint,
+                             prints_summary=os.environ.get(_DRIVER_PID) == str(os.getpid())).start()
+    try:
+        yield
+    finally:
+        watchdog.stop()
+
+
+class Heartbeat:
+    """Where this rank's loop is; written by the main thread, read by the watchdog's."""
+
+    __slots__ = ("step", "phase", "since")
+
+    def __init__(self):
+        self.step, self.phase, self.since = 0, "start", time.monotonic()
+
+    def beat(self, step: int, phase: str) -> None:
+        self.step, self.phase, self.since = step, phase, time.monotonic()
+
+
+class StallWatchdog:
+    def __init__(self, heartbeat: Heartbeat, run_dir: Path, rank: int, world_size: int, timeout: float, say,
+                 last_checkpoint, prints_summary: bool):
+        self.heartbeat, self.rank, self.world_size, self.timeout = heartbeat, rank, world_size, timeout
+        self.say, self.last_checkpoint, self.prints_summary = say, last_checkpoint, prints_summary
+        self.beats, self.stall = run_dir / HEARTBEAT_DIR, run_dir / STALL_DIR
+        self.tick = min(5.0, max(0.2, timeout / 20))
+        self.warn_after = timeout / 3
+        self._stopped = threading.Event()
+        self._main = threading.main_thread().ident
+        self._warned_at: tuple | None = None
+        self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
+
+    def start(self) -> "StallWatchdog":
+        self.heartbeat.since = time.monotonic()  # the clock starts with the loop (not at a resume's loading)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.tick)
+        (self.beats / f"rank{self.rank}.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the last rank out takes the folder
+            self.beats.rmdir()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.tick):
+            idle = time.monotonic() - self.heartbeat.since
+            self._write_position(idle)
+            if idle >= self.timeout:
+                self._end_stalled_run(idle)
+            if self.rank == 0 and idle >= self.warn_after:
+                self._warn_waiting(idle)
+
+    def _position(self, idle: float) -> dict:
+        return {"rank": self.rank, "step": self.heartbeat.step, "phase": self.heartbeat.phase, "idle": idle,
+                "host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}
+
+    def _write_position(self, idle: float, frame: str | None = None) -> None:
+        position = self._position(idle)
+        if frame is not None:
+            position["frame"] = frame
+        self.beats.mkdir(parents=True, exist_ok=True)
+        _write_json(self.beats / f"rank{self.rank}.json", position)
+
+    def _positions(self) -> dict[int, dict]:
+        found = {}
+        for rank in range(self.world_size):
+            try:
+                found[rank] = json.loads((self.beats / f"rank{rank}.json").read_text())
+            except (OSError, ValueError):
+                pass
+        return found
+
+    def _warn_waiting(self, idle: float) -> None:
+        positions = self._positions()
+        behind = behind_ranks(positions)
+        if not behind or len(behind) == len(positions) or self._warned_at == _key(positions, behind):
+            return
+        self._warned_at = _key(positions, behind)
+        first = positions[behind[0]]
+        self.say(f"waiting for rank {_ranks(behind)} for {idle:.0f} s (at step {first['step']}, "
+                 f"{DOING.get(first['phase'], first['phase'])}); the run ends at trainer.stall_timeout="
+                 f"{self.timeout:g} s")
+
+    def _end_stalled_run(self, idle: float) -> None:
+        stack, frame = self._stack()
+        self.stall.mkdir(parents=True, exist_ok=True)
+        position = self._position(idle)
+        (self.stall / f"rank{self.rank}.txt").write_text(
+            f"rank {self.rank} on {position['host']} (pid {position['pid']}): step {position['step']}, "
+            f"{DOING.get(position['phase'], position['phase'])}, no progress for {idle:.0f} s\n\n{stack}")
+        self._write_position(idle, frame)
+        for child in multiprocessing.active_children():  # DataLoader workers, maybe blocked in the same read: they
+            child.kill()  # go first, so that no launcher's stop can leave them behind
+        grace = max(10.0, 4 * self.tick)
+        if self.rank == 0:
+            _wait_for(lambda: all(p.get("frame") for p in self._positions().values())
+                      and len(self._positions()) == self.world_size, grace)
+            summary = stall_summary(self._positions(), self.world_size, self.timeout, self.stall,
+                                    self.last_checkpoint())
+            _write_text(self.stall / SUMMARY, summary)
+            if self.prints_summary:
+                print(f"error: {summary}", file=sys.stderr, flush=True)
+        else:  # rank 0 reads this rank's files before anyone leaves (the launcher stops the others at the first exit)
+            _wait_for(lambda: (self.stall / SUMMARY).exists(), 2 * grace)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STALLED)
+
+    def _stack(self) -> tuple[str, str]:
+        """Every thread's stack (the main thread's first), and the main thread's innermost frame in the user's code."""
+        frames = sys._current_frames()  # documented for debuggers: the only way to read a blocked thread's stack
+        names = {t.ident: t.name for t in threading.enumerate()}
+        main = frames.get(self._main)
+        parts = []
+        for ident in sorted(frames, key=lambda i: i != self._main):
+            if ident == threading.get_ident():
+                continue
+            parts.append(f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frames[ident])))
+        return "\n".join(parts), innermost_frame(traceback.extract_stack(main)) if main else "?"
+
+
+def innermost_frame(stack: traceback.StackSummary) -> str:
+    """The innermost frame in the user's code (not a library's, not this framework's); failing that, the innermost
+    outside the libraries (where the framework's loop waits); as 'file:line in function'."""
+    outside = [f for f in stack if not f.filename.startswith("<") and not any(p in f.filename for p in _LIBRARIES)]
+    users = [f for f in outside if not os.path.abspath(f.filename).startswith(_FRAMEWORK)]
+    frame = (users or outside or list(stack) or [None])[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}" if frame else "?"
+
+
+def behind_ranks(positions: dict[int, dict]) -> list[int]:
+    """The ranks whose loop is at the earliest (step, phase): those the others wait for."""
+    if not positions:
+        return []
+    order = {r: (p["step"], PHASES.get(p["phase"], 0)) for r, p in positions.items()}
+    earliest = min(order.values())
+    return sorted(r for r, o in order.items() if o == earliest)
+
+
+def stall_summary(positions: dict[int, dict], world_size: int, timeout: float, folder: Path, checkpoint) -> str:
+    behind = behind_ranks(positions)
+    lines = [f"the run stalled: no progress for trainer.stall_timeout={timeout:g} s"]
+    if len(behind) < len(positions):
+        lines.append(f"rank {_ranks(behind)} did not reach the step the others wait in:")
+    elif len(positions) > 1:
+        lines.append("every rank is at the same point: a collective they all entered did not finish, or each is "
+                     "stuck on its own:")
+    for rank in sorted(positions, key=lambda r: (r not in behind, r)):
+        p = positions[rank]
+        role = "" if len(behind) == len(positions) or rank in behind else "waiting: "
+        lines.append(f"  {role}rank {rank} ({p['host']}, pid {p['pid']}) at step {p['step']}, "
+                     f"{DOING.get(p['phase'], p['phase'])}: {p.get('frame', 'no stack written')}")
+    missing = sorted(set(range(world_size)) - set(positions))
+    if missing:
+        lines.append(f"  rank {_ranks(missing)}: no position written (on another node without this run folder?)")
+    kept = f"the last checkpoint is {checkpoint}" if checkpoint else "no checkpoint had been written yet"
+    lines.append(f"every rank's stack: {folder}/rank<r>.txt; {kept}")
+    return "\n".join(lines)
+
+
+def stall_report(run_dir: Path, since: float) -> str | None:
+    """The summary rank 0 wrote for a stall of a run launched at `since` (time.time()), for the driver to say."""
+    path = Path(run_dir) / STALL_DIR / SUMMARY
+    try:
+        return path.read_text() if path.stat().st_mtime >= since else None
+    except OSError:
+        return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _key(positions: dict, behind: list[int]) -> tuple:
+    return tuple((r, positions[r]["step"], positions[r]["phase"]) for r in behind)
+
+
+def _wait_for(condition, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.1)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    _write_text(path, json.dumps(value))
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def nccl_flight_recorder(run_dir: Path) -> None:
+    """On GPUs: torch's NCCL flight recorder keeps each rank's last collectives and, when one times out
+    (strategy.timeout), dumps them to <run folder>/nccl_flight_recorder/rank_<r> (read them with
+    `python -m torch.distributed.flight_recorder.fr_trace <folder>`). Settings the user made win."""
+    folder = run_dir / "nccl_flight_recorder"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "rank_"))
