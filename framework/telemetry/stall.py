@@ -72,6 +72,7 @@ class StallWatchdog:
         self.heartbeat, self.rank, self.world_size, self.timeout = heartbeat, rank, world_size, timeout
         self.say, self.last_checkpoint, self.prints_summary = say, last_checkpoint, prints_summary
         self.beats, self.stall = run_dir / HEARTBEAT_DIR, run_dir / STALL_DIR
+        self.host, self.pid = os.uname().nodename, os.getpid()
         self.tick = min(5.0, max(0.2, timeout / 20))
         self.warn_after = timeout / 3
         self._stopped = threading.Event()
@@ -98,7 +99,7 @@ class StallWatchdog:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1})
         while not self._stopped.wait(self.tick):
             idle = time.monotonic() - self.heartbeat.since
-            self._write_position(idle)
+            self._write_position(self._position(idle))
             if idle >= self.timeout:
                 self._end_stalled_run(idle)
             if self.rank == 0 and idle >= self.warn_after:
@@ -106,13 +107,10 @@ class StallWatchdog:
 
     def _position(self, idle: float) -> dict:
         return {"rank": self.rank, "step": self.heartbeat.step, "phase": self.heartbeat.phase, "idle": idle,
-                "host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}
+                "host": self.host, "pid": self.pid, "time": time.time()}
 
-    def _write_position(self, idle: float, frame: str | None = None) -> None:
-        position = self._position(idle)
-        if frame is not None:
-            position["frame"] = frame
-        self.beats.mkdir(parents=True, exist_ok=True)
+    def _write_position(self, position: dict) -> None:
+        self.beats.mkdir(parents=True, exist_ok=True)  # the last rank out of an earlier stop() may have taken it
         _write_json(self.beats / f"rank{self.rank}.json", position)
 
     def _positions(self) -> dict[int, dict]:
@@ -138,17 +136,16 @@ class StallWatchdog:
     def _end_stalled_run(self, idle: float) -> None:
         stack, frame = self._stack()
         self.stall.mkdir(parents=True, exist_ok=True)
-        position = self._position(idle)
+        position = {**self._position(idle), "frame": frame}
         (self.stall / f"rank{self.rank}.txt").write_text(
-            f"rank {self.rank} on {position['host']} (pid {position['pid']}): step {position['step']}, "
+            f"rank {self.rank} on {self.host} (pid {self.pid}): step {position['step']}, "
             f"{DOING.get(position['phase'], position['phase'])}, no progress for {idle:.0f} s\n\n{stack}")
-        self._write_position(idle, frame)
+        self._write_position(position)
         for child in multiprocessing.active_children():  # DataLoader workers, maybe blocked in the same read: they
             child.kill()  # go first, so that no launcher's stop can leave them behind
         grace = max(10.0, 4 * self.tick)
         if self.rank == 0:
-            _wait_for(lambda: all(p.get("frame") for p in self._positions().values())
-                      and len(self._positions()) == self.world_size, grace)
+            _wait_for(self._every_rank_stalled, grace)
             summary = stall_summary(self._positions(), self.world_size, self.timeout, self.stall,
                                     self.last_checkpoint())
             _write_text(self.stall / SUMMARY, summary)
@@ -159,6 +156,11 @@ class StallWatchdog:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_STALLED)
+
+    def _every_rank_stalled(self) -> bool:
+        """Every rank has written its stacks (its position carries its innermost frame)."""
+        positions = self._positions()
+        return len(positions) == self.world_size and all(p.get("frame") for p in positions.values())
 
     def _stack(self) -> tuple[str, str]:
         """Every thread's stack (the main thread's first), and the main thread's innermost frame in the user's code."""
