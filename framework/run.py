@@ -134,9 +134,22 @@ def _report(result: RunResult, run_dir: Path, hydra_cfg) -> float:
 def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
     name = signal.Signals(signum).name
     checkpoint = newest_valid(run_dir / CHECKPOINT_DIR, warn=lambda m: None)
-    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
-    command = shlex.join(["python", "train.py", *overrides, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
+    command = shlex.join(["python", "train.py", *_config_options(hydra_cfg), *_kept_overrides(hydra_cfg),
+                          f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
     kept = (f"the last complete checkpoint is {checkpoint.path} (step {checkpoint.step})" if checkpoint
             else "no checkpoint had been written yet, so a resumed run starts over")
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
+
+
+def _config_options(hydra_cfg) -> list[str]:
+    """The run's own --config-dir and --config-name: without them a user's project would not compose again."""
+    words = [w for source in hydra_cfg.runtime.config_sources
+             if source.provider == "command-line" and source.schema == "file" for w in ("--config-dir", source.path)]
+    if hydra_cfg.job.config_name != "config":
+        words += ["--config-name", hydra_cfg.job.config_name]
+    return words
+
+
+def _kept_overrides(hydra_cfg) -> list[str]:
+    return [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "trainer.resume="))]

@@ -26,6 +26,7 @@ from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
 from framework.errors import ConfigError
+from framework.launch.clean_exit import end_soon_after_a_stop_signal
 from framework.launch.environment import restart_attempt
 from framework.models.build import build_model
 from framework.results.run_result import RunResult, Stopped
@@ -55,8 +56,10 @@ def worker_entry(payload: Payload, strategy=None, stop=None) -> RunResult | Stop
     keep_freed_memory()
     s = payload.settings
     strategy = strategy or build_strategy(s.strategy, s.trainer)
-    if strategy.use_cuda and not strategy.runs_in_process:
-        nccl_flight_recorder(Path(payload.run_dir))  # read by the process group, created in setup()
+    if not strategy.runs_in_process:  # a process of its own, which its launcher stops by signal
+        end_soon_after_a_stop_signal()
+        if strategy.use_cuda:
+            nccl_flight_recorder(Path(payload.run_dir))  # read by the process group, created in setup()
     strategy.setup()
     try:
         return _train(s, Path(payload.run_dir), payload.resume, strategy, stop or NoStop())

@@ -11,16 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN, check_ok, pin_accelerator, processes_tagged, run_train
+from conftest import REPO, TRAIN, check_ok, pin_accelerator, processes_tagged, run_train
 from framework.checkpoints.store import newest_valid
 
+EXAMPLE = REPO / "examples" / "my_project"
 RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
        "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
 
 
-def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6):
+def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6, then_wait: float = 0.0,
+                      env: dict | None = None):
     tag = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **(env or {})}
     proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen = []
@@ -28,6 +30,7 @@ def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6)
         seen.append(line)
         if f" step {after_step}/" in line:
             break
+    time.sleep(then_wait)
     sent = time.monotonic()
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
@@ -65,3 +68,23 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
     resumed = check_ok(run_train(_resume_command(err), tmp_path))
     assert f"resumed from {checkpoint.path}" in resumed
     assert "done: test accuracy" in resumed
+
+
+def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):
+    """Rank 0 enters a barrier at step 5 that rank 1 never calls; rank 1 goes on into step 6's gradient all-reduce.
+    Both main threads sit in gloo, where Python cannot raise KeyboardInterrupt: the workers still end within
+    seconds of Ctrl-C (framework/launch/clean_exit.py), not at the agent's SIGKILL 30 s later."""
+    user_code = os.pathsep.join(filter(None, [str(REPO / "tests" / "user_code"), str(EXAMPLE),
+                                              os.environ.get("PYTHONPATH")]))
+    args = ["--config-dir", str(EXAMPLE / "conf"), "strategy=ddp", "dataset=blobs", "model=mlp",
+            "trainer.batch_size=32", "trainer.epochs=50", "trainer.log_every_n_steps=1", "trainer.stall_timeout=null",
+            "+callbacks.barrier._target_=stalling.BarrierOnOneRank", "+callbacks.barrier.step=5",
+            "+callbacks.barrier.rank=0"]
+    code, out, err, seconds, left = _start_and_signal(tmp_path, args, signal.SIGINT, after_step=4, then_wait=2.0,
+                                                      env={"PYTHONPATH": user_code})
+    assert code == 128 + signal.SIGINT, err
+    assert " step 6/" not in out, "rank 0 was to wait in its barrier"
+    assert seconds < 15, f"took {seconds:.1f} s to stop"
+    assert left == [], f"processes left behind: {left}"
+    assert "stopped by SIGINT; all workers are stopped" in err and "Traceback" not in err, err
+    assert f"To resume: python train.py --config-dir {EXAMPLE / 'conf'} strategy=ddp" in err, "the project's own configs"

@@ -3,13 +3,18 @@
 Once the results are handed over and the process group is shut down, only interpreter teardown is left,
 and there a C++ thread destructor of torch's distributed stack now and then aborts the process
 ("terminate called without an active exception", SIGABRT). Seen with ddp under torchrun and with
-DeepSpeed; it turned finished runs into failed ones. A finished worker therefore exits at once."""
+DeepSpeed; it turned finished runs into failed ones. A finished worker therefore exits at once.
+A stopped one (SIGINT, SIGTERM) exits within seconds, whatever its main thread is blocked in."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
+import time
 
 
 def exit_now(code: int = 0) -> None:
@@ -23,3 +28,43 @@ def exit_at_end_of_finished_worker() -> None:
     so the exit happens at interpreter shutdown (registered last, so it runs first)."""
     if multiprocessing.parent_process() is not None:
         atexit.register(exit_now, 0)
+
+
+STOP_GRACE_S = 5.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_watching = False
+
+
+def end_soon_after_a_stop_signal(grace: float = STOP_GRACE_S) -> None:
+    """For a worker that a launcher stops by signal (torch's agent passes Ctrl-C on as SIGINT; a terminal sends it to
+    every process too). Python raises KeyboardInterrupt only when the main thread runs Python again: one blocked
+    in a collective whose peer already left, or in a teardown waiting for it, held the worker until the launcher's
+    SIGKILL 30 s later. A thread woken by the signal itself (signal.set_wakeup_fd: written by the C-level handler
+    whatever the main thread does) ends the process if it is still there `grace` seconds later."""
+    global _watching
+    if _watching or threading.current_thread() is not threading.main_thread():
+        return
+    _watching = True
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    os.register_at_fork(after_in_child=_forget_wakeup_fd)  # a forked DataLoader worker's signals are not ours
+    threading.Thread(target=_end_after_grace, args=(read_end, grace), name="stop-signal-grace", daemon=True).start()
+
+
+def _forget_wakeup_fd() -> None:
+    with contextlib.suppress(ValueError):  # forked from a thread other than the main one: nothing was inherited
+        signal.set_wakeup_fd(-1)
+
+
+def _end_after_grace(read_end: int, grace: float) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))  # the main thread takes them (KeyboardInterrupt)
+    while True:
+        received = os.read(read_end, 64)
+        if not received:
+            return
+        stop = next((s for s in received if s in _STOP_SIGNALS), None)
+        if stop is not None:
+            break
+    time.sleep(grace)
+    exit_now(128 + stop)
