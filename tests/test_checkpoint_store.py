@@ -46,6 +46,16 @@ def test_a_half_written_checkpoint_does_not_count(tmp_path):
     assert newest_valid(tmp_path, print).step == 1
 
 
+def test_what_a_killed_writer_left_goes_at_the_next_commit(tmp_path):
+    _save(tmp_path, 1)
+    (tmp_path / "step-00000002.pt.tmp").write_bytes(b"half")
+    (tmp_path / "step-00000003.pt").write_bytes(b"renamed but no manifest yet")
+    (tmp_path / "step-00000003.json.tmp").write_bytes(b"half")
+    _save(tmp_path, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000001.json", "step-00000001.pt", "step-00000004.json", "step-00000004.pt"]
+
+
 class RunsCode:
     def __reduce__(self):
         return (print, ("this would have run",))

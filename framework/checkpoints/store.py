@@ -50,7 +50,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """All of data at path, or (on an OSError: disk full, folder turned read-only) nothing new: the temporary file
     is taken away and the error raised."""
     tmp = path.with_name(path.name + ".tmp")
@@ -60,7 +60,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:  # a full disk, a read-only folder, Ctrl-C: nothing half-written stays
         remove_quietly(tmp)
         raise
     _fsync_dir(path.parent)
@@ -78,9 +78,9 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Che
     replaced = False
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, data)
+        write_atomically(path, data)
         replaced = True
-        _write_atomically(manifest_path, manifest_data)
+        write_atomically(manifest_path, manifest_data)
     except OSError as exc:
         if replaced:  # a .pt without its manifest is no checkpoint (and may not match an older manifest there)
             remove_quietly(manifest_path, path)
@@ -109,7 +109,7 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
-        _write_atomically(shard_dir / TRAINING_STATE, data)
+        write_atomically(shard_dir / TRAINING_STATE, data)
         ours[TRAINING_STATE] = hashlib.sha256(data).hexdigest()
     barrier()
     committed = Checkpoint(shard_dir, {**manifest, "file": stem})
@@ -123,7 +123,7 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
         files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
     _fsync_dir(shard_dir)
     committed.manifest["files"] = files
-    _write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
+    write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
     _prune(folder, keep)
     return committed
 
@@ -166,11 +166,13 @@ def _prune(folder: Path, keep: int) -> None:
             shutil.rmtree(old.path, ignore_errors=True)
         else:
             old.path.unlink(missing_ok=True)
-    # A shard folder without a manifest was left by a worker group that died while writing it. Pruning runs
-    # right after a commit, when no rank is writing, so such a folder is never a checkpoint in progress.
+    # A shard folder without a manifest, or a .tmp file, was left by a worker group that died while writing it. Pruning
+    # runs right after a commit, when no rank is writing, so such a leftover is never a checkpoint in progress.
     for leftover in folder.glob("step-*"):
         if leftover.is_dir() and not leftover.with_suffix(".json").exists():
             shutil.rmtree(leftover, ignore_errors=True)
+        elif leftover.suffix == ".tmp" or (leftover.suffix == ".pt" and not leftover.with_suffix(".json").exists()):
+            remove_quietly(leftover)  # a file of a process killed while writing it, or before its manifest
 
 
 def list_checkpoints(folder: Path) -> list[Checkpoint]:

@@ -5,10 +5,11 @@ framework/results/trained_model.py loads one back as a ready model."""
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import torch
+
+from framework.checkpoints.store import write_atomically
 
 WEIGHTS_DIR = "weights"
 
@@ -21,16 +22,7 @@ def write_weights(run_dir: Path, name: str, state: dict, model_config: dict, in_
     buffer = io.BytesIO()
     torch.save({"model": state, "model_config": model_config, "in_shape": list(in_shape) if in_shape else None,
                 "num_classes": num_classes, "step": step, "objective": objective}, buffer)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(buffer.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, buffer.getvalue())
     return path
 
 
