@@ -4,6 +4,15 @@
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 work=$(mktemp -d)
+servers=()
+trap 'kill "${servers[@]}" 2>/dev/null' EXIT
+serve() {  # serve LOGDIR PORT: a TensorBoard in the background, stopped when the script ends
+    $PY -m tensorboard.main --logdir "$1" --host 127.0.0.1 --port "$2" & servers+=($!)
+}
+shot() {  # shot WIDTH,HEIGHT FILE URL: a headless chromium screenshot into docs/FILE
+    chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size="$1" \
+        --virtual-time-budget=15000 --screenshot="$PWD/docs/$2" "$3"
+}
 # docs/tensorboard_per_rank_throughput.png: the Scalars page, job and per-rank throughput of a plain ddp run
 $PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/outputs/runs/ddp_2_ranks"
@@ -11,24 +20,16 @@ $PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
 # run whose rank 1 sleeps 20 ms in every step (the slow_rank fault), so the straggler shows
 HYDRA_DIST_FAULT=slow_rank:0.02:1 $PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/per_gpu/outputs/runs/ddp_rank1_slowed"
-$PY -m tensorboard.main --logdir "$work/outputs" --host 127.0.0.1 --port 6123 & tb=$!
-$PY -m tensorboard.main --logdir "$work/per_gpu/outputs" --host 127.0.0.1 --port 6124 & tb2=$!
-trap 'kill $tb $tb2' EXIT
+serve "$work/outputs" 6123
+serve "$work/per_gpu/outputs" 6124
 sleep 8
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,750 \
-    --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_per_rank_throughput.png" \
-    "http://127.0.0.1:6123/#scalars&tagFilter=throughput"
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,1000 \
-    --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_per_gpu_charts.png" \
-    "http://127.0.0.1:6124/#custom_scalars"
+shot 1400,750 tensorboard_per_rank_throughput.png "http://127.0.0.1:6123/#scalars&tagFilter=throughput"
+shot 1400,1000 tensorboard_per_gpu_charts.png "http://127.0.0.1:6124/#custom_scalars"
 # docs/tensorboard_profile_breakdown.png: the Text tab of a ddp run profiled over steps 20-24 (trainer.profile),
 # whose rank 1 sleeps 20 ms in every step: rank 0's time goes to communication (waiting in the all-reduce)
 HYDRA_DIST_FAULT=slow_rank:0.02:1 $PY train.py strategy=ddp trainer.max_steps=30 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 "trainer.profile=[20,24]" \
     hydra.run.dir="$work/profile/outputs/runs/ddp_profiled"
-$PY -m tensorboard.main --logdir "$work/profile/outputs" --host 127.0.0.1 --port 6125 & tb3=$!
-trap 'kill $tb $tb2 $tb3' EXIT
+serve "$work/profile/outputs" 6125
 sleep 8
-chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,700 \
-    --virtual-time-budget=15000 --screenshot="$PWD/docs/tensorboard_profile_breakdown.png" \
-    "http://127.0.0.1:6125/#text"
+shot 1400,700 tensorboard_profile_breakdown.png "http://127.0.0.1:6125/#text"

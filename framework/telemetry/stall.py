@@ -20,6 +20,8 @@ import time
 import traceback
 from pathlib import Path
 
+from framework.launch.clean_exit import exit_now
+
 STALL_DIR, HEARTBEAT_DIR, SUMMARY = "stall", ".heartbeat", "summary.txt"
 _DRIVER_PID = "HYDRA_DIST_DRIVER_PID"
 EXIT_STALLED = 75
@@ -153,9 +155,7 @@ class StallWatchdog:
                 print(f"error: {summary}", file=sys.stderr, flush=True)
         else:  # rank 0 reads this rank's files before anyone leaves (the launcher stops the others at the first exit)
             _wait_for(lambda: (self.stall / SUMMARY).exists(), 2 * grace)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_STALLED)
+        exit_now(EXIT_STALLED)
 
     def _every_rank_stalled(self) -> bool:
         """Every rank has written its stacks (its position carries its innermost frame)."""
