@@ -22,6 +22,7 @@ from framework.config.settings import Settings, settings_of
 from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.launch.outer import choose_strategy
+from framework.preflight import check_world_size
 from framework.run import RESOLVED_CONFIG
 from framework.training.trainer import EvalResult, LoopData, evaluate
 
@@ -56,10 +57,13 @@ def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     strategy = strategy_class(settings.strategy, settings.trainer)
     strategy.validate()
     if kind == "checkpoint" and source.is_dir():
-        saved = json.loads(source.with_suffix(".json").read_text()).get("format")
+        manifest = json.loads(source.with_suffix(".json").read_text())
+        saved = manifest.get("format")
         if saved not in strategy.checkpoints.readable_formats:
             raise ConfigError(f"ckpt_path={source} is not allowed with strategy={strategy.name}: it holds {saved} shards; "
                               "evaluate it with the strategy that wrote it, or give the run's weights/*.pt")
+        check_world_size(f"ckpt_path={source}", source, manifest, strategy,
+                         "evaluate the run's weights/*.pt (the whole model, on any number of workers)")
     if note:
         print(note, flush=True)
     payload = EvalPayload(settings, str(out_dir), str(source), kind)

@@ -155,17 +155,22 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
 
 
 def _resume_world_size(s: Settings, strategy: Strategy, checkpoint: Checkpoint) -> None:
+    check_world_size(f"trainer.resume={s.trainer.resume}", checkpoint.path, checkpoint.manifest, strategy,
+                     "start over with trainer.resume=none (DeepSpeed's zero_to_fp32.py turns the shards into one fp32 "
+                     "state_dict of the weights, for use outside a resumed run)")
+
+
+def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, otherwise: str) -> None:
     """A checkpoint holds global state (one file; or shards an engine can reshard) unless the strategy says its
-    engine's shards only load into the world size that wrote them (DeepSpeed ZeRO)."""
-    saved = checkpoint.manifest.get("world_size")
+    engine's shards only load into the world size that wrote them (DeepSpeed ZeRO): then it is refused here, in the
+    driver, for a resumed run and for eval.py alike (DeepSpeed itself would raise in every worker)."""
+    saved = manifest.get("world_size")
     if saved is None or saved == strategy.processes() or strategy.checkpoints.reshards:
         return
     raise ConfigError(
-        f"trainer.resume={s.trainer.resume} is not allowed with {strategy.processes()} worker(s): checkpoint "
-        f"{checkpoint.path} holds {checkpoint.manifest.get('format')} shards of {saved} workers, and strategy="
-        f"{strategy.name} cannot reshard them onto another world size. Resume with {saved} workers (e.g. "
-        f"strategy.nproc_per_node={saved} on one node), or start over with trainer.resume=none (DeepSpeed's "
-        f"zero_to_fp32.py turns the shards into one fp32 state_dict of the weights, for use outside a resumed run)")
+        f"{what} is not allowed with {strategy.processes()} worker(s): checkpoint {path} holds "
+        f"{manifest.get('format')} shards of {saved} workers, and strategy={strategy.name} cannot reshard them onto "
+        f"another world size. Use {saved} workers (e.g. strategy.nproc_per_node={saved} on one node), or {otherwise}")
 
 
 def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) -> None:

@@ -33,7 +33,7 @@ from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.progress import Console
-from framework.telemetry.stall import Heartbeat, nccl_flight_recorder, watch_for_stalls
+from framework.telemetry.stall import Heartbeat, dump_nccl_flight_recorder, nccl_flight_recorder, watch_for_stalls
 from framework.training.allocator import keep_freed_memory
 from framework.training.interrupts import NoStop
 from framework.training.metrics import build_loss, build_metrics, class_ids_of
@@ -112,7 +112,10 @@ def _train(s: Settings, run_dir: Path, resume, strategy, stop) -> RunResult | No
             f"{strategy.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
             f"{trainer.total_steps} steps"
         )
-        with watch_for_stalls(t.stall_timeout, heartbeat, run_dir, strategy, say, checkpointer.last_saved):
+        nccl = strategy.use_cuda and not strategy.runs_in_process
+        dump = (lambda: dump_nccl_flight_recorder(strategy.rank)) if nccl else None
+        with watch_for_stalls(t.stall_timeout, heartbeat, run_dir, strategy.rank, strategy.world_size, say,
+                              checkpointer.last_saved, before_exit=dump):
             totals = trainer.fit(start)
         if not strategy.is_main:
             return None

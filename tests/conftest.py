@@ -56,10 +56,16 @@ def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str
     timings, exact float sums) says so, and a GPU test that forgets to ask for the GPU would run on the CPU."""
     if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
         return list(args)
+    accelerator = accelerator or _accelerator[0]
+    pinned = [f"trainer.accelerator={accelerator}"]
+    # A GPU machine may have neither network nor Debian's Fashion-MNIST: GPU runs that name no data train on random
+    # images of its shape (an evaluation, ckpt_path=..., takes its run's data)
+    if accelerator == "gpu" and not any(a.startswith(("dataset=", "experiment=", "ckpt_path=")) for a in args):
+        pinned.append("dataset=synthetic")
     # right after the first override: Hydra's argument parser takes the overrides as one run of positional
     # arguments, and the user's own overrides keep their order (the sweep summary lists them as given)
     first = next((i + 1 for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
-    return [*args[:first], f"trainer.accelerator={accelerator or _accelerator[0]}", *args[first:]]
+    return [*args[:first], *pinned, *args[first:]]
 
 
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,

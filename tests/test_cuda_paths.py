@@ -179,7 +179,9 @@ def test_runs_of_a_gpu_marked_test_ask_for_the_gpu_and_of_any_other_for_the_cpu(
 
         @pytest.mark.gpu
         def test_gpu():
-            assert pin_accelerator(["strategy=ddp", "x=1"]) == ["strategy=ddp", "trainer.accelerator=gpu", "x=1"]
+            assert pin_accelerator(["strategy=ddp", "x=1"]) == ["strategy=ddp", "trainer.accelerator=gpu",
+                                                                "dataset=synthetic", "x=1"]
+            assert pin_accelerator(["dataset=mnist"]) == ["dataset=mnist", "trainer.accelerator=gpu"]
 
         def test_cpu():
             assert pin_accelerator(["strategy=ddp"]) == ["strategy=ddp", "trainer.accelerator=cpu"]
@@ -256,24 +258,90 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_task(rank: int, tasks: int, job_id: str) -> dict:
+    """What `srun --ntasks=<tasks> --gpus-per-task=1` leaves a task: SLURM's variables (the framework maps them to
+    torch's ranks) and its one GPU, which it sees as cuda:0."""
+    return {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": str(tasks),
+            "SLURM_NTASKS": str(tasks), "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "CUDA_VISIBLE_DEVICES": str(rank)}
+
+
+def test_one_gpu_per_slurm_task_is_accepted_by_the_driver(monkeypatch):
+    """Two srun tasks on one node that each see one GPU: the driver must not count 2 workers against 1 visible GPU
+    (it did when the scheduler's variables were missing: every GPU machine failed the GPU test below). Under plain
+    torchrun, whose workers all see the node's GPUs, the same counts are refused."""
+    from framework.errors import ConfigError
+    from framework.launch.slurm import adopt_scheduler_ranks
+
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HYDRA_DIST_SCHEDULER_RANKS",
+                     "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and k not in launcher_vars}
+    monkeypatch.setattr(os, "environ", {**env, **slurm_task(1, 2, "4242")})  # what adoption sets stays in this test
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # each task sees its one GPU
+    assert adopt_scheduler_ranks()
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("1", "1", "2")
+    strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
+    monkeypatch.delenv("HYDRA_DIST_SCHEDULER_RANKS")  # the same ranks from torchrun: two workers share one GPU
+    with pytest.raises(ConfigError, match="with 2 workers on this node"):
+        strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
+
+
 @needs_gpus(2)
 @pytest.mark.parametrize("strategy", ["strategy=ddp", "strategy=deepspeed strategy.zero_stage=3"])
 def test_one_visible_gpu_per_task_trains(tmp_path, strategy):
-    """What SLURM's --gpus-per-task starts: every task sees one GPU as cuda:0, while LOCAL_RANK counts 0, 1."""
+    """What SLURM's --gpus-per-task starts: every task sees one GPU as cuda:0, while its local rank counts 0, 1."""
     if "deepspeed" in strategy:
         pytest.importorskip("deepspeed")
-    port = str(_free_port())
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}
-    tasks = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE", "SUBMITIT_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HYDRA_DIST_SCHEDULER_RANKS")}
+    tasks, port = [], str(_free_port())
     for rank in range(2):
-        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "CUDA_VISIBLE_DEVICES": str(rank),
+        env = {**base, **slurm_task(rank, 2, str(os.getpid())), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "PYTHONUNBUFFERED": "1"}
-        tasks.append(subprocess.Popen([sys.executable, str(TRAIN), *strategy.split(), *TINY, "trainer.max_steps=8",
-                                       "trainer.accelerator=gpu"], cwd=tmp_path, env=env, text=True,
+        tasks.append(subprocess.Popen([sys.executable, str(TRAIN), *strategy.split(), "dataset=synthetic", *TINY,
+                                       "trainer.max_steps=8", "trainer.accelerator=gpu"], cwd=tmp_path, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outs = [task.communicate(timeout=300) for task in tasks]
     assert [task.returncode for task in tasks] == [0, 0], outs
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["processes"] == 2 and result["device"] == "cuda" and result["steps"] == 8
+
+
+def test_torchmetrics_states_go_through_an_object_gather_as_cpu_tensors_and_come_back_on_the_metrics_device():
+    """Under Horovod (no torch.distributed group) a torchmetrics metric syncs through the group's object gather.
+    Pickled CUDA tensors come back on the sender's GPU (cuda:1 on rank 0), and torch.stack of them failed: what is
+    gathered must be on the CPU, what the sync returns on the metric's device ('meta' stands in for a GPU here)."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from framework.training.metrics import sync_torchmetric
+
+    metric, sent = torchmetrics.MeanSquaredError(), []
+
+    def gather_objects(obj):
+        sent.append(obj.device)
+        return [obj, obj + 1]  # two ranks' states
+
+    sync_torchmetric(metric, torch.device("meta"), 2, gather_objects)
+    assert metric.distributed_available_fn()
+    received = metric.dist_sync_fn(torch.ones(3))
+    assert sent == [torch.device("cpu")]
+    assert [t.device.type for t in received] == ["meta", "meta"]
+
+
+def test_torchmetrics_sync_themselves_where_torch_distributed_is_the_backend(tmp_path):
+    """ddp, fsdp, deepspeed (and eval.py under them): torchmetrics' own gather_all_tensors (tensor collectives on
+    the metric's device), not an object gather."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+    import torch.distributed as dist
+
+    from framework.training.metrics import sync_torchmetric
+
+    metric = torchmetrics.MeanSquaredError()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        sync_torchmetric(metric, torch.device("cpu"), 1, lambda obj: pytest.fail("object gather used"))
+        assert metric.dist_sync_fn is None
+        metric.update(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
+        assert float(metric.compute()) == pytest.approx(2.0)
+    finally:
+        dist.destroy_process_group()

@@ -10,14 +10,18 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, driver_says, kill_in_checkpoint, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
-                      run_dirs, run_train)
+                      run_dirs, run_train, strategy_for)
 
 try:
     import deepspeed  # noqa: F401  (only to know whether it is installed; the runs import it themselves)
 except ImportError:
     pytest.skip("DeepSpeed is not installed (pip install '.[deepspeed]' or make setup)", allow_module_level=True)
+
+from framework.models.lenet import LeNet  # noqa: E402
+from framework.strategies.deepspeed import DeepSpeedPrecision, state_module_by_module  # noqa: E402
 
 STEPS = 12
 # 32 steps per epoch, so 12 steps stay in epoch 1; a checkpoint every 4 steps; a loss point every step.
@@ -184,7 +188,7 @@ def test_a_zero_checkpoint_is_not_resumed_on_another_world_size(runs, tmp_path, 
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert (f"is not allowed with {workers} worker(s): checkpoint" in proc.stderr
             and "holds deepspeed-zero2 shards of 2 workers, and strategy=deepspeed cannot reshard them" in proc.stderr
-            and "Resume with 2 workers (e.g. strategy.nproc_per_node=2 on one node)" in proc.stderr), proc.stderr
+            and "Use 2 workers (e.g. strategy.nproc_per_node=2 on one node)" in proc.stderr), proc.stderr
     assert not list(tmp_path.rglob("checkpoints")), "refused before any worker started"
 
 
@@ -229,6 +233,88 @@ def test_under_torchrun_deepspeed_uses_the_started_workers(tmp_path):
     assert (run_dir / "deepspeed_config.json").is_file() and (run_dir / "checkpoints" / "step-00000012.json").is_file()
 
 
+@pytest.mark.parametrize("precision,dtype", [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", None)])
+def test_mixed_precision_is_deepspeeds_own_autocast_and_no_autocast_of_ours_wraps_the_engine(precision, dtype):
+    """DeepSpeed >= 0.17.6 turns an outer torch.autocast off inside engine.forward, while its bf16/fp16 sections
+    cast the parameters: fp32 images into a bf16 Conv2d failed at step 1 on every GPU. The engine gets its own
+    torch_autocast section (parameters stay fp32) and the loop's autocast around it is none. torch.is_autocast_enabled
+    is asked per device type: without one it reports CUDA only."""
+    config = strategy_for("strategy=deepspeed", f"trainer.precision={precision}").engine_config(2)
+    assert config["torch_autocast"] == ({"enabled": True, "dtype": dtype} if dtype else {"enabled": False})
+    assert config["bf16"] == {"enabled": False} and config["fp16"] == {"enabled": False}
+    with DeepSpeedPrecision(precision, torch.device("cpu"), engine=None).autocast():
+        assert not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda")
+
+
+def test_bf16_trains_in_bf16_with_fp32_weights_and_evaluates_the_same_way(runs, tmp_path):
+    """ZeRO-2, 2 gloo workers, trainer.precision=bf16: the engine computes in bf16 (the loss curve leaves the fp32
+    run's by more than summation order, and stays near it), the weights it exports are fp32."""
+    run_dir = tmp_path / "bf16"
+    check_ok(_run(run_dir, [*DEEPSPEED, "strategy.zero_stage=2", "trainer.precision=bf16", *COMMON]))
+    [run_dir] = run_dirs(run_dir)
+    bf16, fp32 = losses_by_step(run_dir), losses_by_step(runs["zero2"])
+    assert sorted(bf16) == list(range(1, STEPS + 1))
+    gaps = [abs(bf16[s] - fp32[s]) / fp32[s] for s in range(1, STEPS + 1)]
+    assert max(gaps) > 1e-4 and max(gaps) < 5e-2, gaps
+    weights = torch.load(run_dir / "weights" / "last.pt", map_location="cpu", weights_only=True)["model"]
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+
+
+def test_zero3_weights_are_gathered_module_by_module_with_the_users_keys(runs, tmp_path):
+    """weights/last.pt of a ZeRO-3 run holds the plain model's keys (no engine or compile prefix) and gives the run's
+    own test loss in eval.py on one process; the gather takes one module's parameters at a time."""
+    weights = torch.load(runs["zero3"] / "weights" / "last.pt", map_location="cpu", weights_only=True)
+    assert list(weights["model"]) == list(LeNet((1, 28, 28), 10).state_dict())
+    out = _eval(tmp_path, [f"ckpt_path={runs['zero3'] / 'weights' / 'last.pt'}", "strategy=single"])
+    result = json.loads((runs["zero3"] / "result.json").read_text())
+    assert f"test loss {result['test_loss']:.4f}" in out
+
+    # the mechanism, in this process: a model with a tied head, each module's own parameters gathered in turn
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.body, self.head = nn.Embedding(5, 4), nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), \
+                nn.Linear(4, 5, bias=False)
+            self.head.weight = self.embed.weight
+
+    model, held = Tied(), []
+
+    class Gathered:
+        def __init__(self, params):
+            self.params = params
+
+        def __enter__(self):
+            held.append(len(self.params))
+
+        def __exit__(self, *exc):
+            pass
+
+    state = state_module_by_module(model, Gathered, keep=True)
+    assert list(state) == list(model.state_dict()) and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert max(held) <= 2, "one module's own parameters at a time"
+    assert state_module_by_module(model, Gathered, keep=False) is None
+
+
+def test_eval_py_refuses_a_zero_checkpoint_of_another_world_size_in_the_driver(runs, tmp_path):
+    folder = runs["zero2"] / "checkpoints" / "step-00000012"
+    proc = _eval_proc(tmp_path, [f"ckpt_path={folder}", "strategy=deepspeed", "strategy.zero_stage=2",
+                                 "strategy.nproc_per_node=1"])
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"ckpt_path={folder} is not allowed with 1 worker(s)" in proc.stderr
+            and "holds deepspeed-zero2 shards of 2 workers" in proc.stderr and "weights/*.pt" in proc.stderr), proc.stderr
+    assert "worker_logs" not in proc.stderr and not list(tmp_path.rglob("worker_logs")), "refused before any worker"
+
+
+def _eval_proc(cwd, args):
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([sys.executable, str(REPO / "eval.py"), *pin_accelerator(args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _eval(cwd, args) -> str:
+    return check_ok(_eval_proc(cwd, args))
+
+
 def _every_gpu_args(gpus: int, stage: int, precision: str) -> list[str]:
     """STEPS steps of 64 samples per GPU in 2 micro-batches, all in epoch 1 whatever the number of GPUs."""
     batch = 64 * gpus
@@ -255,7 +341,9 @@ def test_cuda_bf16_zero_trains_on_every_gpu_with_nccl(tmp_path, stage):
     assert f"{gpus} process(es) on cuda" in out
     [run_dir] = run_dirs(tmp_path)
     config = json.loads((run_dir / "deepspeed_config.json").read_text())
-    assert config[precision] == {"enabled": True} and config["gradient_accumulation_steps"] == 2
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}[precision]
+    assert config["torch_autocast"] == {"enabled": True, "dtype": dtype} and config[precision] == {"enabled": False}
+    assert config["gradient_accumulation_steps"] == 2
     assert config["gradient_clipping"] == 1.0
     losses = losses_by_step(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]

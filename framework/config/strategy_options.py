@@ -70,7 +70,8 @@ class DDPOptions(ElasticOptions):
 class FSDPOptions(ElasticOptions):
     _target_: str = "framework.strategies.fsdp.FSDPStrategy"
     name: str = "fsdp"
-    # auto: each direct child block holding parameters, then the root | a list of module class names
+    # auto: each child holding parameters (containers descended into, tied modules left to the root), then the root
+    # | a list of module class names
     shard_modules: Any = "auto"
     reshard_after_forward: bool = True  # true: free gathered parameters after forward (less memory)
     cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)

@@ -28,14 +28,19 @@ INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, w
 
 
 class DeepSpeedPrecision(Precision):
-    """The engine owns loss scaling, gradient reduction, clipping and the step. The loop calls backward once
-    per micro-batch (loss already divided by grad_accum) and optimizer_step once per grad_accum micro-batches;
-    DeepSpeed wants step() after every micro-batch and counts the accumulation boundary itself."""
+    """The engine owns mixed precision (its torch_autocast section: engine.forward runs under autocast), loss
+    scaling, gradient reduction, clipping and the step. No autocast of ours wraps the engine: DeepSpeed would switch
+    its own off inside. The loop calls backward once per micro-batch (loss already divided by grad_accum) and
+    optimizer_step once per grad_accum micro-batches; DeepSpeed wants step() after every micro-batch and counts the
+    accumulation boundary itself."""
 
     def __init__(self, name: str, device: torch.device, engine):
         super().__init__(name, device)
-        self.scaler = None  # fp16 loss scaling is DeepSpeed's (dynamic), saved in its checkpoint
+        self.scaler = None  # fp16 loss scaling is DeepSpeed's, saved in its checkpoint
         self.engine = engine
+
+    def autocast(self):
+        return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the loop divided by grad_accum already
@@ -140,9 +145,10 @@ class DeepSpeedStrategy(ElasticStrategy):
         return super().unwrap(model)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
-        # With ZeRO-3 the module's forward hooks gather parameters from every rank, so each rank must run the
-        # same number of test batches (eval_batches gives every rank the same count).
-        return self.unwrap(model)
+        # The engine itself, so evaluation computes in the run's precision (the engine's autocast). With ZeRO-3 the
+        # module's forward hooks gather parameters from every rank, so each rank must run the same number of test
+        # batches (eval_batches gives every rank the same count).
+        return model
 
     def sync(self, model: nn.Module, on: bool):
         # The engine reduces at its accumulation boundary, inside the last micro-batch's backward: once that
@@ -162,18 +168,18 @@ class DeepSpeedCheckpoints(CheckpointIO):
         return f"deepspeed-zero{self.strategy.options.zero_stage}"
 
     def full_model_state(self, wrapped: Wrapped) -> dict | None:
-        """ZeRO-3 partitions the parameters: they are gathered (on every rank, DeepSpeed's public context) for the
-        copy; ZeRO 0-2 keep them whole on every rank."""
+        """The user's module (engine and torch.compile wrappers taken off, so the keys are its own) in fp32 in rank
+        0's CPU memory. ZeRO-3 partitions the parameters: they are gathered one module at a time (every rank takes
+        part, DeepSpeed's GatheredParameters), so no GPU ever holds more than one module's parameters at once;
+        ZeRO 0-2 keep them whole on every rank."""
         import deepspeed
 
-        module = wrapped.model.module
-        gathered = (deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
-                    if self.strategy.options.zero_stage == 3 else contextlib.nullcontext())
-        with gathered:
-            if not self.strategy.is_main:
-                return None
-            return {k: v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu()
-                    for k, v in module.state_dict().items()}
+        def gathered(params):
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+        partitioned = self.strategy.options.zero_stage == 3
+        return state_module_by_module(self.strategy.unwrap(wrapped.model), gathered if partitioned else None,
+                                      self.strategy.is_main)
 
     def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
         wrapped.model.save_checkpoint(str(folder), tag=tag, save_latest=False)
@@ -183,3 +189,30 @@ class DeepSpeedCheckpoints(CheckpointIO):
                                                 load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {folder / tag}")
+
+
+def state_module_by_module(module: nn.Module, gathered, keep: bool) -> dict | None:
+    """module.state_dict() as fp32 CPU tensors, built one submodule at a time: `gathered(params)` (a context, or None
+    when parameters are whole) makes that submodule's own parameters whole while they are copied. Every rank calls
+    it (the gathers are collectives); only where keep is true are tensors copied, and the dict returned."""
+    wanted = list(module.state_dict().keys())  # the keys and their order (under ZeRO-3 its tensors are empty shards)
+    kept = set(wanted)
+    state = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        params = list(sub.named_parameters(recurse=False, remove_duplicate=False))
+        context = gathered([p for _, p in params]) if gathered is not None and params else contextlib.nullcontext()
+        with context:
+            if not keep:
+                continue
+            for name, tensor in [*params, *sub.named_buffers(recurse=False, remove_duplicate=False)]:
+                key = f"{prefix}.{name}" if prefix else name
+                if key in kept and key not in state:
+                    tensor = tensor.detach().cpu()
+                    state[key] = tensor.float() if tensor.is_floating_point() else tensor
+    if not keep:
+        return None
+    missing = [k for k in wanted if k not in state]
+    if missing:  # a module whose state_dict() holds more than its parameters and buffers
+        raise RuntimeError(f"the full model state misses {', '.join(missing[:5])}: {type(module).__name__}'s "
+                           "state_dict() holds entries that are neither parameters nor buffers")
+    return {k: state[k] for k in wanted}

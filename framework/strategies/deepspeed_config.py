@@ -10,6 +10,7 @@ from framework.errors import ConfigError
 
 CONFIG_FILE = "deepspeed_config.json"
 _NEVER = 2**31 - 1  # DeepSpeed's own progress print; our loop logs instead
+_AUTOCAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # DeepSpeed's names (its DtypeEnum)
 
 # DeepSpeed key (dotted) -> the config key it is generated from. strategy.config may repeat these only with
 # the same value; a different value would make DeepSpeed train something other than what the config says.
@@ -20,6 +21,8 @@ _OWNED = {
     "gradient_clipping": "trainer.grad_clip",
     "bf16.enabled": "trainer.precision",
     "fp16.enabled": "trainer.precision",
+    "torch_autocast.enabled": "trainer.precision",
+    "torch_autocast.dtype": "trainer.precision",
     "zero_optimization.stage": "strategy.zero_stage",
     "zero_optimization.offload_optimizer.device": "strategy.offload_optimizer",
 }
@@ -40,8 +43,15 @@ def generated_config(options: DeepSpeedOptions, trainer: TrainerConfig, processe
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": trainer.grad_accum,
         "gradient_clipping": float(trainer.grad_clip or 0.0),
-        "bf16": {"enabled": trainer.precision == "bf16"},
-        "fp16": {"enabled": trainer.precision == "fp16"},
+        # Mixed precision is DeepSpeed's own torch_autocast: engine.forward runs under torch.autocast while the
+        # parameters (and so checkpoints and weights) stay fp32, as under every other strategy; fp16 gets
+        # DeepSpeed's GradScaler. Its bf16/fp16 sections would cast the parameters instead and leave the inputs to
+        # the caller (fp32 images into a bf16 Conv2d fail), and an outer torch.autocast is switched off inside
+        # the engine (DeepSpeed >= 0.17.6), so neither is used.
+        "torch_autocast": {"enabled": trainer.precision != "fp32",
+                           **({"dtype": _AUTOCAST_DTYPES[trainer.precision]} if trainer.precision != "fp32" else {})},
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
         "zero_optimization": zero,
         # The optimizer is a torch optimizer from the optimizer group; DeepSpeed supports it, it just does not
         # test every one (and with offload it would insist on its own CPU Adam).

@@ -16,6 +16,7 @@ from framework.errors import ConfigError
 from framework.strategies.base import Wrapped
 from framework.strategies.checkpoint_io import CheckpointIO
 from framework.strategies.ddp import ElasticStrategy
+from framework.strategies.fsdp_units import auto_units, innermost_first, named_units, tied_parameters, without_tied
 from framework.training.precision import Precision
 
 
@@ -85,18 +86,24 @@ class FSDPStrategy(ElasticStrategy):
         if missing:
             raise ConfigError(f"strategy.shard_modules={names} is not allowed: {type(model).__name__} has no submodule "
                               f"of class {', '.join(missing)}; its submodule classes are {', '.join(sorted(present))}")
+        tied = tied_parameters(model, named_units(model, names))
+        if tied:
+            shared = "; ".join(" = ".join(n) for n in tied.values())
+            raise ConfigError(f"strategy.shard_modules={names} is not allowed for {type(model).__name__}: tied "
+                              f"parameters ({shared}) would live in two units, and fully_shard needs each parameter in "
+                              "one; list classes that keep them together, or use strategy.shard_modules=auto (which "
+                              "leaves tied modules to the root)")
 
     def describe(self) -> str:
         return super().describe() + "; parameters, gradients and optimizer state sharded by fully_shard"
 
     # ---- wrapping ----------------------------------------------------------------------------
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
-        """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last."""
+        """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last
+        (framework/strategies/fsdp_units.py: containers are descended into, tied parameters stay in one unit)."""
         names = self.options.shard_class_names
-        if names is None:
-            return [child for child in model.children() if next(child.parameters(), None) is not None]
-        # modules() lists parents before children; fully_shard wants the inner ones first
-        return [m for m in reversed(list(model.modules())) if m is not model and type(m).__name__ in names]
+        units = auto_units(model) if names is None else named_units(model, names)
+        return innermost_first(model, without_tied(model, units))
 
     def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
         from torch.distributed.device_mesh import init_device_mesh

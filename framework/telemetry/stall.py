@@ -41,13 +41,16 @@ def mark_driver_process() -> None:
 
 
 @contextlib.contextmanager
-def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", run_dir: Path, strategy, say, last_checkpoint):
-    """A StallWatchdog around the loop on every rank (none with trainer.stall_timeout=null)."""
+def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", run_dir: Path, rank: int, world_size: int, say,
+                     last_checkpoint, before_exit=None):
+    """A StallWatchdog around the loop on every rank (none with trainer.stall_timeout=null). before_exit: what the
+    watchdog does last before it ends a stalled rank (dump_nccl_flight_recorder on nccl)."""
     if timeout is None:
         yield
         return
-    watchdog = StallWatchdog(heartbeat, run_dir, strategy.rank, strategy.world_size, timeout, say, last_checkpoint,
-                             prints_summary=os.environ.get(_DRIVER_PID) == str(os.getpid())).start()
+    watchdog = StallWatchdog(heartbeat, run_dir, rank, world_size, timeout, say, last_checkpoint,
+                             prints_summary=os.environ.get(_DRIVER_PID) == str(os.getpid()),
+                             before_exit=before_exit).start()
     try:
         yield
     except BaseException:
@@ -70,9 +73,10 @@ class Heartbeat:
 
 class StallWatchdog:
     def __init__(self, heartbeat: Heartbeat, run_dir: Path, rank: int, world_size: int, timeout: float, say,
-                 last_checkpoint, prints_summary: bool):
+                 last_checkpoint, prints_summary: bool, before_exit=None):
         self.heartbeat, self.rank, self.world_size, self.timeout = heartbeat, rank, world_size, timeout
         self.say, self.last_checkpoint, self.prints_summary = say, last_checkpoint, prints_summary
+        self.before_exit = before_exit
         self.beats, self.stall = run_dir / HEARTBEAT_DIR, run_dir / STALL_DIR
         self.host, self.pid = os.uname().nodename, os.getpid()
         self.tick = min(5.0, max(0.2, timeout / 20))
@@ -155,6 +159,9 @@ class StallWatchdog:
                 print(f"error: {summary}", file=sys.stderr, flush=True)
         else:  # rank 0 reads this rank's files before anyone leaves (the launcher stops the others at the first exit)
             _wait_for(lambda: (self.stall / SUMMARY).exists(), 2 * grace)
+        if self.before_exit is not None:
+            with contextlib.suppress(Exception):  # nothing may keep a stalled rank from ending
+                self.before_exit()
         exit_now(EXIT_STALLED)
 
     def _every_rank_stalled(self) -> bool:
@@ -250,12 +257,32 @@ def _write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+FLIGHT_RECORDER_DIR = "nccl_flight_recorder"
+_FR_PREFIX = "TORCH_FR_DUMP_TEMP_FILE"
+
+
 def nccl_flight_recorder(run_dir: Path) -> None:
-    """On GPUs: torch's NCCL flight recorder keeps each rank's last collectives and, when one times out
-    (strategy.timeout), dumps them to <run folder>/nccl_flight_recorder/rank_<r> (read them with
-    `python -m torch.distributed.flight_recorder.fr_trace <folder>`). Settings the user made win."""
-    folder = run_dir / "nccl_flight_recorder"
+    """On GPUs: torch's NCCL flight recorder keeps each rank's last collectives and dumps them to
+    <run folder>/nccl_flight_recorder/rank_<r> when one times out (strategy.timeout), or when the stall watchdog ends
+    a stalled run first (dump_nccl_flight_recorder). Read them with
+    `python -m torch.distributed.flight_recorder.fr_trace <folder>`. Settings the user made win."""
+    folder = run_dir / FLIGHT_RECORDER_DIR
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "rank_"))
+    os.environ.setdefault(_FR_PREFIX, str(folder / "rank_"))
+
+
+def dump_nccl_flight_recorder(rank: int) -> Path | None:
+    """What NCCL's own timeout would have dumped, written now: the watchdog (stall_timeout < strategy.timeout by rule)
+    ends a stalled rank with os._exit before NCCL's timeout fires, and NCCL's dump would never happen. Written where
+    torch writes it (TORCH_FR_DUMP_TEMP_FILE + rank), in its format (the pickled trace fr_trace reads)."""
+    prefix = os.environ.get(_FR_PREFIX)
+    if not prefix:
+        return None
+    # torch has no public call for it: this is the one its own timeout dump and debug server use
+    from torch._C._distributed_c10d import _dump_nccl_trace
+
+    path = Path(f"{prefix}{rank}")
+    path.write_bytes(_dump_nccl_trace())
+    return path

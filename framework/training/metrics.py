@@ -96,20 +96,32 @@ def per_sample_losses(value: torch.Tensor, samples: int) -> torch.Tensor:
     return value.reshape(samples, -1).mean(1) if value.dim() > 1 else value
 
 
+def sync_torchmetric(metric, device: torch.device, world_size: int, gather_objects) -> None:
+    """Where torch.distributed is the backend (ddp, fsdp, deepspeed, eval.py under them), torchmetrics synchronizes
+    by itself (gather_all_tensors: tensor collectives, uneven shapes padded). Elsewhere (Horovod) its states travel
+    through the group's object gather: pickled CUDA tensors would come back on the sender's GPU, so CPU copies go
+    and every rank's come back on the metric's device."""
+    metric.to(device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+
+    def gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+        return [t.to(device) for t in gather_objects(tensor.detach().cpu())]
+
+    metric.dist_sync_fn = gather
+    metric.distributed_available_fn = lambda: world_size > 1
+
+
 class EvalMetrics:
     """One evaluation's metrics: plain ones summed per sample on the device (and all-reduced once), torchmetrics
-    updated per batch and computed at the end, synchronized over the strategy's own collectives (so under Horovod,
-    which has no torch.distributed group, too)."""
+    updated per batch and computed at the end, synchronized over every rank (sync_torchmetric)."""
 
     def __init__(self, metrics: dict, strategy):
         self.metrics, self.strategy = metrics, strategy
         self.plain = [name for name, m in metrics.items() if not is_torchmetric(m)]
-        for name, metric in metrics.items():
+        for metric in metrics.values():
             if is_torchmetric(metric):
-                metric.to(strategy.device)
-                # the strategy's own gather (torchmetrics' default needs a torch.distributed group)
-                metric.dist_sync_fn = lambda tensor, group=None: strategy.gather_objects(tensor)
-                metric.distributed_available_fn = lambda: strategy.world_size > 1
+                sync_torchmetric(metric, strategy.device, strategy.world_size, strategy.gather_objects)
         # count, loss sum, then each plain metric's sum of per-sample scores
         self.sums = torch.zeros(2 + len(self.plain), device=strategy.device, dtype=torch.float64)
         self.reset()  # the same torchmetrics objects serve every evaluation of the run
