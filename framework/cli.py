@@ -14,8 +14,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.config.typed import omegaconf_error_line
-from framework.launch.clean_exit import exit_now
-from framework.launch.environment import env_rank, launched_externally, take_local_rank_argument
+from framework.process.clean_exit import exit_now
+from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
+from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
 
 
@@ -43,6 +44,7 @@ def eval_main() -> None:
 
 def main() -> None:
     sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
+    adopt_scheduler_ranks()  # a SLURM/submitit task: torch's rank variables from the scheduler's, once
     external = launched_externally()
     if external and env_rank() != 0:  # a launcher's other ranks take the config and folder from rank 0
         from framework.launch.outer import follow_rank0
@@ -51,7 +53,7 @@ def main() -> None:
             code = follow_rank0()
         except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept
             code = 128 + signal.SIGINT
-        exit_now(code)  # see framework/launch/clean_exit.py
+        exit_now(code)  # see framework/process/clean_exit.py
     try:
         _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type

@@ -16,7 +16,7 @@ import torch
 
 from framework.errors import ConfigError
 from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
-from framework.launch.environment import cpu_cores
+from framework.process.environment import cpu_cores
 
 
 def gpu_table() -> list[str]:
@@ -88,7 +88,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
 
     from framework.config.settings import settings_of
     from framework.paths import CONF_DIR, config_dir_override
-    from framework.strategies import build_strategy, resolve_auto, strategy_names
+    from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
 
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
@@ -101,7 +101,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 note = resolve_auto(cfg, launcher=None).removeprefix("strategy=auto ")
-                settings = settings_of(cfg)
+                settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
                 strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
                 plan = f"{note}: {strategy.describe()}" if note else strategy.describe()

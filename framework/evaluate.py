@@ -53,7 +53,7 @@ def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     if run_dir is not None:
         take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
     strategy_class, note = choose_strategy(cfg, external=False)
-    settings = settings_of(cfg, dataset_as_written=run_dir is None)
+    settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None)
     strategy = strategy_class(settings.strategy, settings.trainer)
     strategy.validate()
     if kind == "checkpoint" and source.is_dir():

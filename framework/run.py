@@ -19,9 +19,9 @@ from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.config.settings import Payload, settings_of
 from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
-from framework.launch.environment import env_rank, launched_externally
+from framework.process.environment import env_rank, launched_externally
 from framework.launch.outer import choose_strategy, follow, multirun_refusal, publish_to_followers
-from framework.launch.slurm import in_submitit_task
+from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
 from framework.preflight import validate
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
@@ -37,6 +37,7 @@ def run(cfg: DictConfig) -> float | None:
     optimize); None for a failed job of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    adopt_scheduler_ranks()  # submitit runs this function in every task of a job, without our command line
     external = launched_externally()
     if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
         follow()
@@ -74,7 +75,7 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
     """Choose the strategy, type the config and validate everything; no worker starts here.
     Returns (strategy, payload, note)."""
     strategy_class, note = choose_strategy(cfg, external)
-    settings = settings_of(cfg)
+    settings = settings_of(cfg, strategy_class.Options)
     strategy = strategy_class(settings.strategy, settings.trainer)
     build_callbacks(settings.callbacks)
     resume = validate(settings, strategy, run_dir)

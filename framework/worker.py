@@ -26,8 +26,8 @@ from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
 from framework.errors import ConfigError
-from framework.launch.clean_exit import end_soon_after_a_stop_signal
-from framework.launch.environment import restart_attempt
+from framework.process.clean_exit import end_soon_after_a_stop_signal
+from framework.process.environment import restart_attempt
 from framework.models.build import build_model
 from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy

@@ -189,11 +189,11 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
 def strategy_for(*overrides: str):
     """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up."""
     from framework.config.settings import settings_of
-    from framework.strategies import build_strategy, resolve_auto
+    from framework.strategies import build_strategy, resolve_auto, strategy_class
 
     cfg = composed(*overrides)
     resolve_auto(cfg, launcher=None)
-    settings = settings_of(cfg)
+    settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
     return build_strategy(settings.strategy, settings.trainer)
 
 

@@ -271,7 +271,7 @@ def test_one_gpu_per_slurm_task_is_accepted_by_the_driver(monkeypatch):
     (it did when the scheduler's variables were missing: every GPU machine failed the GPU test below). Under plain
     torchrun, whose workers all see the node's GPUs, the same counts are refused."""
     from framework.errors import ConfigError
-    from framework.launch.slurm import adopt_scheduler_ranks
+    from framework.process.slurm import adopt_scheduler_ranks
 
     launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HYDRA_DIST_SCHEDULER_RANKS",
                      "MASTER_ADDR", "MASTER_PORT")

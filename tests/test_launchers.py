@@ -71,7 +71,7 @@ def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path
 
 
 def _ranks_adopted(env: dict) -> list[str]:
-    code = ("import os; from framework.launch.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
+    code = ("import os; from framework.process.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
             "print(a, *(os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and
             k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}

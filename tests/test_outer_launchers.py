@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
-from framework.launch.environment import take_local_rank_argument
+from framework.process.environment import take_local_rank_argument
 
 TORCH_LAUNCH = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2"]  # no --use_env
 DEEPSPEED = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2"]

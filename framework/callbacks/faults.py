@@ -20,7 +20,7 @@ import time
 import torch
 
 from framework.callbacks.base import Callback
-from framework.launch.environment import restart_attempt
+from framework.process.environment import restart_attempt
 
 ENV = "HYDRA_DIST_FAULT"
 STEP_POINTS = ("kill_after_step", "kill_in_eval", "nan_loss")

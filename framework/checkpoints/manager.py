@@ -9,7 +9,7 @@ from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, find_checkpoint, keep_apart,
                                          load_checkpoint, newest_valid, save_checkpoint, save_sharded_checkpoint)
-from framework.launch.environment import restart_attempt
+from framework.process.environment import restart_attempt
 
 
 def choose_checkpoint(resume: str | None, run_dir: Path, warn) -> Checkpoint | None:

@@ -55,18 +55,17 @@ def _schema_of(node, default: type) -> type:
     return schema if dataclasses.is_dataclass(schema) and issubclass(schema, default) else default
 
 
-def settings_of(cfg: DictConfig, dataset_as_written: bool = True) -> Settings:
-    """Every group of the composed config as its typed options; ConfigError naming the key on a bad value.
-    dataset_as_written=False: the dataset node was resolved already (a run's saved config), so its own keys' uses by
-    interpolation cannot be seen, and are not asked for."""
-    from framework.strategies import strategy_class
-
+def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], dataset_as_written: bool = True) -> Settings:
+    """Every group of the composed config as its typed options (the strategy's as strategy_options: the Options of
+    the class its _target_ names); ConfigError naming the key on a bad value. dataset_as_written=False: the dataset
+    node was resolved already (a run's saved config), so its own keys' uses by interpolation cannot be seen, and are
+    not asked for."""
     if dataset_as_written:
         _refuse_unused_dataset_keys(cfg)
     plain = OmegaConf.to_container(cfg, resolve=True)
     return Settings(
         trainer=typed(TrainerConfig, plain["trainer"], "trainer"),
-        strategy=typed(strategy_class(plain["strategy"]).Options, plain["strategy"], "strategy"),
+        strategy=typed(strategy_options, plain["strategy"], "strategy"),
         optimizer=typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer", open_keys=True),
         lr_schedule=typed(LrScheduleConfig, plain["lr_schedule"], "lr_schedule"),
         dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),

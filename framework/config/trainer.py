@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
+import torch
+
 from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, one_of, rule, step_range
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -51,10 +53,31 @@ class TrainerConfig(Checked):
 
     @property
     def cuda_wanted(self) -> bool:
-        import torch
-
         return self.accelerator == "gpu" or (self.accelerator == "auto" and torch.cuda.is_available())
+
+    def engine(self) -> "EngineSettings":
+        """What of the trainer's settings a strategy must agree with (its engine's own batch, accumulation,
+        precision and clipping, a compile it may refuse, ...): the strategy gets only these."""
+        return EngineSettings(precision=self.precision, batch_size=self.batch_size, grad_accum=self.grad_accum,
+                              grad_clip=self.grad_clip, compile=self.compile, on_nonfinite=self.on_nonfinite,
+                              stall_timeout=self.stall_timeout, log_all_ranks=self.log_all_ranks,
+                              cuda=self.cuda_wanted)
 
     def check(self) -> None:
         if self.resume is not None and not self.resume.strip():
             raise SettingError("resume", self.resume, "auto, none, or a path to a checkpoint or run folder")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The trainer settings a strategy sees (TrainerConfig.engine()); the names are trainer.*'s, for its messages."""
+
+    precision: str
+    batch_size: int
+    grad_accum: int
+    grad_clip: Optional[float]
+    compile: bool
+    on_nonfinite: str
+    stall_timeout: Optional[float]
+    log_all_ranks: bool
+    cuda: bool  # the run trains on GPUs (trainer.accelerator, and what this machine has)

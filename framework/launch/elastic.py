@@ -17,7 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from framework.checkpoints.disk import free_bytes
 from framework.errors import ConfigError
 from framework.training.interrupts import Interrupted
-from framework.launch.environment import threads_per_worker
+from framework.process.environment import threads_per_worker
 
 
 class WorkersFailed(RuntimeError):

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from framework.training.interrupts import Interrupted
 from framework.launch.elastic import WorkersFailed
-from framework.launch.environment import threads_per_worker
+from framework.process.environment import threads_per_worker
 
 # horovod's runner must finish its checks (and, with remote hosts, start them over ssh) within this time.
 START_TIMEOUT_S = 120

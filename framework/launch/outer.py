@@ -16,8 +16,8 @@ import time
 from omegaconf import DictConfig
 
 from framework.errors import ConfigError
-from framework.launch.environment import HOROVOD, env_rank, outer_launcher
-from framework.launch.slurm import scheduler_name
+from framework.process.environment import HOROVOD, env_rank, outer_launcher
+from framework.process.slurm import scheduler_name
 
 _PAYLOAD_KEY, _RECEIVED_KEY = "payload", "payload_received"
 _published: list[bool] = []  # rank 0 has told the others (payload or error)

@@ -9,7 +9,7 @@ import os
 
 import torch.distributed as dist
 
-from framework.launch.environment import restart_attempt
+from framework.process.environment import restart_attempt
 
 STORE_TIMEOUT = datetime.timedelta(minutes=10)
 _stores: dict[int, dist.Store] = {}

@@ -11,7 +11,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.errors import ConfigError
-from framework.launch.environment import HOROVOD
+from framework.process.environment import HOROVOD
 from framework.strategies.base import Strategy
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.single import SingleStrategy

@@ -45,7 +45,7 @@ class Wrapped:
 class Strategy:
     Options = StrategyOptions
     runs_in_process = True  # launch() trains in the driver process (so the driver handles Ctrl-C for it)
-    # Kinds of outer launcher (framework.launch.environment: TORCH, HOROVOD) whose already-started workers this
+    # Kinds of outer launcher (framework.process.environment: TORCH, HOROVOD) whose already-started workers this
     # strategy can train with; under any other, the driver refuses it before training.
     outer_launchers: frozenset[str] = frozenset()
     # Why this strategy cannot train channels_last parameters (None: it can). trainer.channels_last=auto then stays

@@ -13,10 +13,10 @@ from torch import nn
 
 from framework.config.strategy_options import DDPOptions, ElasticOptions
 from framework.errors import ConfigError
-from framework.launch.clean_exit import exit_at_end_of_finished_worker
+from framework.process.clean_exit import exit_at_end_of_finished_worker
 from framework.launch.elastic import launch_elastic
-from framework.launch.environment import TORCH, launched_externally, threads_per_worker
-from framework.launch.slurm import scheduler_name
+from framework.process.environment import TORCH, launched_externally, threads_per_worker
+from framework.process.slurm import scheduler_name
 from framework.launch.store import launch_store
 from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.wait_clock import WaitClock

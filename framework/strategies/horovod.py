@@ -12,7 +12,7 @@ from torch import nn
 
 from framework.config.strategy_options import HorovodOptions
 from framework.errors import ConfigError
-from framework.launch.environment import HOROVOD, outer_launcher, threads_per_worker
+from framework.process.environment import HOROVOD, outer_launcher, threads_per_worker
 from framework.strategies.base import Strategy, Wrapped
 from framework.training.precision import Precision
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done

@@ -11,11 +11,9 @@ _HOROVOD_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_
 
 
 def outer_launcher() -> str | None:
-    """Which kind of launcher already started this process as one of many workers (TORCH or HOROVOD), or None.
-    A SLURM/submitit task gets torch's rank variables from the scheduler's here."""
-    from framework.launch.slurm import adopt_scheduler_ranks
-
-    adopt_scheduler_ranks()
+    """Which kind of launcher already started this process as one of many workers (TORCH or HOROVOD), or None. A
+    SLURM/submitit task has torch's rank variables once its entry point adopted the scheduler's
+    (framework/process/slurm.py: adopt_scheduler_ranks, called first by the commands and the Hydra job)."""
     if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return TORCH
     if all(name in os.environ for name in _HOROVOD_VARS):
