@@ -47,7 +47,7 @@ def main() -> None:
     adopt_scheduler_ranks()  # a SLURM/submitit task: torch's rank variables from the scheduler's, once
     external = launched_externally()
     if external and env_rank() != 0:  # a launcher's other ranks take the config and folder from rank 0
-        from framework.launch.outer import follow_rank0
+        from framework.follower import follow_rank0  # imports torch: only the ranks that follow pay for it here
 
         try:
             code = follow_rank0()

@@ -7,16 +7,23 @@ strategy.nproc_per_node=4 change the plan the same way they would change a run).
 user's config dir, as for train.py: its strategies are listed too (their package must be on PYTHONPATH)."""
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 
+import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.config.settings import settings_of
 from framework.errors import ConfigError
-from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
+from framework.paths import CONF_DIR, config_dir_override
 from framework.process.environment import cpu_cores
+from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
+from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
 
 
 def gpu_table() -> list[str]:
@@ -41,7 +48,7 @@ def gpu_table() -> list[str]:
 
 def driver_version() -> str | None:
     if nvml_status()[0]:
-        import pynvml
+        import pynvml  # an optional package (the nvml extra)
 
         version = pynvml.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else version
@@ -55,7 +62,7 @@ def driver_version() -> str | None:
 def cuda_driver_version() -> str | None:
     if not nvml_status()[0]:
         return None
-    import pynvml
+    import pynvml  # an optional package (the nvml extra)
 
     v = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040
     return f"{v // 1000}.{v % 1000 // 10}"
@@ -84,12 +91,6 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     """Each strategy's own account of what it would start here, for the config these overrides compose.
     Only the strategy named in the overrides when there is one (its own options may be overridden too).
     config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too."""
-    from hydra import compose, initialize_config_dir
-
-    from framework.config.settings import settings_of
-    from framework.paths import CONF_DIR, config_dir_override
-    from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
-
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
     names = set()
@@ -104,7 +105,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
                 settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
                 strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
-                plan = f"{note}: {strategy.describe()}" if note else strategy.describe()
+                plan = f"{note}: {strategy.launcher.describe()}" if note else strategy.launcher.describe()
             except ConfigError as exc:
                 plan = f"not usable here: {exc}"
             lines.append(f"  strategy={name:<7} {plan}")
@@ -118,8 +119,6 @@ def report(overrides: list[str], config_dir: str | None = None) -> str:
 
 def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
     """(overrides, --config-dir/-cd), as train.py takes them (Hydra's parser is not public API)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="hydra-dist-devices", add_help=False)
     parser.add_argument("--config-dir", "-cd")
     parser.add_argument("overrides", nargs="*")
@@ -134,10 +133,6 @@ def main() -> None:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return
-    from hydra.errors import HydraException
-
-    import framework.config  # noqa: F401  (registers the config schemas)
-
     try:
         print(report(*_arguments(args)))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback

@@ -20,11 +20,13 @@ from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkp
 from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
 from framework.errors import ConfigError
+from framework.assemble import build_task, parallelize, test_batches
 from framework.launch.elastic import WorkersFailed
-from framework.launch.outer import choose_strategy
 from framework.preflight import check_world_size
 from framework.run import RESOLVED_CONFIG
+from framework.strategies import build_strategy, choose_strategy
 from framework.training.trainer import EvalResult, LoopData, evaluate
+from framework.worker import seed_everything
 
 EVAL_FILE = "eval.json"
 RUN_GROUPS = ("model", "dataset", "loss", "metrics", "step")  # taken from the run unless named on the command line
@@ -54,12 +56,12 @@ def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
         take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
     strategy_class, note = choose_strategy(cfg, external=False)
     settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None)
-    strategy = strategy_class(settings.strategy, settings.trainer)
+    strategy = strategy_class(settings.strategy, settings.trainer.engine())
     strategy.validate()
     if kind == "checkpoint" and source.is_dir():
         manifest = json.loads(source.with_suffix(".json").read_text())
         saved = manifest.get("format")
-        if saved not in strategy.checkpoints.readable_formats:
+        if saved not in strategy.checkpoint_format.readable:
             raise ConfigError(f"ckpt_path={source} is not allowed with strategy={strategy.name}: it holds {saved} shards; "
                               "evaluate it with the strategy that wrote it, or give the run's weights/*.pt")
         check_world_size(f"ckpt_path={source}", source, manifest, strategy,
@@ -67,12 +69,12 @@ def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     if note:
         print(note, flush=True)
     payload = EvalPayload(settings, str(out_dir), str(source), kind)
-    result = strategy.launch(evaluate_entry, payload)
+    result = strategy.launcher.launch(evaluate_entry, payload)
     shown = " | ".join(f"test {name} {value:.4f}" for name, value in result.metrics.items())
     print(f"eval: {source} | test loss {result.loss:.4f}{' | ' + shown if shown else ''}", flush=True)
     report = {"ckpt_path": str(cfg.ckpt_path), "evaluated": str(source), "test_loss": result.loss,
               **{f"test_{name}": value for name, value in result.metrics.items()}, "metrics": list(result.metrics),
-              "strategy": strategy.name, "processes": strategy.processes(), "dataset": settings.dataset.display_name,
+              "strategy": strategy.name, "processes": strategy.launcher.processes(), "dataset": settings.dataset.display_name,
               "model": settings.model_name}
     (out_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
     objective = settings.trainer.objective
@@ -121,28 +123,28 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
 
 def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
     """Every worker of an evaluation: build the run's task, load the weights, evaluate; rank 0 returns the result."""
-    from framework.strategies import build_strategy
-    from framework.worker import build_task, seed_everything, test_batches, wrap
-
     s = payload.settings
     strategy = build_strategy(s.strategy, s.trainer)
-    strategy.setup()
+    group = strategy.join()
+    wrapped = None
     try:
         seed_everything(s.trainer.seed)
-        task = build_task(s, strategy)
+        task = build_task(s, group.device, strategy.channels_last_refusal)
         source = Path(payload.source)
         sharded = payload.kind == "checkpoint" and source.is_dir()
         if not sharded:  # a full state dict goes into the plain model, before any wrapper shards it
             state = read_weights(source) if payload.kind == "weights" else load_checkpoint(_checkpoint(source))
             _load(task.model, state["model"], source)
-        wrapped = wrap(s, strategy, task)
+        wrapped = parallelize(s, strategy, group, task)
         if sharded:
-            strategy.checkpoints.load_shards(source.parent, source.name, wrapped)
-        data = LoopData(None, 0, test_batches(s, strategy, task), task.step, task.loss, task.metrics)
-        result = evaluate(strategy, wrapped, data)
-        return result if strategy.is_main else None
+            wrapped.checkpoint_io.load_shards(source.parent, source.name, wrapped.model, wrapped.optimizer)
+        data = LoopData(None, 0, test_batches(task, group, s.trainer.num_workers), task.step, task.loss, task.metrics)
+        result = evaluate(group, wrapped, data)
+        return result if group.is_main else None
     finally:
-        strategy.teardown()
+        if wrapped is not None:
+            wrapped.close()
+        group.leave(wait_for_peers=False)
 
 
 def _checkpoint(path: Path) -> Checkpoint:

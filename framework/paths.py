@@ -4,7 +4,6 @@ _PACKAGE = Path(__file__).resolve().parent
 # conf/ lives at the repository root; an installed wheel ships it inside the package as framework/conf
 # (setup.py maps it there), so both a checkout and `pip install .` find it.
 CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf" / "config.yaml").is_file() else _PACKAGE.parent / "conf"
-REPO_ROOT = _PACKAGE.parent
 
 
 def config_dir_override(config_dir: str) -> str:

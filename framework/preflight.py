@@ -7,21 +7,24 @@ from pathlib import Path
 
 import torch
 
+from torch.utils.data import default_collate
+
+from framework.assemble import Task, build_task
 from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
 from framework.checkpoints.state import signature, signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.settings import Settings
-from framework.data.augment import build_augment
-from framework.data.build import Data, build_data
+from framework.data.batches import describe, take
+from framework.data.build import Data, is_class_ids, tensors_of
+from framework.data.loaders import BatchPipeline
 from framework.errors import ConfigError
-from framework.config.components import build_component
-from framework.data.batches import take
-from framework.models.build import build_model
-from framework.strategies import Strategy
-from framework.training.metrics import build_loss, build_metrics, class_ids_of
+from framework.strategies.base import Strategy
+from framework.telemetry.flops import silenced
+from framework.training.metrics import is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
+from framework.training.step import Supervised
 
 
 def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | None:
@@ -31,19 +34,14 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
         raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
     strategy.validate()
     _machine(s, strategy)
-    loss = build_loss(s.loss)
-    metrics = build_metrics(s.metrics)
     # builds both splits once (finding, or downloading, their files); class ids are checked where they are taken
-    data = build_data(s.dataset, class_ids_of(loss, metrics), check=True)
-    metrics = build_metrics(s.metrics, data.num_classes)
-    model = build_model(s.model, data.in_shape, data.num_classes)
-    strategy.check_model(model)
-    build_augment(s.dataset.augment, data.in_shape)
-    _objective(s, metrics)
-    _batch_split(s, strategy, len(data.train))
-    dry_run(s, data, model, build_component(s.step, "step"), loss, metrics)
-    checkpoint = _resume(s, strategy, run_dir, data)
-    _checkpoint_room(s, run_dir, model)
+    task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)
+    strategy.check_model(task.model)
+    _objective(s, task.metrics)
+    _batch_split(s, strategy, len(task.data.train))
+    dry_run(s, task)
+    checkpoint = _resume(s, strategy, run_dir, task.data)
+    _checkpoint_room(s, run_dir, task.model)
     return checkpoint
 
 
@@ -52,9 +50,9 @@ def _machine(s: Settings, strategy: Strategy) -> None:
     if t.channels_last is True and strategy.channels_last_refusal:
         raise ConfigError(f"trainer.channels_last=true is not allowed with strategy={strategy.name}: "
                           f"{strategy.channels_last_refusal}; use auto or false")
-    if t.precision == "fp16" and not strategy.use_cuda:
+    if t.precision == "fp16" and not strategy.trainer.cuda:
         raise ConfigError("trainer.precision=fp16 is not allowed on the CPU (it needs CUDA's GradScaler); use bf16 or fp32")
-    if t.precision == "bf16" and strategy.use_cuda and not torch.cuda.is_bf16_supported():
+    if t.precision == "bf16" and strategy.trainer.cuda and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 "
                           "support; use fp16 or fp32")
 
@@ -69,19 +67,11 @@ def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:
         print(warning, flush=True)
 
 
-def dry_run(s: Settings, data: Data, model, step, loss, metrics: dict) -> None:
+def dry_run(s: Settings, task: Task) -> None:
     """Two real training samples through the model, the loss and the metrics, on the CPU, before any worker starts:
     a model that cannot take the dataset's input, a loss that cannot score its outputs, a metric that does not fit
     the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
-    from torch.utils.data import default_collate
-
-    from framework.data.batches import describe
-    from framework.data.build import is_class_ids, tensors_of
-    from framework.data.loaders import BatchPipeline
-    from framework.telemetry.flops import silenced
-    from framework.training.metrics import is_torchmetric, per_sample_losses
-    from framework.training.step import Supervised
-
+    data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
     index = torch.arange(min(2, len(data.train)))
     tensors = tensors_of(data.train)
     x, y = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
@@ -144,7 +134,7 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
                           f"different setup ({mismatch}); use trainer.resume=none or a matching checkpoint")
     saved = checkpoint.manifest.get("format", "file")
-    readable = strategy.checkpoints.readable_formats
+    readable = strategy.checkpoint_format.readable
     if saved not in readable:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
@@ -165,10 +155,10 @@ def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, 
     engine's shards only load into the world size that wrote them (DeepSpeed ZeRO): then it is refused here, in the
     driver, for a resumed run and for eval.py alike (DeepSpeed itself would raise in every worker)."""
     saved = manifest.get("world_size")
-    if saved is None or saved == strategy.processes() or strategy.checkpoints.reshards:
+    if saved is None or saved == strategy.launcher.processes() or strategy.checkpoint_format.reshards:
         return
     raise ConfigError(
-        f"{what} is not allowed with {strategy.processes()} worker(s): checkpoint {path} holds "
+        f"{what} is not allowed with {strategy.launcher.processes()} worker(s): checkpoint {path} holds "
         f"{manifest.get('format')} shards of {saved} workers, and strategy={strategy.name} cannot reshard them onto "
         f"another world size. Use {saved} workers (e.g. strategy.nproc_per_node={saved} on one node), or {otherwise}")
 
@@ -191,7 +181,7 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
     t = s.trainer
-    processes = strategy.processes()
+    processes = strategy.launcher.processes()
     if t.batch_size % (processes * t.grad_accum):
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "

@@ -15,18 +15,22 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.config.settings import Payload, settings_of
 from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
-from framework.process.environment import env_rank, launched_externally
-from framework.launch.outer import choose_strategy, follow, multirun_refusal, publish_to_followers
+from framework.launch.job_slots import claim_slot
+from framework.process.environment import env_rank, launched_externally, launcher_name
+from framework.follower import follow
+from framework.launch.outer import publish_to_followers
+from framework.strategies import choose_strategy
 from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
 from framework.preflight import validate
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
 from framework.telemetry.stall import mark_driver_process, stall_report
-from framework.worker import build_callbacks, worker_entry
+from framework.worker import worker_entry
 from framework.training.interrupts import GracefulStop, Interrupted
 
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -61,12 +65,15 @@ def run(cfg: DictConfig) -> float | None:
         _exit_interrupted(exc.signum, run_dir, hydra_cfg)
 
 
+def multirun_refusal() -> str:
+    return (f"-m/--multirun is not allowed under {launcher_name()}; run the sweep without it "
+            "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
+
+
 def _pin_parallel_job(hydra_cfg) -> None:
     """Under hydra/launcher=joblib, jobs run side by side: give this one its own GPUs and cores."""
     if hydra_cfg.mode != RunMode.MULTIRUN or not str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher"):
         return
-    from framework.launch.job_slots import claim_slot
-
     slot = claim_slot(Path(hydra_cfg.sweep.dir), int(hydra_cfg.launcher.n_jobs))
     print(slot.describe(), flush=True)
 
@@ -76,7 +83,7 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
     Returns (strategy, payload, note)."""
     strategy_class, note = choose_strategy(cfg, external)
     settings = settings_of(cfg, strategy_class.Options)
-    strategy = strategy_class(settings.strategy, settings.trainer)
+    strategy = strategy_class(settings.strategy, settings.trainer.engine())
     build_callbacks(settings.callbacks)
     resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
@@ -103,11 +110,11 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
         if external:  # we are rank 0 of workers a launcher started: hand them the payload, then train here
             publish_to_followers(payload=payload)
             result = worker_entry(payload, strategy)
-        elif strategy.runs_in_process:
+        elif strategy.launcher.runs_in_process:
             with GracefulStop() as stop:
-                result = strategy.launch(lambda p: worker_entry(p, stop=stop), payload)
+                result = strategy.launcher.launch(lambda p: worker_entry(p, strategy, stop), payload)
         else:
-            result = strategy.launch(worker_entry, payload)
+            result = strategy.launcher.launch(worker_entry, payload)
     except WorkersFailed as exc:  # the workers ended a stall: say what rank 0 found (framework/telemetry/stall.py)
         raise WorkersFailed(stall_report(run_dir, launched_at) or str(exc)) from None
     if result is None:  # a node that does not hold rank 0

@@ -23,6 +23,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS, KILL_AFTER, RESUMED_FROM = 16, 6, 4
+FAULTS = REPO / "tests" / "faults"  # the tests' fault injection callback: SIGKILL rank 0 after step KILL_AFTER
+KILL = ["+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='kill_after_step:{KILL_AFTER}:0'"]
 CELL_TIMEOUT_S = 300  # per run; a cell is two runs
 PRECISIONS = ("fp32", "bf16", "fp16")
 # dataset=synthetic: a GPU machine may have no network and no Debian datasets; learnable random images of
@@ -121,7 +123,8 @@ def cell(strategy_args: list[str], precision: str, work: Path) -> str:
 def checked_cell(strategy_args: list[str], precision: str, work: Path) -> str:
     args = [*strategy_args, *COMMON, f"trainer.precision={precision}"]
     work.mkdir(parents=True)
-    killed = train(args, work, env={"HYDRA_DIST_FAULT": f"kill_after_step:{KILL_AFTER}:0"})
+    killed = train([*args, *KILL], work, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get(
+        "PYTHONPATH")]))})
     folders = [p.parent for p in (work / "outputs").rglob(".hydra")]
     if killed.returncode == 0 or len(folders) != 1:
         return f"failed: first run {'was not killed' if killed.returncode == 0 else last_error(killed)}"

@@ -16,6 +16,7 @@ pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "train.py"
+FAULTS = REPO / "tests" / "faults"  # test-only code a run loads from PYTHONPATH: fault injection
 
 # Small enough for 2 CPU cores, real enough to learn: 2048 Fashion-MNIST images, 2 epochs.
 TINY = [
@@ -68,10 +69,22 @@ def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str
     return [*args[:first], *pinned, *args[first:]]
 
 
+def with_faults(args: list[str], env: dict | None, plan: str | None) -> tuple[list[str], dict]:
+    """A run's overrides and environment with tests/faults/fault_injection.py's callback planning `plan`
+    (<point>:<value>:<rank>[,...]), a callback like any other of the callbacks group."""
+    env = dict(env or {})
+    if not plan:
+        return list(args), env
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
+    return [*args, "+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='{plan}'"], env
+
+
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
-              launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """train.py as a real subprocess, on the test's accelerator unless args name one (see pin_accelerator)."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+              launcher: list[str] | None = None, faults: str | None = None) -> subprocess.CompletedProcess:
+    """train.py as a real subprocess, on the test's accelerator unless args name one (see pin_accelerator); faults:
+    a fault injection plan (with_faults)."""
+    args, env = with_faults(args, env, faults)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     cmd = (launcher or [sys.executable]) + [str(TRAIN), *pin_accelerator(args)]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -116,7 +129,7 @@ def assert_curves_match(reference: list[tuple[int, float]], other: list[tuple[in
 
 def kill_in_checkpoint(step: int, rank: int) -> dict:
     """The environment that makes `rank` die halfway through writing the checkpoint of `step` (tests/faults/)."""
-    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "faults"), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")]))
     return {"PYTHONPATH": path, "HYDRA_DIST_TEST_KILL_IN_CHECKPOINT": f"{step}:{rank}"}
 
 
@@ -136,12 +149,12 @@ def processes_tagged(tag: str) -> list[int]:
 
 def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference: Path, steps: int,
                               resumed_from: int, rel: float = 1e-6) -> Path:
-    """A worker dies at the HYDRA_DIST_FAULT point (no restarts: the run fails); the same command with
+    """A worker dies at the fault's point (tests/faults/fault_injection.py; no restarts: the run fails); the same command with
     hydra.run.dir resumes from the checkpoint of step resumed_from and gives the reference run's loss at every step
     1..steps (within rel; on a GPU, whose kernels may sum in another order, compare the steps after resumed_from
     with a looser rel: a restart from scratch would be far off). Returns the run folder."""
     cwd.mkdir(parents=True, exist_ok=True)
-    assert run_train(args, cwd, env={"HYDRA_DIST_FAULT": fault}, timeout=300).returncode != 0
+    assert run_train(args, cwd, faults=fault, timeout=300).returncode != 0
     [run_dir] = run_dirs(cwd)
     out = check_ok(run_train([*args, f"hydra.run.dir={run_dir}"], cwd, timeout=300))
     assert "resumed from" in out and f"step-{resumed_from:08d} (step {resumed_from}" in out

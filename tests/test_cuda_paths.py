@@ -18,7 +18,8 @@ from conftest import (REPO, TINY, TRAIN, assert_killed_run_resumes, check_ok, ne
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
 from framework.training.precision import Precision
-from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
+from framework.strategies.dp import ReplicaAutocast
+from framework.telemetry.replica_clock import ReplicaClock
 
 RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
        "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
@@ -69,7 +70,7 @@ def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default(
     autocast, whose thread default (bf16) also differs from the dtype asked for (fp16)."""
     layer = nn.Linear(8, 8)
     # its own weights: autocast caches casts
-    wrapped = TimedReplica(nn.Linear(8, 8), ReplicaClock([torch.device("cpu")]), "cpu", torch.float16)
+    wrapped = ReplicaAutocast(nn.Linear(8, 8), torch.float16)
     dtypes = {}
 
     def replica_thread():
@@ -100,7 +101,7 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
     meter = IntervalMeter(sizes, cpu, [], clock)
     for step in range(1, 3):
         clock.begin_micro_batch()
-        for slot in range(len(sizes)):  # what TimedReplica marks on each replica that ran
+        for slot in range(len(sizes)):  # what time_replicas() marks on each replica that ran
             marks = _Marks()
             marks.forward_start, marks.forward_end = 0.0, 1.0 + slot
             marks.backward_start, marks.backward_end = 5.0, 6.0
@@ -129,7 +130,7 @@ def test_fsdp_with_cpu_offload_creates_its_group_with_gloo_for_cpu_tensors_besid
     """cpu_offload keeps sharded gradients in CPU memory, and clipping all-reduces them there: a bare "nccl" group
     fails at the first step with "No backend type associated with device type cpu"."""
     def backend(*overrides):
-        return strategy_for("strategy=fsdp", *overrides).backend()
+        return strategy_for("strategy=fsdp", *overrides).backend
 
     assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true") == "cpu:gloo,cuda:nccl"
     assert backend("trainer.accelerator=gpu", "strategy.cpu_offload=true", "strategy.backend=nccl") == "cpu:gloo,cuda:nccl"
@@ -233,16 +234,16 @@ def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
     strategy = strategy_for("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16",
                             "trainer.accelerator=gpu")
     assert isinstance(strategy, DataParallelStrategy)
-    strategy.setup()
-    assert torch.cuda.current_device() == 1 and strategy.cuda_devices() == [1, 0]
-    layer = nn.Linear(16, 16).to(strategy.device)
+    group = strategy.join()
+    assert torch.cuda.current_device() == 1 and group.cuda_devices == [1, 0]
+    layer = nn.Linear(16, 16).to(group.device)
     seen = []
     layer.register_forward_hook(lambda module, args, out: seen.append((out.device.index, out.dtype)))
-    wrapped = strategy.wrap(layer, lambda params: torch.optim.SGD(params, lr=0.1))
+    wrapped = strategy.parallelize(layer, lambda params: torch.optim.SGD(params, lr=0.1), group)
     with wrapped.precision.autocast():
-        wrapped.model(torch.randn(8, 16, device=strategy.device))
+        wrapped.model(torch.randn(8, 16, device=group.device))
     assert sorted(seen) == [(0, torch.bfloat16), (1, torch.bfloat16)]
-    assert strategy.unwrap(wrapped.model) is layer
+    assert wrapped.module is layer
 
 
 @needs_gpus(2)

@@ -1,5 +1,6 @@
 """Never lose a run: resume gives the same losses, dead workers are restarted from the last checkpoint,
-NaN stops cleanly. Faults are real: HYDRA_DIST_FAULT makes a worker SIGKILL itself at a named point
+NaN stops cleanly. Faults are real: a callback of the tests' (tests/faults/fault_injection.py) makes a worker SIGKILL
+itself at a named point
 (framework/callbacks/faults.py), tests/faults/ kills one halfway through a checkpoint; only the first attempt is hit."""
 import json
 
@@ -25,7 +26,7 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
     check_ok(run_train(["strategy=single", *RUN], tmp_path / "a"))
     reference, _ = _only_run(tmp_path / "a")
 
-    killed = run_train(["strategy=single", *RUN], tmp_path / "b", env={"HYDRA_DIST_FAULT": "kill_after_step:10:0"})
+    killed = run_train(["strategy=single", *RUN], tmp_path / "b", faults="kill_after_step:10:0")
     assert killed.returncode == -9
     [run_dir] = run_dirs(tmp_path / "b")
     out = check_ok(run_train(["strategy=single", *RUN, f"hydra.run.dir={run_dir}"], tmp_path / "b"))
@@ -46,10 +47,12 @@ def test_resumed_run_gives_the_same_losses_as_an_uninterrupted_one(tmp_path):
 ])
 def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, fault, resumed_from):
     point, step, rank = fault.split(":")
-    env = kill_in_checkpoint(int(step), int(rank)) if point == "kill_in_checkpoint" else {"HYDRA_DIST_FAULT": fault}
+    in_checkpoint = point == "kill_in_checkpoint"
     # log_all_ranks: the fault may fire on rank 1, whose output is otherwise kept off the console
     out = check_ok(run_train(["strategy=ddp", "strategy.nproc_per_node=2", "strategy.max_restarts=1",
-                              "trainer.log_all_ranks=true", *RUN], tmp_path, env=env, timeout=300))
+                              "trainer.log_all_ranks=true", *RUN], tmp_path, timeout=300,
+                             env=kill_in_checkpoint(int(step), int(rank)) if in_checkpoint else None,
+                             faults=None if in_checkpoint else fault))
     assert "fault injection: SIGKILL" in out
     run_dir, result = _only_run(tmp_path)
     assert f"(step {resumed_from}, " in out
@@ -62,7 +65,7 @@ def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     proc = run_train(["strategy=ddp", "strategy.nproc_per_node=2", *RUN], tmp_path,
-                     env={"HYDRA_DIST_FAULT": "nan_loss:6:1"})
+                     faults="nan_loss:6:1")
     assert proc.returncode != 0
     assert "the training loss became NaN/inf at step 6 on rank 1" in proc.stderr
     assert "step-00000004.pt" in proc.stderr
@@ -75,7 +78,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
 
 def test_nan_loss_can_skip_the_step_instead(tmp_path):
     out = check_ok(run_train(["strategy=single", *RUN, "trainer.on_nonfinite=skip"], tmp_path,
-                             env={"HYDRA_DIST_FAULT": "nan_loss:6:0"}))
+                             faults="nan_loss:6:0"))
     assert "step 6: non-finite loss or gradient, step skipped" in out
     run_dir, result = _only_run(tmp_path)
     assert result["skipped_steps"] == 1 and result["test_acc"] > 0.3

@@ -125,15 +125,14 @@ def test_bad_horovod_values_fail_before_any_worker_starts(tmp_path, args, messag
 
 def test_a_worker_exception_becomes_one_clear_error(tmp_path):
     proc = run_train(["strategy=horovod", *TINY, "trainer.max_steps=3"], tmp_path,
-                     env={"HYDRA_DIST_FAULT": "no_such_point:2:1"})
+                     faults="raise_after_step:2:1")
     assert proc.returncode != 0
-    assert "error: worker rank " in proc.stderr, proc.stderr
-    assert "failed: ValueError: HYDRA_DIST_FAULT point 'no_such_point' is not one of" in proc.stderr
+    assert "error: worker rank 1 failed: RuntimeError: fault injection: an error after step 2" in proc.stderr, proc.stderr
 
 
 def test_a_killed_worker_stops_the_job_with_a_clear_error(tmp_path):
     proc = run_train(["strategy=horovod", *TINY, "trainer.max_steps=20"], tmp_path,
-                     env={"HYDRA_DIST_FAULT": "kill_after_step:2:1"})
+                     faults="kill_after_step:2:1")
     assert proc.returncode != 0
     assert "error: worker rank 1 was killed by SIGKILL (exit code 137)" in proc.stderr, proc.stderr
     assert "done: test accuracy" not in proc.stdout

@@ -1,6 +1,7 @@
 """Per-GPU metrics that tell GPUs apart: busy vs wait time measured on each rank, FLOPs and MFU, the straggler
 line, and the one-chart-per-metric layout. Real ddp runs on 2 gloo workers, event files read back with
-TensorBoard's reader; a real fault (HYDRA_DIST_FAULT=slow_rank) makes rank 1 the slow GPU."""
+TensorBoard's reader; a real fault (tests/faults/fault_injection.py: slow_rank) makes rank 1 the slow
+GPU."""
 import os
 import re
 import subprocess
@@ -12,8 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from conftest import TINY, check_ok, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
-from framework.callbacks.faults import planned_faults
+from conftest import FAULTS, TINY, check_ok, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
 from framework.telemetry.flops import training_flops_per_sample
 from framework.telemetry.gpu_peaks import gpu_model, peak_tflops
 from framework.models.lenet import LeNet
@@ -33,7 +33,7 @@ def _per_rank(scalars, tag, ranks=2):
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("slowed")
-    out = check_ok(run_train(RUN, cwd, env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
+    out = check_ok(run_train(RUN, cwd, faults=f"slow_rank:{SLOW_SECONDS}:1"))
     [run_dir] = run_dirs(cwd)
     return out, run_dir, read_scalars(run_dir)
 
@@ -121,7 +121,7 @@ def test_horovod_and_deepspeed_also_tell_the_slowed_rank_from_the_one_waiting(tm
     # Horovod all-reduces behind optimizer.synchronize(), DeepSpeed inside its engine's backward: the wait runs from
     # the rank's last gradient until the engine hands the averaged gradients back
     check_ok(run_train([*strategy, *RUN[2:]], tmp_path, timeout=300,
-                       env={"HYDRA_DIST_FAULT": f"slow_rank:{SLOW_SECONDS}:1"}))
+                       faults=f"slow_rank:{SLOW_SECONDS}:1"))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     busy0, busy1 = _per_rank(scalars, "time/busy_ms")
@@ -136,7 +136,7 @@ def test_horovod_and_deepspeed_also_tell_the_slowed_rank_from_the_one_waiting(tm
 def test_dp_times_its_replicas_forward_and_backward_and_one_replica_waits_for_none(tmp_path):
     # under dp the slow_rank fault slows the replica's own forward: it shows there, not as time outside the replica
     check_ok(run_train(["strategy=dp", "model=lenet", *TINY, "trainer.max_steps=16", "trainer.log_every_n_steps=8",
-                        "trainer.grad_accum=2"], tmp_path, env={"HYDRA_DIST_FAULT": "slow_rank:0.03:0"}))
+                        "trainer.grad_accum=2"], tmp_path, faults="slow_rank:0.03:0"))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     step_ms = [v for _, v in scalars["time/step_ms"]]
@@ -218,10 +218,11 @@ def _replicas_as_data_parallel_builds_them(module: nn.Module, count: int) -> lis
 
 
 def test_data_parallel_replicas_time_their_backward_through_their_parameter_copies():
-    from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
+    from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 
     model = LeNet((1, 28, 28), 10)
     clock = ReplicaClock([torch.device("cpu")] * 2)
+    time_replicas(model, clock, replicated=True)  # nn.DataParallel's replicas carry the module's hooks
     for _ in range(2):
         clock.begin_micro_batch()
         replicas = _replicas_as_data_parallel_builds_them(model, 2)  # anew each forward, as nn.DataParallel does
@@ -229,7 +230,7 @@ def test_data_parallel_replicas_time_their_backward_through_their_parameter_copi
         outputs = []
         for slot, replica in enumerate(replicas):
             clock.slot_of = lambda args, slot=slot: slot  # two "GPUs" that are both the CPU
-            outputs.append(TimedReplica(replica, clock, "cpu", None)(torch.randn(4, 1, 28, 28)))
+            outputs.append(replica(torch.randn(4, 1, 28, 28)))
         torch.cat(outputs).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     seconds = clock.phase_seconds(2)
@@ -309,14 +310,14 @@ def test_peaks_are_dense_and_follow_the_precision_actually_used():
 
 
 def test_slow_rank_fault_is_parsed_with_seconds_and_refuses_a_bad_value(monkeypatch):
-    monkeypatch.setenv("HYDRA_DIST_FAULT", "slow_rank:0.05:1,kill_after_step:3:0")
-    assert planned_faults() == [("slow_rank", 0.05, 1), ("kill_after_step", 3, 0)]
-    monkeypatch.setenv("HYDRA_DIST_FAULT", "slow_rank:fast:1")
+    monkeypatch.syspath_prepend(str(FAULTS))
+    from fault_injection import planned_faults
+
+    assert planned_faults("slow_rank:0.05:1,kill_after_step:3:0") == [("slow_rank", 0.05, 1), ("kill_after_step", 3, 0)]
     with pytest.raises(ValueError, match="expected a number of seconds and a rank"):
-        planned_faults()
+        planned_faults("slow_rank:fast:1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # a restarted group runs clean
-    monkeypatch.setenv("HYDRA_DIST_FAULT", "slow_rank:0.05:1")
-    assert planned_faults() == []
+    assert planned_faults("slow_rank:0.05:1") == []
 
 
 def test_wait_clock_counts_only_from_the_last_start_to_stop_and_resets():
@@ -355,8 +356,7 @@ def test_wait_clock_on_a_gpu_times_the_stream_between_its_events():
 # ---- the timed all-reduce is DDP's own ----------------------------------------------------------------------
 
 def _gradients_with_and_without_the_hook(rank: int, world: int, port: int, results) -> None:
-    from framework.strategies.ddp import _timed_allreduce
-    from framework.telemetry.wait_clock import WaitClock
+    from framework.telemetry.wait_clock import WaitClock, timed_allreduce
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -367,7 +367,7 @@ def _gradients_with_and_without_the_hook(rank: int, world: int, port: int, resul
         model = LeNet((1, 28, 28), 10)
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)  # several buckets
         if timed:
-            ddp.register_comm_hook(clock, _timed_allreduce)
+            ddp.register_comm_hook(clock, timed_allreduce)
         g = torch.Generator().manual_seed(rank)
         for _ in range(2):
             ddp.zero_grad(set_to_none=True)
@@ -424,7 +424,7 @@ def test_dp_on_several_gpus_times_every_replica_and_names_the_slowed_one(tmp_pat
     out = check_ok(run_train(["strategy=dp", "trainer.accelerator=gpu", *TINY, "trainer.batch_size=256",
                               "trainer.max_steps=16", "trainer.log_every_n_steps=8", "trainer.straggler_intervals=1"],
                              tmp_path,
-                             env={"HYDRA_DIST_FAULT": "slow_rank:0.05:1"}))
+                             faults="slow_rank:0.05:1"))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     step_ms = [v for _, v in scalars["time/step_ms"]]

@@ -50,9 +50,7 @@ def _run(conf_dir, cwd: Path, args: list[str], probe: Path | None = None, fault:
     if probe:
         probe.mkdir(parents=True, exist_ok=True)
         env["RESUME_PROBE_DIR"] = str(probe)
-    if fault:
-        env["HYDRA_DIST_FAULT"] = fault
-    return run_train(["--config-dir", str(conf_dir), *COMMON, *args], cwd, env=env, timeout=300)
+    return run_train(["--config-dir", str(conf_dir), *COMMON, *args], cwd, env=env, timeout=300, faults=fault)
 
 
 def _records(probe: Path) -> dict[int, list[list[int]]]:

@@ -5,8 +5,10 @@ The best value so far travels in the checkpoints, so a resumed run keeps compari
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from framework.callbacks.base import Callback
+from framework.checkpoints.weights import write_weights
 
 
 class KeepBest(Callback):
@@ -27,20 +29,36 @@ class KeepBest(Callback):
     def on_evaluation_end(self, trainer, step: int, result) -> None:
         # rank 0 has the result: it decides, and every rank follows (the copy and the export are collective)
         decision = self.improved(trainer, result) if trainer.is_main else None
-        if not trainer.strategy.broadcast_object(decision):
+        if not trainer.group.broadcast_object(decision):
             return
         if trainer.is_main:
             self.best, self.best_step = trainer.objective_value(result), step
         trainer.checkpointer.keep_best(step)
-        path = trainer.export_weights("best")
+        path = export_weights(trainer, "best")
         if path is not None:
             trainer.say(f"best {trainer.objective} so far ({self.best:.4f} at step {step}): {path}")
 
     def on_fit_end(self, trainer) -> None:
-        trainer.export_weights("last")
+        export_weights(trainer, "last")
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_step": self.best_step}
 
     def load_state_dict(self, state: dict) -> None:
         self.best, self.best_step = state.get("best"), state.get("best_step")
+
+
+def export_weights(trainer, name: str) -> Path | None:
+    """Every rank calls it (a sharding engine gathers): the model's full weights into weights/<name>.pt, written by
+    rank 0 (framework/checkpoints/weights.py); the path there, None elsewhere."""
+    state = trainer.wrapped.checkpoint_io.full_model_state(trainer.wrapped.module)
+    if not trainer.is_main:
+        return None
+    value = trainer.totals.val_loss if trainer.objective == "loss" else trainer.totals.val_metrics.get(trainer.objective)
+    try:
+        return write_weights(trainer.run_dir, name, state, step=trainer.step,
+                             objective={"name": trainer.objective, "value": value}, **trainer.run.model_record)
+    except OSError as error:  # a by-product of the checkpoints, which keep the same weights: the run goes on
+        trainer.say(f"warning: weights/{name}.pt could not be written in {trainer.run_dir}: {error.strerror or error}; "
+                    "the checkpoints hold the same model")
+        return None

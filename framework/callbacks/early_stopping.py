@@ -29,7 +29,7 @@ class EarlyStopping(Callback):
                 f"{self.min_delta:g} in {self.patience} evaluation(s)")
 
     def on_evaluation_end(self, trainer, step: int, result) -> None:
-        verdict = trainer.strategy.broadcast_object(self._verdict(trainer, result) if trainer.is_main else None)
+        verdict = trainer.group.broadcast_object(self._verdict(trainer, result) if trainer.is_main else None)
         if verdict:
             trainer.request_stop(verdict)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.tensorboard import SummaryWriter
 
 from framework.callbacks.base import Callback
 from framework.telemetry.trace_breakdown import Breakdown, breakdown_of
@@ -28,7 +29,7 @@ class StepProfiler(Callback):
     def on_train_step_start(self, trainer, step: int) -> None:
         if step == self.first and self.profiler is None:
             activities = [ProfilerActivity.CPU]
-            if trainer.strategy.device.type == "cuda":
+            if trainer.group.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
             self.profiler = profile(activities=activities)
             self.profiler.start()
@@ -49,15 +50,15 @@ class StepProfiler(Callback):
 
     def _finish(self, trainer, step: int) -> None:
         profiler, self.profiler = self.profiler, None
-        if trainer.strategy.device.type == "cuda":
-            torch.cuda.synchronize(trainer.strategy.device)  # the last step's kernels into the trace
+        if trainer.group.device.type == "cuda":
+            torch.cuda.synchronize(trainer.group.device)  # the last step's kernels into the trace
         profiler.stop()
         folder = trainer.run_dir / PROFILE_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank{trainer.strategy.rank}.trace.json"
+        path = folder / f"rank{trainer.group.rank}.trace.json"
         profiler.export_chrome_trace(str(path))
         mine = breakdown_of(path)
-        every = trainer.strategy.gather_objects(mine)
+        every = trainer.group.gather_objects(mine)
         if trainer.is_main:
             self._report(trainer, step, every, folder)
 
@@ -65,8 +66,6 @@ class StepProfiler(Callback):
         trainer.say(f"profile of steps {self.first}-{step} (traces: {folder}/rank<r>.trace.json), ms per step:")
         for rank, b in enumerate(every):
             trainer.say(f"  rank {rank}: {b.describe()}")
-        from torch.utils.tensorboard import SummaryWriter
-
         with SummaryWriter(str(trainer.run_dir), filename_suffix=".profile") as writer:
             for rank, b in enumerate(every):
                 for name, value in b.per_step_ms().items():

@@ -16,7 +16,7 @@ class TensorBoardLog(Callback):
 
     def on_fit_start(self, trainer) -> None:
         if trainer.is_main and self.writer is None:
-            logger = TensorBoardLogger(trainer.run_dir, trainer.strategy.device.type == "cuda")
+            logger = TensorBoardLogger(trainer.run_dir, trainer.group.device.type == "cuda")
             self.writer = OffWhenUnwritable(logger, "TensorBoard's event file", trainer.say)
 
     def on_log(self, trainer, step: int, report) -> None:

@@ -63,7 +63,7 @@ def locate_idx_files(kind: str, root: str | None, download: bool, download_dir: 
     if not download:
         raise _no_data_error(kind, tried, "dataset.download=false, so nothing was downloaded.", root)
     try:
-        import torchvision.datasets as tvd
+        import torchvision.datasets as tvd  # slow to import, and needed only to download
 
         for train in (True, False):
             getattr(tvd, tv_name)(str(target), train=train, download=True)
@@ -91,7 +91,7 @@ def locate_cifar10(root: str | None, download: bool, download_dir: str | None) -
     if not download:
         raise _no_data_error("cifar10", [str(batches)], "dataset.download=false, so nothing was downloaded.", root)
     try:
-        import torchvision.datasets as tvd
+        import torchvision.datasets as tvd  # slow to import, and needed only to download
 
         tvd.CIFAR10(str(folder), train=True, download=True)
     except Exception as exc:

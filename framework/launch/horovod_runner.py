@@ -1,8 +1,10 @@
 """Start workers with Horovod's own runner (horovod.runner.run, the Python API behind horovodrun) on the
-gloo controller, and bring rank 0's result back to the driver."""
+gloo controller, and bring rank 0's result back to the driver; import Horovod with one clear error when it cannot be
+used, and broadcast rank 0's object under one name (the payload under horovodrun, and HorovodGroup's)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import shutil
@@ -12,13 +14,33 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from framework.training.interrupts import Interrupted
+from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.process.environment import threads_per_worker
+from framework.training.interrupts import Interrupted
+
+INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"
 
 # horovod's runner must finish its checks (and, with remote hosts, start them over ssh) within this time.
 START_TIMEOUT_S = 120
+_SHUT_DOWN = "Horovod has been shut down"  # what every other rank's collective raises once one rank failed
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def import_horovod():
+    """horovod.torch, or one clear error naming the install command (an optional engine: imported only by a horovod
+    run's processes)."""
+    try:
+        return importlib.import_module("horovod.torch")
+    except ImportError as exc:
+        raise ConfigError(f"strategy=horovod is not allowed: horovod is not usable here ({exc}); install it with: "
+                          f"{INSTALL}") from None
+
+
+def broadcast_from_rank0(hvd, obj):
+    # One explicit name: Horovod's default is the object's type name, and rank 0 sends a dict while the others
+    # pass None, so the collectives would never match.
+    return hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
 
 
 def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> Any:
@@ -36,7 +58,7 @@ def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> A
 
 def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, hosts: str | None,
                    local_workers: int) -> Any:
-    from horovod.runner import run as horovod_run
+    from horovod.runner import run as horovod_run  # an optional engine, imported only when a horovod run starts
 
     error_dir = tempfile.mkdtemp(prefix="hydra-dist-horovod-")
     env_before = os.environ.get("OMP_NUM_THREADS")
@@ -80,13 +102,16 @@ def _signal_received(wake_r: socket.socket) -> int | None:
 
 
 def _root_cause(error_dir: str, exc: RuntimeError) -> str:
-    """The first worker to fail (horovod's runner names it) and its Python error; other ranks' errors
-    are usually just 'Horovod has been shut down' and are left out."""
+    """The first worker to fail (horovod's runner names it) and its Python error. A rank whose error only says that
+    Horovod shut down (because another rank failed) is not the root cause: the rank whose error says more is."""
     errors = {p.name[4:]: p.read_text() for p in Path(error_dir).glob("rank*")}
+    causes = {r: e for r, e in errors.items() if _SHUT_DOWN not in e}
     first = re.search(r"Process name: (\S+)\s+Exit code: (-?\d+)", str(exc))
     if first is None:
         return " ".join(str(exc).split())
     rank, code = first.group(1), int(first.group(2))
+    if rank not in causes and causes:
+        rank = min(causes, key=lambda r: int(r) if r.isdigit() else 0)
     if rank in errors:
         return f"worker rank {rank} failed: {errors[rank]}"
     how = "exited"

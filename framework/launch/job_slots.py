@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from framework.errors import ConfigError
 
 _claimed: list["Slot"] = []  # this process's slot, once claimed (a joblib worker process runs many jobs)
@@ -34,7 +36,7 @@ class Slot:
 
 def parallel_jobs(n_jobs: int) -> int:
     """joblib's reading of n_jobs: -1 is every core, -2 every core but one, and so on."""
-    import joblib
+    import joblib  # the joblib launcher's own package, there whenever its jobs run
 
     return max(1, joblib.cpu_count() + 1 + n_jobs) if n_jobs < 0 else max(1, n_jobs)
 
@@ -45,8 +47,6 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip() and not g.strip().startswith("-")]
-    import torch
-
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
@@ -86,8 +86,6 @@ def claim_slot(sweep_dir: Path, n_jobs: int) -> Slot:
     os.sched_setaffinity(0, slot.cores)
     # joblib set OMP_NUM_THREADS for in-process threads; ddp recomputes it per worker from the affinity.
     os.environ.pop("OMP_NUM_THREADS", None)
-    import torch
-
     torch.set_num_threads(len(slot.cores))
     # loky names its own start method in this worker; processes spawned from here (ddp's workers) would be told
     # to use it and fail with "cannot find context for 'loky'".

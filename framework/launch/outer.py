@@ -1,67 +1,33 @@
-"""Workers that an outer launcher already started: torchrun and the launchers like it (torch.distributed.launch,
-DeepSpeed's `deepspeed`), SLURM or submitit tasks, horovodrun. Rank 0 runs Hydra, types and checks the config and
+"""How rank 0's payload reaches the other workers an outer launcher already started: torchrun and the launchers
+like it (torch.distributed.launch, DeepSpeed's `deepspeed`), SLURM or submitit tasks, horovodrun. Rank 0 runs Hydra, types and checks the config and
 drives the run; the other ranks never run Hydra nor compose anything (so there is one run folder, and a user's
 --config-dir needs no second reading): they wait for rank 0's payload (the typed settings and the run folder),
 build the same strategy from it and join. A config error found by rank 0 reaches them the same way, so all end at
 once and the message is said once.
 
 How the payload travels before any process group exists: under torch's launchers through the rendezvous store
-(MASTER_ADDR:MASTER_PORT, framework/launch/store.py), under horovodrun through Horovod's own broadcast."""
+(MASTER_ADDR:MASTER_PORT, framework/launch/store.py), under horovodrun through Horovod's own broadcast. The driver's
+side of it (which strategy, following rank 0) is framework/follower.py."""
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
 
-from omegaconf import DictConfig
-
-from framework.errors import ConfigError
+from framework.launch.horovod_runner import broadcast_from_rank0, import_horovod
+from framework.launch.store import launch_store
 from framework.process.environment import HOROVOD, env_rank, outer_launcher
-from framework.process.slurm import scheduler_name
 
 _PAYLOAD_KEY, _RECEIVED_KEY = "payload", "payload_received"
 _published: list[bool] = []  # rank 0 has told the others (payload or error)
 ACK_TIMEOUT_S = 60  # how long rank 0 waits for the others to take an error before it exits
 
 
-def launcher_name() -> str:
-    """The outer launcher as a user would name it, for messages."""
-    scheduler = scheduler_name()
-    if scheduler:
-        return {"slurm": "SLURM tasks", "local": "submitit_local tasks"}.get(scheduler, scheduler)
-    return "horovodrun" if outer_launcher() == HOROVOD else "torchrun"
-
-
-def multirun_refusal() -> str:
-    return (f"-m/--multirun is not allowed under {launcher_name()}; run the sweep without it "
-            "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
-
-
-def choose_strategy(cfg: DictConfig, external: bool):
-    """Resolve strategy=auto and find the strategy class; under an outer launcher only a strategy that can train with
-    the workers that launcher started (Strategy.outer_launchers) is allowed. Returns (class, note)."""
-    from framework.strategies import resolve_auto, strategies_for_launcher, strategy_class
-
-    launcher = outer_launcher() if external else None
-    note = resolve_auto(cfg, launcher)
-    cls = strategy_class(cfg.strategy)
-    if launcher is not None and launcher not in cls.outer_launchers:
-        fits = ", ".join(strategies_for_launcher(launcher))
-        raise ConfigError(
-            f"strategy={cfg.strategy.name} is not allowed under {launcher_name()}: the launcher already started "
-            f"several workers; use strategy={fits}{' or auto' if launcher != HOROVOD else ''}"
-        )
-    return cls, note
-
-
 class _TorchChannel:
     """The rendezvous store of torch's launchers: rank 0 sets the payload, the others get it (waiting for it)."""
 
     def __init__(self):
-        import os
-
-        from framework.launch.store import launch_store
-
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.store = launch_store(env_rank(), self.world_size)
 
@@ -82,8 +48,6 @@ class _TorchChannel:
 
 class _HorovodChannel:
     def __init__(self):
-        from framework.strategies.horovod import import_horovod
-
         self.hvd = import_horovod()
         self.hvd.init()
 
@@ -94,8 +58,6 @@ class _HorovodChannel:
         return self._broadcast(None)
 
     def _broadcast(self, message):
-        from framework.strategies.horovod import broadcast_from_rank0
-
         return broadcast_from_rank0(self.hvd, message)
 
     def wait_until_received(self) -> None:
@@ -124,23 +86,6 @@ def published() -> bool:
     return bool(_published)
 
 
-def follow_rank0() -> int:
-    """Ranks > 0 started by a launcher (framework/cli.py): no Hydra run, so no extra folder."""
-    return 0 if follow() is None else 2
-
-
-def follow() -> str | None:
-    """Take rank 0's payload, build the strategy it names and train as one rank. Returns the error when rank 0
-    found one (said by rank 0, and again here only where each task has a log of its own: SLURM/submitit)."""
-    from framework.strategies import build_strategy
-    from framework.training.interrupts import NoStop
-    from framework.worker import worker_entry
-
-    message = _channel().receive()
-    if "error" in message:
-        if scheduler_name():
-            print(f"error: {message['error']}", file=sys.stderr, flush=True)
-        return message["error"]
-    payload = message["payload"]
-    worker_entry(payload, build_strategy(payload.settings.strategy, payload.settings.trainer), stop=NoStop())
-    return None
+def receive_from_rank0() -> dict:
+    """Ranks > 0: rank 0's message, {"payload": ...} or {"error": ...} (waiting for it)."""
+    return _channel().receive()

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.config.rules import at_least, between, require
+from framework.errors import ConfigError
 
 
 class CausalSelfAttention(nn.Module):
@@ -51,8 +52,6 @@ class GPT(nn.Module):
         require("model.n_embd", n_embd, at_least(n_head))
         require("model.dropout", dropout, between(0.0, 1.0, high_open=True))
         if n_embd % n_head:
-            from framework.errors import ConfigError
-
             raise ConfigError(f"model.n_embd={n_embd} is not allowed with model.n_head={n_head}: it must divide evenly")
         self.block_size = int(in_shape[0])
         self.wte = nn.Embedding(num_classes, n_embd)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from framework.process.slurm import scheduler_name
+
 
 # Kinds of outer launcher, by the variables they leave in each worker's environment.
 TORCH = "torch"  # torchrun, torch.distributed.launch, DeepSpeed's `deepspeed`, SLURM/submitit tasks: RANK, WORLD_SIZE, ...
@@ -19,6 +21,14 @@ def outer_launcher() -> str | None:
     if all(name in os.environ for name in _HOROVOD_VARS):
         return HOROVOD
     return None
+
+
+def launcher_name() -> str:
+    """The outer launcher as a user would name it, for messages."""
+    scheduler = scheduler_name()
+    if scheduler:
+        return {"slurm": "SLURM tasks", "local": "submitit_local tasks"}.get(scheduler, scheduler)
+    return "horovodrun" if outer_launcher() == HOROVOD else "torchrun"
 
 
 def launched_externally() -> bool:

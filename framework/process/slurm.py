@@ -22,8 +22,9 @@ def _scheduler_job():
     if not (in_submitit or in_srun_step):
         return None
     try:
+        # the slurm extra, needed only in a scheduler's task
         import submitit
-        from submitit.slurm.slurm import SlurmJobEnvironment
+        from submitit.slurm.slurm import SlurmJobEnvironment  # (the same extra)
     except ImportError:
         if in_srun_step:
             raise SystemExit("error: this is one of several SLURM tasks, and mapping them to ranks needs submitit; "

@@ -1,17 +1,22 @@
-"""Strategies are components: each conf/strategy/*.yaml names its adapter class with `_target_` (a Strategy
-subclass, built from its own typed options, `Options`, and the trainer's). A user adds one from their own package
-and config dir (--config-dir), without editing this repo. `name` stays the strategy's name in run folders, results
-and messages."""
+"""Strategies are components: each conf/strategy/*.yaml names its engine class with `_target_` (a Strategy
+subclass, framework/strategies/base.py, built from its own typed options, `Options`, and the trainer's engine
+settings). A user adds one from their own package and config dir (--config-dir), without editing this repo. `name`
+stays the strategy's name in run folders, results and messages."""
 from __future__ import annotations
 
 import contextlib
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
+from framework.config.strategy_options import DDPOptions
+from framework.config.typed import typed
 from framework.errors import ConfigError
-from framework.process.environment import HOROVOD
+from framework.paths import CONF_DIR
+from framework.process.environment import HOROVOD, launcher_name, outer_launcher
 from framework.strategies.base import Strategy
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.single import SingleStrategy
@@ -36,9 +41,6 @@ def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
     several = launcher is not None or (cuda and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
     if not several:  # auto's options are ddp's: a bad one is refused even where single runs without them
-        from framework.config.strategy_options import DDPOptions
-        from framework.config.typed import typed
-
         typed(DDPOptions, cfg.strategy, GROUP)
     with open_dict(cfg):
         if several:
@@ -69,22 +71,31 @@ def strategy_class(options) -> type[Strategy]:
 
 
 def build_strategy(options, trainer) -> Strategy:
-    """The strategy its typed options name, for this trainer config."""
-    return strategy_class({"_target_": options._target_})(options, trainer)
+    """The strategy its typed options name, for this trainer config (its engine settings)."""
+    return strategy_class({"_target_": options._target_})(options, trainer.engine())
+
+
+def choose_strategy(cfg: DictConfig, external: bool) -> tuple[type[Strategy], str]:
+    """Resolve strategy=auto and find the strategy class; under an outer launcher only a strategy whose launcher can
+    train with the workers that launcher started (Strategy.outer_launchers) is allowed. Returns (class, note)."""
+    launcher = outer_launcher() if external else None
+    note = resolve_auto(cfg, launcher)
+    cls = strategy_class(cfg.strategy)
+    if launcher is not None and launcher not in cls.outer_launchers:
+        fits = ", ".join(strategies_for_launcher(launcher))
+        raise ConfigError(
+            f"strategy={cfg.strategy.name} is not allowed under {launcher_name()}: the launcher already started "
+            f"several workers; use strategy={fits}{' or auto' if launcher != HOROVOD else ''}")
+    return cls, note
 
 
 @contextlib.contextmanager
 def _config_search_path():
     """Hydra's current search path (inside @hydra.main or initialize_config_dir: with a user's --config-dir), else
-    this repo's conf/ (a follower rank composes its config, then leaves Hydra's context)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
+    this repo's conf/."""
     if GlobalHydra.instance().is_initialized():
         yield GlobalHydra.instance()
         return
-    from framework.paths import CONF_DIR
-
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         yield GlobalHydra.instance()
 
@@ -92,13 +103,12 @@ def _config_search_path():
 def strategy_names() -> list[str]:
     """Every entry of the strategy config group on the search path (conf/strategy and a user's --config-dir)."""
     with _config_search_path() as hydra:
+        # Hydra's config loader is the one public way to list a group's options on the current search path
         return hydra.config_loader().get_group_options(GROUP)
 
 
 def strategies_for_launcher(launcher: str) -> list[str]:
     """Names of the group's strategies whose class can train with the workers of this kind of outer launcher."""
-    from hydra import compose
-
     fits = []
     with _config_search_path():
         for name in strategy_names():
@@ -111,5 +121,5 @@ def strategies_for_launcher(launcher: str) -> list[str]:
     return fits
 
 
-__all__ = ["Strategy", "build_strategy", "class_path", "resolve_auto", "strategies_for_launcher", "strategy_class",
-           "strategy_names"]
+__all__ = ["Strategy", "build_strategy", "choose_strategy", "class_path", "resolve_auto", "strategies_for_launcher",
+           "strategy_class", "strategy_names"]

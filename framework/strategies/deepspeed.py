@@ -17,14 +17,22 @@ from torch import nn
 
 from framework.config.strategy_options import DeepSpeedOptions
 from framework.errors import ConfigError
-from framework.strategies.base import Wrapped
-from framework.strategies.checkpoint_io import CheckpointIO
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
+from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
+from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
-from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
+from framework.training.speedups import original_module
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
+
+
+def import_deepspeed():
+    try:
+        import deepspeed  # an optional engine: only the workers of a deepspeed run import it
+    except ImportError as exc:
+        raise RuntimeError(f"strategy=deepspeed cannot import DeepSpeed ({exc}); {INSTALL_HINT}") from exc
+    return deepspeed
 
 
 class DeepSpeedPrecision(Precision):
@@ -52,6 +60,11 @@ class DeepSpeedPrecision(Precision):
         return True
 
 
+class DeepSpeedWrapped(Wrapped):
+    def close(self) -> None:
+        self.model.destroy()  # the engine's hooks and buffers, before the process group goes
+
+
 def pin_deepspeed_to(device: torch.device) -> None:
     """DeepSpeed picks its GPU from LOCAL_RANK, at initialize and again inside ZeRO-3 at run time. With one GPU
     visible per task (SLURM --gpus-per-task, --gpu-bind) local rank 1 has only cuda:0, so LOCAL_RANK is set to
@@ -59,11 +72,11 @@ def pin_deepspeed_to(device: torch.device) -> None:
     os.environ["LOCAL_RANK"] = str(device.index)
 
 
-def _innermost_torch_optimizer(optimizer):
-    """ZeRO wraps the torch optimizer (whose params are this rank's flat fp32 partitions)."""
-    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
-        optimizer = optimizer.optimizer
-    return optimizer
+def zero_format(stage: int) -> CheckpointFormat:
+    """DeepSpeed's own checkpoint folder; a ZeRO-n checkpoint only loads into a ZeRO-n engine, and ZeRO's partitions
+    (and DeepSpeed's file names) follow the world size that wrote them."""
+    name = f"deepspeed-zero{stage}"
+    return CheckpointFormat(name, (name,), sharded=True, reshards=False)
 
 
 class DeepSpeedStrategy(ElasticStrategy):
@@ -71,122 +84,75 @@ class DeepSpeedStrategy(ElasticStrategy):
     options: DeepSpeedOptions
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
 
-    def __init__(self, options, trainer):
-        super().__init__(options, trainer)
-        self.checkpoints = DeepSpeedCheckpoints(self)
-        self.engine = None
+    def __init__(self, options: DeepSpeedOptions, trainer):
+        super().__init__(options, trainer, zero_format(options.zero_stage))
 
-    # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(f"strategy=deepspeed is not allowed here: DeepSpeed is not installed; {INSTALL_HINT}")
         super().validate()
-        if self.trainer.precision == "fp16" and not self.use_cuda:
+        if self.trainer.precision == "fp16" and not self.trainer.cuda:
             raise ConfigError("trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU: fp16 needs "
                               "CUDA; use bf16 or fp32")
         if self.trainer.on_nonfinite == "skip":
             raise ConfigError("trainer.on_nonfinite=skip is not allowed with strategy=deepspeed: DeepSpeed's engine "
                               "owns the optimizer step and cannot skip one on request (with fp16 its loss scaler "
                               "skips overflowing steps by itself); use trainer.on_nonfinite=stop")
-        self.engine_config(self.processes())  # raises on a strategy.config key that contradicts the config
+        self.engine_config(self.launcher.processes())  # raises on a strategy.config key that contradicts the config
 
     def engine_config(self, processes: int) -> dict:
         return deepspeed_config(self.options, self.trainer, processes)
 
     def save_settings(self, run_dir: Path) -> None:
-        text = json.dumps(self.engine_config(self.processes()), indent=2)
+        text = json.dumps(self.engine_config(self.launcher.processes()), indent=2)
         (run_dir / CONFIG_FILE).write_text(text + "\n")
 
-    # ---- joining -----------------------------------------------------------------------------
-    def setup(self) -> None:
+    def join(self) -> ProcessGroup:
         # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.use_cuda else "cpu")
-        super().setup()
-        if self.use_cuda:
-            pin_deepspeed_to(self.device)
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.trainer.cuda else "cpu")
+        group = super().join()
+        if group.device.type == "cuda":
+            pin_deepspeed_to(group.device)
+        return group
 
-    def teardown(self) -> None:
-        if self.engine is not None:
-            self.engine.destroy()
-            self.engine = None
-        super().teardown()
-
-    # ---- wrapping ----------------------------------------------------------------------------
-    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
-        """deepspeed.initialize wraps model and optimizer together."""
-        try:
-            import deepspeed
-        except ImportError as exc:
-            raise RuntimeError(f"strategy=deepspeed cannot import DeepSpeed ({exc}); {INSTALL_HINT}") from exc
+    def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
+        """deepspeed.initialize wraps model and optimizer together. Evaluation runs through the engine too, so it
+        computes in the run's precision (the engine's autocast)."""
+        deepspeed = import_deepspeed()
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         # DeepSpeed's ZeRO calls a torch collective that torch now marks deprecated; not the user's to fix.
         warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+. is deprecated", category=FutureWarning)
         engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=make_optimizer(model.parameters()), config=self.engine_config(self.world_size),
-            dist_init_required=False,
-        )
-        self.engine = engine
-        # ZeRO-3 gathers every layer's parameters from all ranks in forward: a fast rank waits there, inside
-        # DeepSpeed's prefetching, where this clock cannot separate it from work. No wait is reported rather than
-        # a misleadingly small one (its busy time is then the step time, as for a strategy without a clock).
-        if self.options.zero_stage < 3:
-            self.clock = WaitClock(self.device)
-            start_when_gradients_are_done(engine.module, self.clock)
-        return Wrapped(engine, ds_optimizer, DeepSpeedPrecision(self.trainer.precision, self.device, engine), self.clock)
-
-    def optimizer_state_bytes(self, optimizer) -> int:
-        inner = _innermost_torch_optimizer(optimizer)
-        return sum(t.numel() * t.element_size() for state in inner.state.values()
-                   for t in state.values() if torch.is_tensor(t))
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        if self.engine is not None and model is self.engine:
-            model = model.module
-        return super().unwrap(model)
-
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        # The engine itself, so evaluation computes in the run's precision (the engine's autocast). With ZeRO-3 the
-        # module's forward hooks gather parameters from every rank, so each rank must run the same number of test
-        # batches (eval_batches gives every rank the same count).
-        return model
-
-    def sync(self, model: nn.Module, on: bool):
-        # The engine reduces at its accumulation boundary, inside the last micro-batch's backward: once that
-        # returns, this rank is released.
-        return self._released_after_backward() if on and self.clock else contextlib.nullcontext()
+            model=model, optimizer=make_optimizer(model.parameters()), config=self.engine_config(group.world_size),
+            dist_init_required=False)
+        io = DeepSpeedCheckpoints(group.rank, group.world_size, group.cuda_devices, self.options.zero_stage)
+        return DeepSpeedWrapped(engine, ds_optimizer, DeepSpeedPrecision(self.trainer.precision, group.device, engine),
+                                io, original_module(engine.module))
 
 
 class DeepSpeedCheckpoints(CheckpointIO):
-    """DeepSpeed's own checkpoint folder; a ZeRO-n checkpoint only loads into a ZeRO-n engine, and ZeRO's partitions
-    (and DeepSpeed's file names) follow the world size that wrote them."""
+    def __init__(self, rank: int, world_size: int, cuda_devices: list[int], zero_stage: int):
+        super().__init__(rank, world_size, cuda_devices)
+        self.zero_stage = zero_stage
+        self.format = zero_format(zero_stage)
 
-    sharded = True
-    reshards = False
-
-    @property
-    def format(self) -> str:
-        return f"deepspeed-zero{self.strategy.options.zero_stage}"
-
-    def full_model_state(self, wrapped: Wrapped) -> dict | None:
-        """The user's module (engine and torch.compile wrappers taken off, so the keys are its own) in fp32 in rank
-        0's CPU memory. ZeRO-3 partitions the parameters: they are gathered one module at a time (every rank takes
-        part, DeepSpeed's GatheredParameters), so no GPU ever holds more than one module's parameters at once;
-        ZeRO 0-2 keep them whole on every rank."""
-        import deepspeed
+    def full_model_state(self, module: nn.Module) -> dict | None:
+        """The user's module in fp32 in rank 0's CPU memory. ZeRO-3 partitions the parameters: they are gathered one
+        module at a time (every rank takes part, DeepSpeed's GatheredParameters), so no GPU ever holds more than one
+        module's parameters at once; ZeRO 0-2 keep them whole on every rank."""
+        deepspeed = import_deepspeed()
 
         def gathered(params):
             return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
-        partitioned = self.strategy.options.zero_stage == 3
-        return state_module_by_module(self.strategy.unwrap(wrapped.model), gathered if partitioned else None,
-                                      self.strategy.is_main)
+        return state_module_by_module(module, gathered if self.zero_stage == 3 else None, self.is_main)
 
-    def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
-        wrapped.model.save_checkpoint(str(folder), tag=tag, save_latest=False)
+    def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        model.save_checkpoint(str(folder), tag=tag, save_latest=False)
 
-    def load_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
-        path, _ = wrapped.model.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                                load_lr_scheduler_states=False)
+    def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        path, _ = model.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                        load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {folder / tag}")
 

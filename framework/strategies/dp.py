@@ -6,77 +6,86 @@ from torch import nn
 
 from framework.config.strategy_options import DPOptions
 from framework.errors import ConfigError
-from framework.strategies.base import Strategy, Wrapped
-from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
+from framework.strategies.base import Strategy
+from framework.strategies.launchers import InProcess
+from framework.training.checkpoint_io import CheckpointIO
+from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision, autocast_dtype
+from framework.training.speedups import original_module
 
 
 class DataParallelStrategy(Strategy):
     Options = DPOptions
     options: DPOptions
 
+    def __init__(self, options: DPOptions, trainer):
+        ids = self._device_ids(options, trainer.cuda)
+        where = (f"1 process, nn.DataParallel over GPU(s) {ids} (one replica each)" if ids else
+                 "1 process on the CPU (no GPU in use, so nn.DataParallel runs one replica there)")
+        super().__init__(options, trainer, InProcess(where))
+
+    @staticmethod
+    def _device_ids(options: DPOptions, cuda: bool) -> list[int]:
+        return list(options.device_ids or range(torch.cuda.device_count())) if cuda else []
+
     def validate(self) -> None:
-        ids = self.options.device_ids
-        if ids and self.use_cuda and max(ids) >= torch.cuda.device_count():
+        ids, gpus = self.options.device_ids, torch.cuda.device_count()
+        if ids and self.trainer.cuda and max(ids) >= gpus:
+            raise ConfigError(f"strategy.device_ids={ids} is not allowed: this machine has {gpus} GPUs "
+                              f"(ids 0..{gpus - 1})")
+        replicas = len(self._device_ids(self.options, self.trainer.cuda))
+        if self.trainer.compile and replicas > 1:
             raise ConfigError(
-                f"strategy.device_ids={ids} is not allowed: this machine has {torch.cuda.device_count()} GPUs "
-                f"(ids 0..{torch.cuda.device_count() - 1})"
-            )
-        gpus = len(self._device_ids())
-        if self.trainer.compile and gpus > 1:
-            raise ConfigError(
-                f"trainer.compile=true is not allowed with strategy=dp on {gpus} GPUs: nn.DataParallel copies the "
+                f"trainer.compile=true is not allowed with strategy=dp on {replicas} GPUs: nn.DataParallel copies the "
                 "compiled module into every replica, and its compiled code stays bound to the first GPU's weights; "
-                "use strategy=ddp (one compiled model per process), or trainer.compile=false"
-            )
+                "use strategy=ddp (one compiled model per process), or trainer.compile=false")
 
-    def _device_ids(self) -> list[int]:
-        return list(self.options.device_ids or range(torch.cuda.device_count())) if self.use_cuda else []
-
-    def describe(self) -> str:
-        ids = self._device_ids()
+    def join(self) -> ProcessGroup:
+        ids = self._device_ids(self.options, self.trainer.cuda)
         if not ids:
-            return "1 process on the CPU (no GPU in use, so nn.DataParallel runs one replica there)"
-        return f"1 process, nn.DataParallel over GPU(s) {ids} (one replica each)"
-
-    def setup(self) -> None:
-        self.device_ids = self._device_ids()
-        if self.use_cuda:
-            # DataParallel keeps the master copy on device_ids[0]; make it the current device so that pinned
-            # memory, the current CUDA RNG and stray allocations never open a context on an excluded GPU.
-            torch.cuda.set_device(self.device_ids[0])
-            self.device = torch.device("cuda", self.device_ids[0])
-        else:
-            self.device = torch.device("cpu")
             print("strategy=dp: no GPU in use, so nn.DataParallel runs the model on the CPU (one replica)", flush=True)
+            return LocalGroup(torch.device("cpu"))
+        # DataParallel keeps the master copy on device_ids[0]; make it the current device so that pinned memory,
+        # the current CUDA RNG and stray allocations never open a context on an excluded GPU.
+        torch.cuda.set_device(ids[0])
+        return LocalGroup(torch.device("cuda", ids[0]), [torch.device("cuda", i) for i in ids])
 
-    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
-        """Every replica runs TimedReplica (framework/telemetry/replica_clock.py: the run's autocast dtype inside the
-        replica thread, forward/backward timed on the replica's GPU); on the CPU the one replica runs it directly."""
-        devices = [torch.device("cuda", i) for i in self.device_ids] or [self.device]
-        self.clock = ReplicaClock(devices)
-        dtype = autocast_dtype(self.trainer.precision) if self.device_ids else None
-        replica = TimedReplica(model, self.clock, self.device.type, dtype)
-        outer = nn.DataParallel(replica, device_ids=self.device_ids) if self.device_ids else replica
-        outer.register_forward_pre_hook(lambda *_: self.clock.begin_micro_batch())
-        return Wrapped(outer, make_optimizer(outer.parameters()), Precision(self.trainer.precision, self.device),
-                       self.clock)
+    def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
+        """On GPUs every replica runs ReplicaAutocast (the run's autocast dtype inside the replica's thread); on the
+        CPU the one replica is the module itself."""
+        ids = group.cuda_devices
+        dtype = autocast_dtype(self.trainer.precision) if ids else None
+        inner = ReplicaAutocast(model, dtype) if dtype is not None else model
+        outer = nn.DataParallel(inner, device_ids=ids) if ids else inner
+        return DPWrapped(outer, make_optimizer(outer.parameters()), Precision(self.trainer.precision, group.device),
+                         CheckpointIO(group.rank, group.world_size, ids), original_module(model),
+                         replicas=len(group.devices))
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        if isinstance(model, nn.DataParallel):
-            model = model.module
-        if isinstance(model, TimedReplica):
-            model = model.module
-        return super().unwrap(model)
 
-    def local_slots(self) -> int:
-        return max(1, len(self.device_ids))
+class DPWrapped(Wrapped):
+    """SlotSplit: the replicas a micro-batch runs on."""
 
-    def cuda_devices(self) -> list[int]:
-        return list(self.device_ids)
+    def __init__(self, *args, replicas: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replicas = replicas
 
-    def slot_sizes(self, batch: int) -> list[int]:
-        return chunk_sizes(batch, len(self.device_ids))
+    def slot_sizes(self, micro_batch: int) -> list[int]:
+        return chunk_sizes(micro_batch, self.replicas)
+
+
+class ReplicaAutocast(nn.Module):
+    """nn.DataParallel runs each replica in a thread of its own and re-enters autocast there without a dtype, and a
+    new thread's CUDA autocast dtype is fp16: bf16 runs would train their replicas in fp16. The dtype is entered
+    here, inside the replica."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.dtype = module, dtype
+
+    def forward(self, *args, **kwargs):
+        device_type = next((a.device.type for a in args if torch.is_tensor(a)), "cuda")
+        with torch.autocast(device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
 
 
 def chunk_sizes(batch: int, replicas: int) -> list[int]:

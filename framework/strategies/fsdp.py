@@ -8,23 +8,24 @@ import contextlib
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
 from framework.config.strategy_options import FSDPOptions
 from framework.errors import ConfigError
-from framework.strategies.base import Wrapped
-from framework.strategies.checkpoint_io import CheckpointIO
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_units import auto_units, innermost_first, named_units, tied_parameters, without_tied
+from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
+from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (any other tensor is all local)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
+DCP = CheckpointFormat("dcp", ("dcp", "file"), sharded=True, reshards=True)
 
 
 class FSDPPrecision(Precision):
@@ -36,10 +37,24 @@ class FSDPPrecision(Precision):
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model, optimizer, max_norm):
-        from torch.distributed.tensor import DTensor
-
         norm = super().clip_grad_norm(model, optimizer, max_norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+class FSDPWrapped(Wrapped):
+    """GradientSync: non-final micro-batches of an accumulation keep their gradients local and unsharded (no
+    reduce-scatter); with reshard_after_forward=false (memory traded for speed) the parameters also stay unsharded
+    until the last micro-batch, so its forward gathers nothing again."""
+
+    def __init__(self, *args, reshard_after_forward: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reshard_after_forward = reshard_after_forward
+
+    def gradient_sync(self, on: bool):
+        self.model.set_requires_gradient_sync(on)
+        if not self.reshard_after_forward:
+            self.model.set_reshard_after_backward(on)
+        return contextlib.nullcontext()
 
 
 class FSDPStrategy(ElasticStrategy):
@@ -49,23 +64,22 @@ class FSDPStrategy(ElasticStrategy):
     # fully_shard moves one unit at a time to the GPU and keeps only its shard there (or in CPU memory, with
     # cpu_offload): a model larger than one GPU never sits there whole
     moves_model_itself = True
+    _describe_note = "; parameters, gradients and optimizer state sharded by fully_shard"
 
-    def __init__(self, options, trainer):
-        super().__init__(options, trainer)
-        self.checkpoints = DcpCheckpoints(self)
+    def __init__(self, options: FSDPOptions, trainer):
+        super().__init__(options, trainer, DCP)
 
-    def backend(self) -> str:
+    def backend_for(self, options: FSDPOptions, cuda: bool) -> str:
         """With cpu_offload the sharded gradients live in CPU memory, and clipping and the non-finite check
         all-reduce them there: the group needs gloo for CPU tensors beside nccl for CUDA ones (pytorch#148532)."""
-        backend = super().backend()
-        if self.options.cpu_offload and self.use_cuda and backend == "nccl":
+        backend = super().backend_for(options, cuda)
+        if options.cpu_offload and cuda and backend == "nccl":
             return "cpu:gloo,cuda:nccl"
         return backend
 
-    # ---- driver side -------------------------------------------------------------------------
     def validate(self) -> None:
         super().validate()
-        if self.options.cpu_offload and not self.use_cuda:
+        if self.options.cpu_offload and not self.trainer.cuda:
             raise ConfigError("strategy.cpu_offload=true is not allowed without GPUs: the parameters and optimizer "
                               "state already live in CPU memory; use strategy.cpu_offload=false")
         if self.trainer.precision == "fp16":
@@ -94,10 +108,6 @@ class FSDPStrategy(ElasticStrategy):
                               "one; list classes that keep them together, or use strategy.shard_modules=auto (which "
                               "leaves tied modules to the root)")
 
-    def describe(self) -> str:
-        return super().describe() + "; parameters, gradients and optimizer state sharded by fully_shard"
-
-    # ---- wrapping ----------------------------------------------------------------------------
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """The modules sharded (and all-gathered) as one unit each, innermost first; the root comes last
         (framework/strategies/fsdp_units.py: containers are descended into, tied parameters stay in one unit)."""
@@ -105,10 +115,7 @@ class FSDPStrategy(ElasticStrategy):
         units = auto_units(model) if names is None else named_units(model, names)
         return innermost_first(model, without_tied(model, units))
 
-    def wrap(self, model: nn.Module, make_optimizer) -> Wrapped:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
+    def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         o = self.options
         compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
         # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
@@ -116,83 +123,56 @@ class FSDPStrategy(ElasticStrategy):
         offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
-        options = dict(mesh=init_device_mesh(self.device.type, (self.world_size,)),
+        options = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
                        reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
         for unit in self.shard_units(model):
             fully_shard(unit, **options)
         fully_shard(model, **options)
-        return Wrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, self.device))
-
-    def optimizer_state_bytes(self, optimizer) -> int:
-        return sum(_local(t).numel() * t.element_size() for state in optimizer.state.values()
-                   for t in state.values() if torch.is_tensor(t))
-
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        # The forward all-gathers each unit's parameters: every rank runs it, on the same number of test
-        # batches (eval_batches gives every rank the same count).
-        return model
-
-    def sync(self, model: nn.Module, on: bool):
-        """Non-final micro-batches of an accumulation keep their gradients local and unsharded (no
-        reduce-scatter); with reshard_after_forward=false (memory traded for speed) the parameters also stay
-        unsharded until the last micro-batch, so its forward gathers nothing again."""
-        model.set_requires_gradient_sync(on)
-        if not self.options.reshard_after_forward:
-            model.set_reshard_after_backward(on)
-        return contextlib.nullcontext()
+        return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
+                           DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, o.cpu_offload), model,
+                           reshard_after_forward=o.reshard_after_forward)
 
 
 class DcpCheckpoints(CheckpointIO):
     """torch.distributed.checkpoint: one shard per rank; reads a single-file checkpoint (single, ddp, dp) as a full
     state dict, each rank keeping its shards."""
 
-    format = "dcp"
-    sharded = True
-    readable_formats = ("dcp", "file")
+    format = DCP
+
+    def __init__(self, rank: int, world_size: int, cuda_devices: list[int], cpu_offload: bool):
+        super().__init__(rank, world_size, cuda_devices)
+        self.cpu_offload = cpu_offload
 
     @staticmethod
-    def _state(wrapped: Wrapped) -> dict:
+    def _state(model: nn.Module, optimizer) -> dict:
         """This rank's shards of model and optimizer state (DTensors), keyed by parameter name."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optimizer_state = get_state_dict(wrapped.model, wrapped.optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optimizer": optimizer_state}
 
-    def full_model_state(self, wrapped: Wrapped) -> dict | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def full_model_state(self, module: nn.Module) -> dict | None:
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.is_main else None
 
-        state = get_model_state_dict(wrapped.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.strategy.is_main else None
+    def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        dcp.save(self._state(model, optimizer), checkpoint_id=str(folder / tag))
 
-    def save_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(self._state(wrapped), checkpoint_id=str(folder / tag))
-
-    def load_shards(self, folder: Path, tag: str, wrapped: Wrapped) -> None:
+    def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
         """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        state = self._state(wrapped)
+        state = self._state(model, optimizer)
         dcp.load(state, checkpoint_id=str(folder / tag))
-        set_state_dict(wrapped.model, wrapped.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
-    def restore_file(self, state: dict, wrapped: Wrapped) -> tuple[Position, dict]:
+    def restore_file(self, state: dict, module: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
         """A single-file checkpoint holds the full model and a plain optimizer state dict (parameters by index, in
         model.parameters() order)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        model = wrapped.model
-        names = [name for name, _ in model.named_parameters()]
+        names = [name for name, _ in module.named_parameters()]
         saved = state["optimizer"]
         by_name = {
             "state": {names[i]: s for i, s in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
-        with _buffers_in_cpu_memory(model, self.strategy.options.cpu_offload):
-            set_state_dict(model, wrapped.optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
+        with _buffers_in_cpu_memory(module, self.cpu_offload):
+            set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
                            options=StateDictOptions(full_state_dict=True))
         return self.progress(state)
 

@@ -23,7 +23,7 @@ class GpuReading:
 def nvml_status() -> tuple[bool, str]:
     """(usable, why not): whether NVML answers here, and a short reason when it does not."""
     try:
-        import pynvml
+        import pynvml  # the nvml extra
     except ImportError:
         return False, "nvidia-ml-py is not installed (pip install 'hydra-dist[nvml]')"
     try:
@@ -42,7 +42,7 @@ def _plain_uuid(uuid) -> str:
 def nvml_handles(cuda_indices: list[int]) -> dict[int, object]:
     """NVML's handle of each CUDA device index given, matched by UUID. Raises LookupError for a device NVML
     does not list (e.g. a MIG slice), so no reading is ever attributed to the wrong GPU."""
-    import pynvml
+    import pynvml  # the nvml extra (nvml_status() said it is there)
 
     by_uuid = {}
     for i in range(pynvml.nvmlDeviceGetCount()):
@@ -58,7 +58,7 @@ def nvml_handles(cuda_indices: list[int]) -> dict[int, object]:
 
 
 def read_gpus(handles: dict[int, object]) -> list[GpuReading]:
-    import pynvml
+    import pynvml  # the nvml extra (nvml_status() said it is there)
 
     return [GpuReading(index, float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
                        pynvml.nvmlDeviceGetMemoryInfo(h).used / GIB) for index, h in handles.items()]

@@ -42,14 +42,23 @@ class Straggler:
                 f"(trainer.straggler_threshold={threshold:g}; {self.intervals} log intervals in a row)")
 
 
-def local_slots(strategy, slots: int, precision: str, convolutions: bool) -> list[Slot]:
+def local_slots(devices: list[torch.device], slots: int, precision: str, convolutions: bool) -> list[Slot]:
     """The first `slots` of this process's devices: those its micro-batch runs on (dp: device_ids[:chunks])."""
     host = socket.gethostname()
-    cuda = strategy.cuda_devices()[:slots]
+    cuda = [d.index for d in devices if d.type == "cuda"][:slots]
     if not cuda:
-        return [Slot(host, str(strategy.device), "cpu", None) for _ in range(slots)]
+        return [Slot(host, str(devices[0]), "cpu", None) for _ in range(slots)]
     return [Slot(host, f"cuda:{i}", name, peak_tflops(name, precision, convolutions, sm_count(i)))
             for i, name in ((i, torch.cuda.get_device_name(i)) for i in cuda)]
+
+
+def count_flops(model: nn.Module, example, micro_batch: int) -> float | str:
+    """FLOPs per training sample of the user's module before any wrapper (ZeRO-3 would partition its weights in
+    place), or why they could not be counted (a forward that cannot run on meta tensors)."""
+    try:
+        return training_flops_per_sample(model, example, micro_batch)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def sm_count(index: int) -> int:
@@ -63,28 +72,12 @@ class PerGpu:
         self.intervals, self.min_gap_ms = straggler_intervals, straggler_min_gap_ms
         self._streaks = [0] * len(slots)  # log intervals in a row each slot was past the threshold
 
-    @staticmethod
-    def start(strategy, model, example, micro_batch: int, precision: str, straggler_threshold: float,
-              say, straggler_intervals: int = 1, straggler_min_gap_ms: float = 0.0) -> "PerGpu":
-        """Every rank calls this once (it gathers), with the user's module before any wrapper; rank 0 also counts
-        the FLOPs and says what it can report."""
-        convolutions = has_convolutions(model)
-        used = len(strategy.slot_sizes(micro_batch))
-        mine = local_slots(strategy, used, precision, convolutions)
-        slots = [s for rank_slots in strategy.gather_objects(mine) for s in rank_slots]
-        flops = None
-        if strategy.is_main:
-            if used < strategy.local_slots():
-                say(f"a micro-batch of {micro_batch} splits into {used} chunk(s), so {used} of the "
-                    f"{strategy.local_slots()} GPUs of this process train (nn.DataParallel gives each at least one "
-                    "sample); raise trainer.batch_size to use them all")
-            try:
-                flops = training_flops_per_sample(model, example, micro_batch)
-                say(f"model FLOPs: {flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
-                    f"{_mfu_note(slots, precision_key(precision, convolutions))}")
-            except Exception as exc:  # a forward that cannot run on meta tensors: report what we can without it
-                say(f"model FLOPs not counted ({type(exc).__name__}: {exc}); no throughput/device/tflops or mfu tags")
-        return PerGpu(slots, flops, straggler_threshold, straggler_intervals, straggler_min_gap_ms)
+    def flops_line(self, model_flops: float | str, precision: str, convolutions: bool) -> str:
+        """What rank 0 says at the start: the FLOPs counted (or why not) and what MFU is measured against."""
+        if isinstance(model_flops, str):
+            return f"model FLOPs not counted ({model_flops}); no throughput/device/tflops or mfu tags"
+        return (f"model FLOPs: {model_flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
+                f"{_mfu_note(self.slots, precision_key(precision, convolutions))}")
 
     def report(self, s: IntervalSummary) -> "IntervalReport":
         tflops = self.tflops(s)

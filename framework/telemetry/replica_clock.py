@@ -1,11 +1,10 @@
 """dp: each replica's forward and backward time on its own GPU, and from them its busy and wait time.
 
 nn.DataParallel runs every replica's forward in a thread of its own on that GPU's current stream, and autograd
-runs each GPU's share of backward in that GPU's own thread. TimedReplica, the module every replica runs, marks
-there: forward start and end around the module, backward start when the output's gradient reaches that GPU,
-backward end when every parameter copy of the replica has its gradient (one multi-grad hook). With nothing
-replicated (one GPU, or the CPU) backward end is a callback queued on autograd's engine for the end of the
-backward: cheaper than a hook on every parameter each step.
+runs each GPU's share of backward in that GPU's own thread. time_replicas() hooks the module every replica runs and
+marks there: forward start and end around the module, backward start when the output's gradient reaches that GPU,
+backward end when every parameter copy of the replica has its gradient. With nothing replicated (one GPU, or the
+CPU) backward end is torch's multi-grad hook over the module's parameters (once all of them have their gradient).
 
 On a GPU a mark is a CUDA event on the replica's stream, read at the log boundary only (after the meter's one
 sync); on the CPU a perf_counter reading. On several GPUs every replica's parameter copies come out of one Broadcast
@@ -24,8 +23,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
+from framework.data.batches import leaves
 from framework.telemetry.wait_clock import seconds_between, timestamp
 
 PHASES = ("forward", "backward")
@@ -46,6 +45,8 @@ CAVEAT = ("dp on several GPUs: a replica's backward ends when autograd sums the 
 
 
 class ReplicaClock:
+    ends_with_backward = False  # each replica's marks say where its backward ended
+
     def __init__(self, devices: list[torch.device]):
         self.devices = devices  # one per slot (replica), in DataParallel's device_ids order
         self.caveat = CAVEAT if len(devices) > 1 else None
@@ -62,7 +63,7 @@ class ReplicaClock:
     def slot_of(self, args) -> int:
         if len(self.devices) == 1:
             return 0
-        first = next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+        first = leaves(args)[0]
         return self.devices.index(first.device)
 
     def mark(self, slot: int):
@@ -99,57 +100,57 @@ class ReplicaClock:
 
 def _replica_parameters(module: nn.Module):
     """The parameters this replica computes with. A DataParallel replica's parameters() is empty: replicate() sets
-    each copy as a plain attribute and lists it in `_former_parameters` (which DDP reads the same way)."""
+    each copy as a plain attribute and lists it in `_former_parameters` (private; DDP reads it the same way, and torch
+    offers no public view of a replica's parameter copies)."""
     for m in module.modules():
         yield from (m._former_parameters.values() if hasattr(m, "_former_parameters")
                     else m.parameters(recurse=False))
 
 
-class TimedReplica(nn.Module):
-    """What every dp replica runs: the user's module under the run's autocast dtype, timed by the clock.
+def time_replicas(module: nn.Module, clock: ReplicaClock, replicated: bool) -> None:
+    """Hooks on the module every replica runs (nn.DataParallel's replicas carry its hooks; on the CPU the one replica
+    is the module): forward start and end around it, backward start when the output's gradient reaches the replica,
+    backward end when every parameter copy of the replica has its gradient."""
+    def forward_started(replica, args):
+        if torch.is_grad_enabled() and clock.micro_batches:
+            slot = clock.slot_of(args)
+            marks = _Marks()
+            marks.forward_start = clock.mark(slot)
+            clock.micro_batches[-1][slot] = marks
 
-    The dtype is entered inside the replica: nn.DataParallel runs each replica in a thread of its own and re-enters
-    autocast there without a dtype, and a new thread's CUDA autocast dtype is fp16, so bf16 runs would otherwise
-    train their replicas in fp16."""
-
-    def __init__(self, module: nn.Module, clock: ReplicaClock, device_type: str, dtype: torch.dtype | None):
-        super().__init__()
-        self.module, self.clock, self.device_type, self.dtype = module, clock, device_type, dtype
-
-    def forward(self, *args, **kwargs):
-        if not torch.is_grad_enabled() or not self.clock.micro_batches:
-            return self._run(args, kwargs)
-        slot = self.clock.slot_of(args)
-        marks = _Marks()
-        marks.forward_start = self.clock.mark(slot)
-        out = self._run(args, kwargs)
-        marks.forward_end = self.clock.mark(slot)
-        self.clock.micro_batches[-1][slot] = marks
-        self._time_backward(out, slot, marks)
-        return out
-
-    def _run(self, args, kwargs):
-        if self.dtype is None:
-            return self.module(*args, **kwargs)
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.module(*args, **kwargs)
-
-    def _time_backward(self, out, slot: int, marks: _Marks) -> None:
-        first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None)
-        if first is None:
+    def forward_done(replica, args, out):
+        if not (torch.is_grad_enabled() and clock.micro_batches):
             return
-        # DataParallel's replicas compute with non-leaf copies of the parameters, made anew each forward by one
-        # Broadcast node (whose backward sums the replicas' gradients)
-        copy = next((p for p in _replica_parameters(self.module) if p.requires_grad and not p.is_leaf), None)
+        slot = clock.slot_of(args)
+        marks = clock.micro_batches[-1].get(slot)
+        if marks is not None:
+            marks.forward_end = clock.mark(slot)
+            _time_backward(replica, out, slot, marks, clock)
 
-        def backward_done(*_):
-            marks.backward_end = self.clock.mark(slot)
+    module.register_forward_pre_hook(forward_started)
+    module.register_forward_hook(forward_done)
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not replicated and params:  # one GPU, or the CPU: this replica's backward is the whole backward
+        torch.autograd.graph.register_multi_grad_hook(params, lambda grads: _backward_done(clock, 0), mode="all")
 
-        def backward_started(grad):
-            marks.backward_start = self.clock.mark(slot)
-            if copy is None:  # nothing replicated (one GPU, the CPU): this replica's backward is the whole backward
-                torch.autograd.Variable._execution_engine.queue_callback(backward_done)
 
-        first.register_hook(backward_started)  # the output is new each forward: its hook goes with it
-        if copy is not None:
-            copy.grad_fn.register_prehook(backward_done)  # one hook on the node, not one per parameter copy
+def _backward_done(clock: ReplicaClock, slot: int) -> None:
+    marks = clock.micro_batches[-1].get(slot) if clock.micro_batches else None
+    if marks is not None and marks.backward_start is not None and marks.backward_end is None:
+        marks.backward_end = clock.mark(slot)
+
+
+def _time_backward(replica: nn.Module, out, slot: int, marks: _Marks, clock: ReplicaClock) -> None:
+    first = next((t for t in leaves(out) if t.requires_grad), None)
+    if first is None:
+        return
+    # DataParallel's replicas compute with non-leaf copies of the parameters, made anew each forward by one
+    # Broadcast node (whose backward sums the replicas' gradients)
+    copy = next((p for p in _replica_parameters(replica) if p.requires_grad and not p.is_leaf), None)
+
+    def backward_started(grad):
+        marks.backward_start = clock.mark(slot)
+
+    first.register_hook(backward_started)  # the output is new each forward: its hook goes with it
+    if copy is not None:  # one hook on the Broadcast node, not one per parameter copy
+        copy.grad_fn.register_prehook(lambda *_: setattr(marks, "backward_end", clock.mark(slot)))

@@ -47,7 +47,7 @@ def is_torchmetric(metric) -> bool:
     return module is not None and isinstance(metric, module.Metric)
 
 
-def build_metrics(nodes: dict, num_classes: int | None = None) -> dict:
+def build_metrics(nodes: dict) -> dict:
     """name -> metric, from the `metrics` node (a mapping of names to components)."""
     metrics = {}
     for name, node in (nodes or {}).items():
@@ -56,10 +56,15 @@ def build_metrics(nodes: dict, num_classes: int | None = None) -> dict:
             raise ConfigError(f"metrics.{name}._target_={node['_target_']} is not allowed: it built a "
                               f"{type(metric).__name__}, which is neither a torchmetrics.Metric nor callable as "
                               "metric(outputs, targets)")
-        if hasattr(metric, "check"):
-            metric.check(num_classes, f"metrics.{name}")
         metrics[str(name)] = metric
     return metrics
+
+
+def check_metrics(metrics: dict, num_classes: int | None) -> None:
+    """Each metric that can check itself against the dataset's class count does (top_k > classes, ...)."""
+    for name, metric in metrics.items():
+        if hasattr(metric, "check"):
+            metric.check(num_classes, f"metrics.{name}")
 
 
 def build_loss(node):
@@ -116,14 +121,14 @@ class EvalMetrics:
     """One evaluation's metrics: plain ones summed per sample on the device (and all-reduced once), torchmetrics
     updated per batch and computed at the end, synchronized over every rank (sync_torchmetric)."""
 
-    def __init__(self, metrics: dict, strategy):
-        self.metrics, self.strategy = metrics, strategy
+    def __init__(self, metrics: dict, group):
+        self.metrics, self.group = metrics, group
         self.plain = [name for name, m in metrics.items() if not is_torchmetric(m)]
         for metric in metrics.values():
             if is_torchmetric(metric):
-                sync_torchmetric(metric, strategy.device, strategy.world_size, strategy.gather_objects)
+                sync_torchmetric(metric, group.device, group.world_size, group.gather_objects)
         # count, loss sum, then each plain metric's sum of per-sample scores
-        self.sums = torch.zeros(2 + len(self.plain), device=strategy.device, dtype=torch.float64)
+        self.sums = torch.zeros(2 + len(self.plain), device=group.device, dtype=torch.float64)
         self.reset()  # the same torchmetrics objects serve every evaluation of the run
 
     def reset(self) -> None:
@@ -143,7 +148,7 @@ class EvalMetrics:
 
     def compute(self) -> tuple[float, dict[str, float]]:
         """Every rank calls it (it reduces); (mean loss, name -> value) are the whole split's on every rank."""
-        count, loss_sum, *plain_sums = self.strategy.all_reduce_sum(self.sums).tolist()
+        count, loss_sum, *plain_sums = self.group.all_reduce_sum(self.sums).tolist()
         count = max(count, 1)
         values = dict(zip(self.plain, (s / count for s in plain_sums)))
         for name, metric in self.metrics.items():

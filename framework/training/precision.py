@@ -1,16 +1,14 @@
 """trainer.precision -> autocast context, gradient scaler, and the optimizer step (clip, skip, step).
 
-A strategy whose engine owns backward and step (DeepSpeed) or must synchronize before clipping (Horovod)
-returns its own subclass from Strategy.make_precision; the training loop only calls these methods."""
+An engine that owns mixed precision (FSDP's MixedPrecisionPolicy), backward and the step (DeepSpeed) or must
+synchronize before clipping (Horovod) puts its own subclass into what its parallelize() returns
+(framework/strategies/); the training loop only calls these methods."""
 from __future__ import annotations
 
 import contextlib
 import math
 
 import torch
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-
 
 def autocast_dtype(name: str) -> torch.dtype | None:
     """The dtype trainer.precision=name computes in under autocast (None: no autocast)."""

@@ -1,5 +1,6 @@
-"""The one training loop, shared by every strategy. Strategy-specific work is behind the strategy and what its
-wrap() returned; what watches the loop (console, TensorBoard, fault injection, a user's own) is a callback."""
+"""The one training loop, shared by every strategy. What an engine does differently is behind the process group and
+what its parallelize() returned (framework/training/engine.py); what watches the loop (console, TensorBoard, the best
+weights, a user's own) is a callback; the meters, clocks and heartbeat are its telemetry (LoopTelemetry)."""
 from __future__ import annotations
 
 import math
@@ -9,12 +10,15 @@ from pathlib import Path
 
 import torch
 
-from framework.callbacks.base import Callbacks
+from framework.training.callback import Callbacks
 from framework.checkpoints.position import Position, resume_point
 from framework.config.trainer import TrainerConfig
-from framework.strategies.base import Strategy, Wrapped
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
+from framework.telemetry.optimizer_state import optimizer_state_bytes
+from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
+from framework.training.checkpointing import Checkpointer
+from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import LrSchedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
@@ -76,16 +80,50 @@ class LoopData:
     metrics: dict  # name -> a torchmetrics.Metric, or metric(outputs, targets) -> the batch's sum of a per-sample score
 
 
+@dataclass
+class RunInfo:
+    """What callbacks read about the run, beside the loop's own state: its folder, rank 0's console, the
+    hyperparameters the HParams tab shows, what rebuilds the model (weights files), and the stop a signal requests."""
+
+    run_dir: Path
+    say: object  # rank 0's console and train.log (framework/telemetry/progress.py: Console)
+    hparams: dict
+    model_record: dict  # the model's config, in_shape and num_classes
+    stop: object  # framework/training/interrupts.py: .requested, .signum
+
+
+@dataclass
+class LoopTelemetry:
+    """The loop's meters: per-slot throughput and loss (kept on the device between log boundaries), what tells the
+    GPUs apart at a boundary, where the loop is (for the stall watchdog) and the engine's wait clock."""
+
+    meter: IntervalMeter
+    per_gpu: PerGpu
+    heartbeat: Heartbeat
+    clock: object = None  # framework/training/instrument.py: wait_clock()
+
+    def batches(self, batches, step: int):
+        """The micro-batches of one step, their fetch time metered (the data share of a step)."""
+        while True:
+            self.heartbeat.beat(step, "data")
+            start = time.perf_counter()
+            batch = next(batches)
+            self.meter.add_data_time(time.perf_counter() - start)
+            self.heartbeat.beat(step, "compute")
+            yield batch
+
+    def backward_done(self) -> None:
+        """The last micro-batch's backward returned: an engine that reduces inside it has released this rank."""
+        if self.clock is not None and self.clock.ends_with_backward:
+            self.clock.stop()
+
+
 class Trainer:
-    def __init__(self, options: TrainerConfig, *, strategy: Strategy, wrapped: Wrapped, data: LoopData, lr_schedule,
-                 checkpointer, callbacks: Callbacks, devices, stop, say, run_dir: Path, hparams: dict,
-                 model_record: dict, heartbeat: Heartbeat | None = None):
-        self.options, self.strategy, self.wrapped, self.data = options, strategy, wrapped, data
-        self.checkpointer, self.callbacks, self.devices, self.stop, self.say = checkpointer, callbacks, devices, stop, say
-        self.run_dir, self._hparams = run_dir, hparams
-        self.model_record = model_record  # the model's config, in_shape and num_classes: what rebuilds it
-        self.heartbeat = heartbeat or Heartbeat()  # where the loop is, for the stall watchdog's thread
-        self.is_main = strategy.is_main
+    def __init__(self, options: TrainerConfig, lr_schedule, *, group: ProcessGroup, wrapped: Wrapped, data: LoopData,
+                 checkpointer: Checkpointer, callbacks: Callbacks, telemetry: LoopTelemetry, run: RunInfo):
+        self.options, self.group, self.wrapped, self.data = options, group, wrapped, data
+        self.checkpointer, self.callbacks, self.telemetry, self.run = checkpointer, callbacks, telemetry, run
+        self.is_main = group.is_main
         self.totals = RunTotals()
         self.epoch = 0
         self.step = 0  # optimizer steps done
@@ -99,37 +137,22 @@ class Trainer:
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         self.lr_schedule = LrSchedule(lr_schedule, self.total_steps)
         self.lr_schedule.attach(wrapped.optimizer)
-        memory_devices = [torch.device("cuda", i) for i in strategy.cuda_devices()]
-        slot_sizes = strategy.slot_sizes(data.micro_batch)
-        self.meter = IntervalMeter(slot_sizes, strategy.device, memory_devices, wrapped.clock)
-        caveat = getattr(wrapped.clock, "caveat", None)
-        if caveat and len(slot_sizes) > 1 and self.is_main:
-            say(f"note: {caveat}")
+        caveat = getattr(telemetry.clock, "caveat", None)
+        if caveat and len(telemetry.meter.slot_sizes) > 1 and self.is_main:
+            self.say(f"note: {caveat}")
 
-    def resume(self, checkpoint) -> Position:
-        """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
-        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
-        if totals:
-            self.totals = RunTotals(**totals)
-        self.callbacks.load_state_dict(callbacks)
-        return position
+    # ---- what callbacks read -----------------------------------------------------------------
+    @property
+    def say(self):
+        return self.run.say
 
-    def export_weights(self, name: str) -> Path | None:
-        """Every rank calls it (a sharding engine gathers): the model's full weights into weights/<name>.pt, written
-        by rank 0 (framework/checkpoints/weights.py); the path there, None elsewhere."""
-        from framework.checkpoints.weights import write_weights
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
 
-        state = self.strategy.checkpoints.full_model_state(self.wrapped)
-        if not self.is_main:
-            return None
-        objective = {"name": self.objective, "value": self.totals.val_loss if self.objective == "loss"
-                     else self.totals.val_metrics.get(self.objective)}
-        try:
-            return write_weights(self.run_dir, name, state, step=self.step, objective=objective, **self.model_record)
-        except OSError as error:  # a by-product of the checkpoints, which keep the same weights: the run goes on
-            self.say(f"warning: weights/{name}.pt could not be written in {self.run_dir}: {error.strerror or error}; "
-                     f"the checkpoints hold the same model")
-            return None
+    def hparams(self) -> dict:
+        """The run's hyperparameters, as the HParams tab shows them."""
+        return {**self.run.hparams, "processes": self.group.world_size, "epochs": self.epochs}
 
     def lr(self) -> float:
         return float(self.wrapped.optimizer.param_groups[0]["lr"])
@@ -150,9 +173,14 @@ class Trainer:
     def higher_is_better(self) -> bool:
         return self.objective != "loss" and higher_is_better(self.data.metrics[self.objective])
 
-    def hparams(self) -> dict:
-        """The run's hyperparameters, as the HParams tab shows them."""
-        return {**self._hparams, "processes": self.strategy.world_size, "epochs": self.epochs}
+    # ---- the loop ----------------------------------------------------------------------------
+    def resume(self, checkpoint) -> Position:
+        """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
+        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
+        if totals:
+            self.totals = RunTotals(**totals)
+        self.callbacks.load_state_dict(callbacks)
+        return position
 
     def fit(self, start: Position = Position()) -> RunTotals:
         """Train from `start` (framework/checkpoints/position.py: why the data position is counted in samples, and
@@ -167,10 +195,10 @@ class Trainer:
         return self.totals
 
     def _fit(self, start: Position) -> None:
-        k, batch = self.options.grad_accum, self.options.batch_size
+        k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = self.step = resumed.step
-        self.meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
+        meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             self.epoch = epoch
             first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
@@ -183,76 +211,72 @@ class Trainer:
                 step += 1
                 self.step = step
                 self.callbacks.on_train_step_start(self, step)
-                self._train_step(batches, step)
+                self._train_step(self.telemetry.batches(batches, step), step)
                 self.callbacks.on_train_step_end(self, step)
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
-                stopping = self.stop.requested  # read once: a signal may land anywhere below
-                checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
-                self.checkpoint_due = checkpoint_due
-                if step % self.options.log_every_n_steps == 0 or checkpoint_due:
+                stopping = self.run.stop.requested  # read once: a signal may land anywhere below
+                self.checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
+                if step % self.options.log_every_n_steps == 0 or self.checkpoint_due:
                     self._log(step)
-                if checkpoint_due:
-                    self.heartbeat.beat(step, "checkpoint")
+                if self.checkpoint_due:
+                    self.telemetry.heartbeat.beat(step, "checkpoint")
                     path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
                                                   asdict(self.totals), self.callbacks.state_dict())
                     self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
-                    raise Interrupted(self.stop.signum)
+                    raise Interrupted(self.run.stop.signum)
             self.checkpoint_due = False
-            if self.meter.steps:
+            if meter.steps:
                 self._log(step)
             if (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
                 self._evaluate(step)
-            self.meter.reset()  # evaluation time is not training time
+            meter.reset()  # evaluation time is not training time
             if self.stop_requested:
                 self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
                 break
 
     def _train_step(self, batches, step: int) -> None:
-        k = self.options.grad_accum
-        model, optimizer, precision = self.wrapped.model, self.wrapped.optimizer, self.wrapped.precision
+        k, w = self.options.grad_accum, self.wrapped
         # Gradients are dropped here, while the forward pass is about to allocate: dropping them right after
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
-        optimizer.zero_grad(set_to_none=True)
+        w.optimizer.zero_grad(set_to_none=True)
         losses = []
-        beat = self.heartbeat.beat
-        for micro in range(k):
-            beat(step, "data")
-            fetch_start = time.perf_counter()
-            batch = next(batches)
-            self.meter.add_data_time(time.perf_counter() - fetch_start)
-            beat(step, "compute")
-            with self.strategy.sync(model, on=micro == k - 1):
-                with precision.autocast():
-                    out = self.data.step(model, batch, self.data.loss)
+        for micro, batch in zip(range(k), batches):
+            with gradient_sync(w, on=micro == k - 1):
+                with w.precision.autocast():
+                    out = self.data.step(w.model, batch, self.data.loss)
                 per_sample = per_sample_losses(out.loss, out.samples)
-                precision.backward(per_sample.mean() / k)
+                w.precision.backward(per_sample.mean() / k)
             losses.append(per_sample.detach())
-        self.lr_schedule.apply(optimizer, step)
-        skip_nonfinite = self.options.on_nonfinite == "skip"
-        stepped = precision.optimizer_step(model, optimizer, self.options.grad_clip, skip_nonfinite)
-        beat(step, "step_end")
-        if not stepped:
+        self.telemetry.backward_done()
+        self.lr_schedule.apply(w.optimizer, step)
+        stepped = w.precision.optimizer_step(w.model, w.optimizer, self.options.grad_clip,
+                                             self.options.on_nonfinite == "skip")
+        self._step_done(step, losses if stepped else [])
+
+    def _step_done(self, step: int, losses: list[torch.Tensor]) -> None:
+        """The step's per-sample losses into the meters; none when its optimizer step was skipped."""
+        self.telemetry.heartbeat.beat(step, "step_end")
+        if not losses:
             self.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
-            self.meter.add_step(step)
-            return
         for per_sample in losses:
-            self.meter.add_micro_batch(per_sample)
-        self.meter.add_step(step)
+            self.telemetry.meter.add_micro_batch(per_sample)
+        self.telemetry.meter.add_step(step)
 
     def _log(self, step: int) -> None:
-        self.heartbeat.beat(step, "log")
-        rows = self.meter.rows(self.strategy.optimizer_state_bytes(self.wrapped.optimizer))
-        rows = self.strategy.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
-        self.meter.reset()
+        self.telemetry.heartbeat.beat(step, "log")
+        meter = self.telemetry.meter
+        rows = meter.rows(optimizer_state_bytes(self.wrapped.optimizer))
+        rows = self.group.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
+        meter.reset()
         self._stop_if_nonfinite(rows)
         report = None
         if self.is_main:
             summary = IntervalSummary.from_rows(rows)
             self.totals.add(summary)
-            report = self.devices.report(summary)
+            report = self.telemetry.per_gpu.report(summary)
         self.callbacks.on_log(self, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
@@ -271,20 +295,20 @@ class Trainer:
 
     def _evaluate(self, step: int) -> None:
         self.callbacks.on_evaluation_start(self, step)
-        result = evaluate(self.strategy, self.wrapped, self.data,
-                          on_batch=lambda: self.heartbeat.beat(step, "evaluate"))
+        result = evaluate(self.group, self.wrapped, self.data,
+                          on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
         if self.is_main:
             self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
         self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
 
 
 @torch.no_grad()
-def evaluate(strategy: Strategy, wrapped: Wrapped, data: LoopData, on_batch=None) -> EvalResult:
+def evaluate(group: ProcessGroup, wrapped: Wrapped, data: LoopData, on_batch=None) -> EvalResult:
     """The test split through the step on every rank (each its share), the metrics over all of it: every rank gets
     the same result. The training loop's evaluation, and eval.py's."""
-    model = strategy.eval_model(wrapped.model)
+    model = wrapped.evaluation_model()
     model.eval()
-    metrics = EvalMetrics(data.metrics, strategy)
+    metrics = EvalMetrics(data.metrics, group)
     for batch in data.eval_batches():
         if on_batch is not None:
             on_batch()

@@ -1,0 +1,104 @@
+"""The one assembly: a run's task (data, model, step, loss, metrics) built from its settings, and what the loop
+trains built from the task and the strategy. The driver's dry run (framework/preflight.py), every worker
+(framework/worker.py) and eval.py (framework/evaluate.py) build their task here, the same way. With the driver, the
+only code that reads the whole config; each component is built from, and receives, its own part."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from framework.callbacks.base import Callback
+from framework.callbacks.profiler import StepProfiler
+from framework.config.components import build_component
+from framework.config.settings import Settings
+from framework.data.augment import build_augment
+from framework.data.build import Data, build_data
+from framework.data.loaders import BatchPipeline, eval_batches
+from framework.errors import ConfigError
+from framework.models.build import build_model
+from framework.strategies.base import Strategy
+from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.metrics import build_loss, build_metrics, check_metrics, class_ids_of
+from framework.training.optim import build_optimizer
+from framework.training.speedups import apply_speedups, use_channels_last
+
+EVAL_BATCH_PER_DEVICE = 1024
+
+
+@dataclass
+class Task:
+    """What a run trains or evaluates: the data, the plain model (on the CPU, before any wrapper), the step, the loss
+    and the metrics, the batched augmentation, and the memory layout the model and batches share on `device`."""
+
+    data: Data
+    model: nn.Module
+    step: object
+    loss: object
+    metrics: dict
+    augment: object
+    channels_last: bool
+
+
+def build_task(s: Settings, device: torch.device, channels_last_refusal: str | None, check: bool = False) -> Task:
+    """Every component from its own options. check=True (the driver, once): the datasets' files, sample shapes and
+    class ids are checked too (framework/data/build.py)."""
+    loss = build_loss(s.loss)
+    metrics = build_metrics(s.metrics)
+    # class ids are checked where the loss or a metric takes them
+    data = build_data(s.dataset, class_ids_of(loss, metrics), check=check)
+    check_metrics(metrics, data.num_classes)
+    model = build_model(s.model, data.in_shape, data.num_classes)
+    augment = build_augment(s.dataset.augment, data.in_shape)
+    # resolved once: the model's layout and the batches' layout must agree
+    channels_last = use_channels_last(s.trainer.channels_last, model, device, data.in_shape,
+                                      channels_last_refusal is None)
+    return Task(data, model, build_component(s.step, "step"), loss, metrics, augment, channels_last)
+
+
+def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task) -> Wrapped:
+    """The task's model with its speed-ups, on the device and in the engine's wrapper, with its optimizer."""
+    model = apply_speedups(task.model, task.channels_last, s.trainer.compile, group.device,
+                           move=not strategy.moves_model_itself)
+    workers = group.world_size * len(group.devices)  # processes x the GPUs each drives (dp's replicas)
+    return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers), group)
+
+
+def test_batches(task: Task, group: ProcessGroup, num_workers: int):
+    """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
+    pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
+    return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.rank,
+                                group.world_size, num_workers)
+
+
+def example_input(data: Data) -> object:
+    """The first training sample's input as the model gets it (normalized where the dataset says how): what FLOPs
+    are counted on."""
+    return BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(data.example[0])
+
+
+def build_callbacks(nodes: dict, profile: list[int] | None = None) -> dict[str, Callback]:
+    """The callbacks group's components by name, in order; trainer.profile adds the step profiler first."""
+    callbacks: dict[str, Callback] = {"profiler": StepProfiler(*profile)} if profile else {}
+    for name, node in (nodes or {}).items():
+        callback = build_component(node, f"callbacks.{name}")
+        if not isinstance(callback, Callback):
+            raise ConfigError(f"callbacks.{name}._target_={node['_target_']} is not allowed: it built a "
+                              f"{type(callback).__name__}, not a framework.callbacks.base.Callback")
+        callbacks[str(name)] = callback
+    return callbacks
+
+
+def model_record(model_config: dict, data: Data) -> dict:
+    """What rebuilds the model outside a run (framework/results/trained_model.py)."""
+    return {"model_config": model_config, "in_shape": data.in_shape, "num_classes": data.num_classes}
+
+
+def hparams_of(s: Settings, strategy_name: str) -> dict:
+    t = s.trainer
+    return {
+        "strategy": strategy_name, "model": s.model_name, "dataset": s.dataset.display_name,
+        "optimizer": s.optimizer._target_.rsplit(".", 1)[-1], "lr": float(s.optimizer.lr),
+        "global_batch": t.batch_size, "grad_accum": t.grad_accum, "precision": t.precision, "seed": t.seed,
+    }

@@ -1,0 +1,135 @@
+"""How a strategy's training processes start: in the driver's own process, by torch's elastic agent (ddp, fsdp,
+deepspeed, and a user's engine started like them), or by Horovod's runner. Under an outer launcher (torchrun,
+SLURM, horovodrun) the processes exist already: `outer_launchers` says whose workers a launcher can train with, and
+the counts come from the environment those launchers leave."""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+import torch
+
+from framework.config.strategy_options import ElasticOptions, HorovodOptions
+from framework.launch.elastic import launch_elastic
+from framework.launch.horovod_runner import launch_horovod
+from framework.process.environment import HOROVOD, TORCH, launched_externally, outer_launcher, threads_per_worker
+
+CPU_WORKERS_WITHOUT_GPU = 2
+
+
+class Launcher(ABC):
+    runs_in_process = True  # launch() trains in the driver process (so the driver handles Ctrl-C for it)
+    # kinds of outer launcher (framework.process.environment: TORCH, HOROVOD) whose already-started workers this
+    # launcher's strategy can train with; under any other, the driver refuses the strategy before training
+    outer_launchers: frozenset[str] = frozenset()
+
+    @abstractmethod
+    def processes(self) -> int:
+        """Training processes in the whole job; the global batch is split across them."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """What launch() would start on this machine, in one line (shown by `hydra-dist-devices`)."""
+
+    @abstractmethod
+    def launch(self, entry: Callable[[Any], Any], payload: Any) -> Any:
+        """Start the workers, run entry(payload) in each, and return rank 0's result."""
+
+
+class InProcess(Launcher):
+    """This process is the only worker (single, dp)."""
+
+    def __init__(self, description: str):
+        self.description = description
+
+    def processes(self) -> int:
+        return 1
+
+    def describe(self) -> str:
+        return self.description
+
+    def launch(self, entry, payload):
+        return entry(payload)
+
+
+class Elastic(Launcher):
+    """One process per GPU (or CPU workers on gloo), started by torch's elastic agent, or by an outer torchrun /
+    scheduler that already started them; they join a torch.distributed group (framework/strategies/groups.py)."""
+
+    runs_in_process = False
+    outer_launchers = frozenset({TORCH})
+
+    def __init__(self, options: ElasticOptions, cuda: bool, backend: str, log_all_ranks: bool, note: str = ""):
+        self.options, self.cuda, self.backend, self.log_all_ranks = options, cuda, backend, log_all_ranks
+        self.note = note  # the engine's own words after describe()'s
+
+    def nproc_per_node(self) -> int:
+        if launched_externally():
+            return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        if self.options.nproc_per_node is not None:
+            return self.options.nproc_per_node
+        return torch.cuda.device_count() if self.cuda else CPU_WORKERS_WITHOUT_GPU
+
+    def processes(self) -> int:
+        if launched_externally():
+            return int(os.environ["WORLD_SIZE"])
+        return self.options.nnodes * self.nproc_per_node()
+
+    def describe(self) -> str:
+        n = self.nproc_per_node()
+        where = "GPUs, one per process" if self.cuda else (
+            f"the CPU, {os.environ.get('OMP_NUM_THREADS', threads_per_worker(n))} thread(s) each")
+        return (f"{self.processes()} process(es) ({self.options.nnodes} node(s) x {n}) on {where}, "
+                f"backend {self.backend}, started by torch's elastic agent{self.note}")
+
+    def launch(self, entry, payload):
+        o = self.options
+        if o.nproc_per_node is None and not self.cuda:
+            _say_cpu_workers(o.name, "nproc_per_node")
+        return launch_elastic(
+            entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
+            rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
+            log_all_ranks=self.log_all_ranks, log_dir=os.path.join(payload.run_dir, "worker_logs"))
+
+
+class Horovod(Launcher):
+    """Horovod's own runner (horovod.runner.run, gloo controller), or the workers horovodrun started."""
+
+    runs_in_process = False
+    outer_launchers = frozenset({HOROVOD})
+
+    def __init__(self, options: HorovodOptions, cuda: bool):
+        self.options, self.cuda = options, cuda
+
+    @staticmethod
+    def under_horovodrun() -> bool:
+        """horovodrun (or another Horovod launcher) started the workers, this process among them."""
+        return outer_launcher() == HOROVOD
+
+    def processes(self) -> int:
+        if self.under_horovodrun():
+            return int(os.environ["HOROVOD_SIZE"])
+        if self.options.np is not None:
+            return self.options.np
+        return torch.cuda.device_count() if self.cuda else CPU_WORKERS_WITHOUT_GPU
+
+    def local_workers(self) -> int:
+        if self.under_horovodrun():
+            return int(os.environ["HOROVOD_LOCAL_SIZE"])
+        return self.processes() if self.options.hosts is None else max(self.options.host_slots().values())
+
+    def describe(self) -> str:
+        where = "GPUs, one per process" if self.cuda else "the CPU (gloo)"
+        return f"{self.processes()} process(es) on {where}, started by Horovod's runner"
+
+    def launch(self, entry, payload):
+        o = self.options
+        if o.np is None and not self.cuda:
+            _say_cpu_workers(o.name, "np")
+        return launch_horovod(entry, payload, np=self.processes(), hosts=o.hosts, local_workers=self.local_workers())
+
+
+def _say_cpu_workers(name: str, option: str) -> None:
+    print(f"strategy={name}: no GPU in use, so {CPU_WORKERS_WITHOUT_GPU} CPU workers on gloo "
+          f"(set strategy.{option} to change)", flush=True)

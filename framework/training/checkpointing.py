@@ -1,0 +1,106 @@
+"""When the loop writes checkpoints, and resuming one: every rank calls save (rank 0 writes a single file; for an
+engine that shards them, every rank writes its shards); the files, their commit and the choice of which to resume
+are framework/checkpoints/'s."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from framework.checkpoints.disk import CheckpointNotWritten
+from framework.checkpoints.position import Position
+from framework.checkpoints.state import loop_state, rng_state
+from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
+                                         save_checkpoint, save_sharded_checkpoint)
+from framework.training.engine import ProcessGroup, Wrapped
+
+
+class Checkpointer:
+    """Writes this run's checkpoints when due (every rank calls save; rank 0, or every rank for sharded formats,
+    writes) and resumes one; remembers the newest committed one, so nothing re-reads the folder to find it."""
+
+    def __init__(self, group: ProcessGroup, run_dir: Path, every_n_steps: int | None, keep: int, batch_size: int,
+                 signature: dict, say, barrier=None):
+        self.group, self.say = group, say
+        self.barrier = barrier or group.barrier  # the wait clock may time it
+        self.folder = run_dir / CHECKPOINT_DIR
+        self.every, self.keep, self.batch_size = every_n_steps, keep, batch_size
+        self.signature = signature
+        self.last: Path | None = None
+
+    def due(self, step: int, epoch_end: bool) -> bool:
+        return epoch_end or bool(self.every and step % self.every == 0)
+
+    def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict) -> Path:
+        group, io = self.group, wrapped.checkpoint_io
+        rngs = group.gather_objects(rng_state(group.cuda_devices))
+        manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
+                    "batch_size": position.batch_size, "signature": self.signature,
+                    "world_size": group.world_size, "format": io.format.name}
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks)
+        if io.format.sharded:  # the engine writes shards on every rank
+            saved = save_sharded_checkpoint(
+                self.folder, state, manifest, self.keep,
+                lambda folder, tag: io.save_shards(folder, tag, wrapped.model, wrapped.optimizer),
+                self.barrier, group.is_main)
+            self.last = saved.path
+            return saved.path
+        problem, path = None, None
+        if group.is_main:
+            try:
+                path = save_checkpoint(self.folder, {**io.model_and_optimizer(wrapped.module, wrapped.optimizer),
+                                                     **state}, manifest, self.keep).path
+            except CheckpointNotWritten as exc:
+                problem = str(exc)
+        # every rank learns whether rank 0 could write it, so all stop together (not one in a collective)
+        answers = group.gather_objects((problem, path))
+        problems = [p for p, _ in answers if p]
+        if problems:
+            raise CheckpointNotWritten(problems[0])
+        self.last = answers[0][1]
+        return self.last
+
+    def last_saved(self) -> Path | None:
+        """This run's newest committed checkpoint: the last one it wrote, or the one it resumed from its own folder."""
+        return self.last
+
+    def keep_best(self, step: int) -> None:
+        """Every rank: the checkpoint just committed for `step` becomes checkpoints/best/ (hard links: no second
+        write), replacing the one kept before. Rank 0 moves the files; every rank waits for it."""
+        if self.group.is_main and self.last is not None:
+            try:
+                keep_apart(self.last, self.folder / BEST_DIR)
+            except OSError as error:  # the run goes on: its rolling checkpoints are whole, the best kept before too
+                self.say(f"warning: the best checkpoint (step {step}) could not be kept apart in "
+                         f"{self.folder / BEST_DIR}: {error.strerror or error}; the one kept before stays")
+        self.barrier()
+
+    def resume(self, checkpoint: Checkpoint, wrapped: Wrapped) -> tuple[Position, dict, dict]:
+        """Every rank: the state of a checkpoint the driver (or rank 0, after a restart) chose and verified:
+        its position, the run totals and the callbacks' states."""
+        io, scaler = wrapped.checkpoint_io, wrapped.precision.scaler
+        state = load_checkpoint(checkpoint)
+        if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
+            io.load_shards(checkpoint.path.parent, checkpoint.path.name, wrapped.model, wrapped.optimizer)
+            position, totals = io.progress(state)
+            if scaler and state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+        else:
+            position, totals = io.restore_file(state, wrapped.module, wrapped.optimizer, scaler)
+        if checkpoint.path.parent == self.folder:
+            self.last = checkpoint.path
+        changes = _changes(checkpoint.manifest, position, self.group.world_size, self.batch_size)
+        self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
+        return position, totals, state.get("callbacks", {})
+
+
+def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:
+    """What differs from the run that saved the checkpoint, for the resume line."""
+    changes = []
+    saved_world = manifest.get("world_size")
+    if saved_world not in (None, world_size):
+        changes.append(f"saved by {saved_world} worker(s), continuing on {world_size}")
+    if position.batch_size != batch_size:
+        changes.append(f"global batch {position.batch_size} -> {batch_size}")
+    if not changes:
+        return ""
+    return (f"; {', '.join(changes)}: epoch {position.epoch + 1} continues after its first "
+            f"{position.samples_in_epoch} samples")

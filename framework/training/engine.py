@@ -1,0 +1,126 @@
+"""What the training loop needs from an engine (framework/strategies/: every strategy provides these): the process
+group its worker joined, and what parallelize() made of the model. Abilities only some engines have are small
+protocols the loop asks for (isinstance), never base methods that do nothing."""
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ContextManager, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from framework.training.checkpoint_io import CheckpointIO
+from framework.training.precision import Precision
+
+
+class ProcessGroup(ABC):
+    """This worker's place in the job, and the collectives over every rank of it. Every rank must reach every
+    collective (a rank that skips one leaves the others waiting). A subclass that leaves a collective out cannot be
+    built: each is abstract."""
+
+    def __init__(self, rank: int, local_rank: int, world_size: int, device: torch.device,
+                 devices: list[torch.device] | None = None):
+        self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
+        self.devices = list(devices or [device])  # every device this process trains on (dp: one per replica)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def cuda_devices(self) -> list[int]:
+        """Indices of the GPUs this process trains on (their RNG streams are checkpointed, their memory metered)."""
+        return [d.index for d in self.devices if d.type == "cuda"]
+
+    @abstractmethod
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        """t from every rank stacked along a new first dimension, in rank order (same shape on every rank)."""
+
+    @abstractmethod
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum of t over every rank, on every rank."""
+
+    @abstractmethod
+    def gather_objects(self, obj) -> list:
+        """Every rank's obj (picklable; tensors in it on the CPU), in rank order, on every rank."""
+
+    @abstractmethod
+    def broadcast_object(self, obj):
+        """Rank 0's obj on every rank (the others pass anything, e.g. None)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Returns once every rank has called it."""
+
+    @abstractmethod
+    def leave(self, wait_for_peers: bool) -> None:
+        """Leave the group; with wait_for_peers only once every rank got here (every rank passes the same value)."""
+
+
+class LocalGroup(ProcessGroup):
+    """One process, alone: every collective is the identity."""
+
+    def __init__(self, device: torch.device, devices: list[torch.device] | None = None):
+        super().__init__(0, 0, 1, device, devices)
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unsqueeze(0)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def gather_objects(self, obj) -> list:
+        return [obj]
+
+    def broadcast_object(self, obj):
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def leave(self, wait_for_peers: bool) -> None:
+        pass
+
+
+@dataclass
+class Wrapped:
+    """What parallelize() made of the user's model: what the loop trains with."""
+
+    model: nn.Module  # what the training step calls (the engine's wrapper around the user's module)
+    optimizer: torch.optim.Optimizer
+    precision: Precision  # autocast, backward and the optimizer step, as this engine needs them
+    checkpoint_io: CheckpointIO  # how model and optimizer go into a checkpoint and come back
+    module: nn.Module  # the user's module inside every wrapper (torch.compile's too): what weights files hold
+    eval_model: nn.Module | None = None  # what evaluation calls, where not `model` (a wrapper that talks in forward)
+
+    def evaluation_model(self) -> nn.Module:
+        return self.model if self.eval_model is None else self.eval_model
+
+    def close(self) -> None:
+        """The worker is done with it (an engine with resources of its own frees them)."""
+
+
+@runtime_checkable
+class GradientSync(Protocol):
+    """An engine that reduces gradients inside backward (ddp, fsdp): a micro-batch that is not the last of an
+    accumulation runs its forward and backward inside gradient_sync(False) and keeps its gradients local."""
+
+    def gradient_sync(self, on: bool) -> ContextManager: ...
+
+
+@runtime_checkable
+class SlotSplit(Protocol):
+    """One process that drives several GPUs (dp): how a micro-batch splits over them (one slot per GPU that gets a
+    share; per-slot meters are TensorBoard's rank{r})."""
+
+    def slot_sizes(self, micro_batch: int) -> list[int]: ...
+
+
+def gradient_sync(wrapped: Wrapped, on: bool) -> ContextManager:
+    return wrapped.gradient_sync(on) if isinstance(wrapped, GradientSync) else contextlib.nullcontext()
+
+
+def slot_sizes(wrapped: Wrapped, micro_batch: int) -> list[int]:
+    return wrapped.slot_sizes(micro_batch) if isinstance(wrapped, SlotSplit) else [micro_batch]
