@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from framework.config.rules import Checked, SettingError, above, between, one_of, rule
-
-SCHEDULES = ("constant", "warmup_cosine")
+from framework.config.choices import LrScaling, Schedule
+from framework.config.rules import Checked, SettingError, above, between, rule
 
 
 @dataclass
@@ -19,7 +18,7 @@ class OptimizerConfig(Checked):
     lr: float = rule(0.05, above(0))
     # linear: lr x number of workers (processes or dp replicas), the data-parallel tutorials' rule for a batch
     # that grows with the workers; trainer.batch_size is global, so keep none unless you scale it with them
-    lr_scaling: str = rule("none", one_of("none", "linear"))
+    lr_scaling: LrScaling = LrScaling.none  # none | linear
 
     def constructor_arguments(self, workers: int) -> dict:
         """What the optimizer class is called with (besides the parameters): every key but lr_scaling, the lr
@@ -67,7 +66,7 @@ class LrScheduleConfig(Checked):
     """A factor on the optimizer's lr per step: linear warm-up over warmup_fraction of the run's steps from
     start_factor x lr, then a cosine decay to final_factor x lr at the last step (warmup_cosine), or 1 (constant)."""
 
-    name: str = rule("warmup_cosine", one_of(*SCHEDULES))
+    name: Schedule = Schedule.warmup_cosine  # constant | warmup_cosine
     warmup_fraction: float = rule(0.1, between(0.0, 1.0, high_open=True))
     start_factor: float = rule(0.1, between(0.0, 1.0))
     final_factor: float = rule(0.0, between(0.0, 1.0))

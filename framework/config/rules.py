@@ -2,12 +2,14 @@
 
     epochs: int = rule(3, at_least(1))
 
-OmegaConf checks the type when the config is composed or merged; the rule checks the value when the schema is
-instantiated (`Checked.__post_init__`), and a cross-key rule lives in the schema's own `check()`. Every failure
-names the field, its value and what is allowed; framework/config/typed.py adds the config key in front."""
+OmegaConf checks the type (and an Enum field's choices, framework/config/choices.py) when the config is composed or
+merged; the rule checks the value when the schema is instantiated (`Checked.__post_init__`), and a cross-key rule
+lives in the schema's own `check()`. Every failure names the field, its value and what is allowed;
+framework/config/typed.py adds the config key in front."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from typing import Any, Callable
 
@@ -52,6 +54,7 @@ def at_least_number(low: float) -> Rule:
 
 
 def one_of(*choices, allowed: str = "") -> Rule:
+    """A few values, of their own types (true is not 1). A choice of words is an Enum field instead (choices.py)."""
     return Rule(allowed or "one of " + ", ".join(str(c) for c in choices),
                 lambda v: any(v == c and type(v) is type(c) for c in choices))
 
@@ -128,4 +131,6 @@ def _type_words(annotation) -> str:
         return f"a list of {_type_words(args[0]).removeprefix('an ').removeprefix('a ')}s"
     if args and typing.get_origin(annotation) is typing.Union:
         return " or ".join(_type_words(a) for a in args)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "one of " + ", ".join(str(member.value) for member in annotation)
     return _TYPE_WORDS.get(annotation, "a value of type " + getattr(annotation, "__name__", str(annotation)))
