@@ -1,8 +1,10 @@
 """Each built-in strategy's options (conf/strategy/*.yaml), one dataclass per strategy class (its `Options`).
 
-The driver types a strategy node with the Options of the class its `_target_` names, closed: a key the class does
-not declare is refused with the keys it has. A user's strategy declares its own options by subclassing these
-(examples/my_project/mypkg/strategies.py)."""
+conf/strategy/*.yaml compose from these, closed (framework/config/schemas.py): a key a built-in strategy lacks fails
+while Hydra composes. The driver types a strategy node with the Options of the class its `_target_` names, closed: a
+key the class does not declare is refused with the keys it has. A user's strategy declares its own options by
+subclassing these (examples/my_project/mypkg/strategies.py), and its YAML starts from the open copy of the schema it
+extends (examples/my_project/conf/strategy/announcing_ddp.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
