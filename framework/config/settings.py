@@ -3,12 +3,13 @@ hands to every worker (with the run folder, as the Payload). Only the driver (fr
 assembly (framework/worker.py) see it whole; each component is built from, and receives, its own part."""
 from __future__ import annotations
 
+import copy
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
@@ -88,14 +89,27 @@ def _optimizer(options: OptimizerConfig) -> OptimizerConfig:
 
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     """A dataset config may add keys of its own for its components to interpolate (root: ${dataset.root}); one that
-    nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through)."""
+    nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through). A key is used
+    when the config no longer resolves without it (OmegaConf finds every interpolation, relative ones too)."""
     if cfg.dataset.get("_target_"):  # one Dataset: its keys are its own arguments, which it checks
         return
     declared = {f.name for f in dataclasses.fields(DatasetConfig)}
-    text = OmegaConf.to_yaml(cfg, resolve=False)
+    plain = OmegaConf.to_container(cfg, resolve=False)
     for key in cfg.dataset:
-        if key not in declared and not re.search(r"\$\{[^}]*\b" + re.escape(str(key)) + r"\b", text):
+        if key not in declared and not _interpolated(plain, str(key)):
             raise ConfigError(
                 f"dataset.{key} is not allowed: the dataset config has no key {key!r} and none of its components "
                 f"uses it (keys every dataset has: {', '.join(sorted(declared))}; a component's own option goes "
                 f"under it, e.g. dataset.train.{key})")
+
+
+def _interpolated(plain: dict, key: str) -> bool:
+    """Whether an interpolation of the config (as a plain container, interpolations unresolved) needs dataset.<key>:
+    without it, the config no longer resolves."""
+    without = copy.deepcopy(plain)
+    del without["dataset"][key]
+    try:
+        OmegaConf.resolve(OmegaConf.create(without))
+    except InterpolationKeyError:
+        return True
+    return False
