@@ -66,3 +66,11 @@ def test_what_the_optimizer_refuses_is_one_line_in_the_driver(tmp_path):
         "optimizer.amsgrd=true): TypeError: Adam.__init__() got an unexpected keyword argument 'amsgrd'")
     assert driver_says(["optimizer._target_=torch.optim.NoSuchOptimizer"], tmp_path).startswith(
         "optimizer._target_=torch.optim.NoSuchOptimizer is not allowed: it cannot be imported (")
+
+
+def test_dead_code_is_gone():
+    import framework.config.rules as rules
+    import framework.config.typed as typed_module
+
+    assert not hasattr(typed_module, "options_of")
+    assert rules.ConfigError is ConfigError  # imported at the top, not inside require()

@@ -67,8 +67,3 @@ def _full_key(exc: OmegaConfBaseException, prefix: str) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def options_of(instance: Any) -> dict:
-    """Every option an open-schema instance holds: its fields and the undeclared keys kept as attributes."""
-    return dict(vars(instance))
