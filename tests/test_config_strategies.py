@@ -58,6 +58,18 @@ def test_extending_a_closed_built_in_node_with_a_key_of_its_own_fails_while_hydr
         composed("strategy=mine", config_dir_override(str(tmp_path)))
 
 
+def test_a_strategy_of_the_elastic_options_starts_from_their_open_copy(tmp_path):
+    from framework.paths import config_dir_override
+
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "mine.yaml").write_text("defaults: [/schema/open/strategy/elastic@_here_, _self_]\n"
+                                                     "_target_: mypkg.Mine\nname: mine\nbanner: hi\n")
+    node = composed("strategy=mine", "strategy.nproc_per_node=3", config_dir_override(str(tmp_path))).strategy
+    assert (node.banner, node.nproc_per_node, node.backend) == ("hi", 3, "auto") and "bucket_cap_mb" not in node
+    assert composition_says("strategy=mine", "strategy.backend=mpi", config_dir_override(str(tmp_path))) == \
+        "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo"
+
+
 def test_python_train_py_refuses_a_misspelt_strategy_key_with_exit_2_and_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(TRAIN), "strategy=ddp", "strategy.bucket_cap=30"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)

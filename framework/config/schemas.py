@@ -5,10 +5,11 @@ conf/optimizer/*.yaml start from open schemas (typed defaults; an optimizer's ow
 Importing this module registers them: framework/cli.py does, and so must any code that composes conf/ with Hydra's
 compose API.
 
-A user's strategy with options of its own (a subclass of a built-in's Options) cannot extend the built-in's closed
-node; it starts from the open copy of that schema, `schema/open/strategy/<name>` (the built-in's options, typed,
-and any key besides: examples/my_project/conf/strategy/announcing_ddp.yaml). The driver types every strategy node
-with its class's Options, closed (framework/config/settings.py), so a misspelt key of a user's strategy stops there.
+A user's strategy with options of its own (a subclass of a built-in's Options, or of ElasticOptions) cannot extend
+the built-in's closed node; it starts from the open copy of that schema, `schema/open/strategy/<name>` (its options,
+typed, and any key besides: examples/my_project/conf/strategy/announcing_ddp.yaml). The driver types every strategy
+node with its class's Options, closed (framework/config/settings.py), so a misspelt key of a user's strategy stops
+there.
 
 conf/config.yaml puts the open dataset schema (framework/config/dataset.py: the keys every dataset has) under
 whichever dataset is chosen: a dataset config adds keys of its own for its components (root, download, ...), and
@@ -32,7 +33,9 @@ _CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig,
 _OPEN = {
     "dataset": DatasetConfig,
     "optimizer/sgd": SGDConfig, "optimizer/adam": AdamConfig, "optimizer/adamw": AdamWConfig,
-    **{f"{OPEN}/strategy/{name}": schema for name, schema in STRATEGIES.items()},
+    # the built-in strategies' open copies, and elastic's (ElasticOptions: the launch options ddp, fsdp and deepspeed
+    # share), for a user's strategy whose Options subclass ElasticOptions
+    **{f"{OPEN}/strategy/{name}": schema for name, schema in {**STRATEGIES, "elastic": so.ElasticOptions}.items()},
 }
 
 
