@@ -8,12 +8,12 @@ import signal
 import sys
 
 import hydra
-from hydra.errors import HydraException
+from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
-from framework.config.typed import omegaconf_error_line
+from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.process.clean_exit import exit_now
 from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.process.slurm import adopt_scheduler_ranks
@@ -77,12 +77,14 @@ def _run_app(app) -> None:
 
 
 def composition_error_line(exc: HydraException) -> str:
+    """One line for a failed composition. Hydra raises ConfigCompositionException from the OmegaConf error of an
+    override: a key error is an override of a key the config lacks (said as Hydra says it, with the keys there are),
+    another error a value the schema refuses (the key, the value and what is allowed)."""
     cause = exc.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        line = omegaconf_error_line(cause)
-        if str(exc).startswith("Could not override"):  # an unknown key: Hydra's words, and the keys there are
-            return f"{str(exc).splitlines()[0].rstrip('.')}: {line.split(' is not allowed: ', 1)[-1]}"
-        return line
+        if isinstance(exc, ConfigCompositionException) and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            return f"Could not override '{cause.full_key}': {missing_key_reason(cause)}"
+        return omegaconf_error_line(cause)
     text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
     return " ".join(text.split()) or type(exc).__name__
 

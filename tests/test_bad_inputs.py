@@ -20,8 +20,11 @@ CASES = {
     "lr_schedule_unknown": (["lr_schedule.name=step"],
                             "lr_schedule.name='step' is not allowed: expected one of constant, warmup_cosine"),
     "warmup_whole_run": (["lr_schedule.warmup_fraction=1.0"], "lr_schedule.warmup_fraction=1.0 is not allowed"),
+    # torch.optim.SGD's own refusal, from the driver's one build of the optimizer (framework/config/optimizer.py)
     "nesterov_without_momentum": (["optimizer.momentum=0"],
-                                  "optimizer.nesterov=true is not allowed with optimizer.momentum=0.0"),
+                                  "optimizer._target_=torch.optim.SGD refused its arguments (optimizer.lr=0.2, "
+                                  "optimizer.momentum=0.0, optimizer.weight_decay=0.0005, optimizer.nesterov=true): "
+                                  "ValueError: Nesterov momentum requires a momentum and zero dampening"),
     "channels_last_unknown": (["trainer.channels_last=maybe"],
                               "trainer.channels_last='maybe' is not allowed: expected auto, true or false"),
     "nproc_zero": (["strategy=ddp", "strategy.nproc_per_node=0"],

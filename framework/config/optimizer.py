@@ -1,15 +1,19 @@
 """Schemas of the optimizer group (`_target_` + `_partial_`: any torch optimizer) and the lr_schedule group.
 
-OptimizerConfig is open: keys it does not declare are the optimizer's own keyword arguments, checked by its
-constructor when the driver builds it once. The built-in optimizers' configs declare theirs (SGDConfig, ...)."""
+OptimizerConfig is open: keys it does not declare are the optimizer's own keyword arguments. The built-in optimizers'
+configs declare theirs (SGDConfig, ...), with ranges; what an optimizer's constructor refuses (SGD's nesterov without
+momentum, a keyword it does not take) it says itself when the driver types the config (check_constructor)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
 
-from framework.config.rules import Checked, SettingError, above, between, one_of, rule
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 
-SCHEDULES = ("constant", "warmup_cosine")
+from framework.config.choices import LrScaling, Schedule
+from framework.config.rules import Checked, SettingError, above, at_least_number, between, rule
 
 
 @dataclass
@@ -19,7 +23,7 @@ class OptimizerConfig(Checked):
     lr: float = rule(0.05, above(0))
     # linear: lr x number of workers (processes or dp replicas), the data-parallel tutorials' rule for a batch
     # that grows with the workers; trainer.batch_size is global, so keep none unless you scale it with them
-    lr_scaling: str = rule("none", one_of("none", "linear"))
+    lr_scaling: LrScaling = LrScaling.none  # none | linear
 
     def constructor_arguments(self, workers: int) -> dict:
         """What the optimizer class is called with (besides the parameters): every key but lr_scaling, the lr
@@ -28,24 +32,48 @@ class OptimizerConfig(Checked):
         arguments["lr"] = self.lr * workers if self.lr_scaling == "linear" else self.lr
         return arguments
 
+    def check_constructor(self) -> None:
+        """What the optimizer's own constructor refuses (torch.optim.SGD: nesterov without momentum; a keyword it
+        does not take), as a SettingError: it is built once, on a stand-in parameter (2-D: matrix-only optimizers
+        take it too). Called on the typed options, with the optimizer's own keys in place (settings_of)."""
+        arguments = self.constructor_arguments(1)
+        try:
+            make = instantiate(arguments)
+        except InstantiationException as exc:
+            cause = exc.__cause__ or exc
+            what = "imported" if isinstance(cause, ImportError) else "built"
+            raise SettingError("_target_", self._target_, message=f"{{key}}._target_={self._target_} is not allowed: "
+                               f"it cannot be {what} ({_one_line(cause)})") from None
+        try:
+            make([torch.nn.Parameter(torch.zeros(2, 2))])
+        except Exception as exc:  # the constructor's own refusal, whatever its type
+            given = ", ".join(f"{{key}}.{name}={_text(value)}" for name, value in arguments.items()
+                              if not name.startswith("_"))
+            raise SettingError("_target_", self._target_, message=f"{{key}}._target_={self._target_} refused its "
+                               f"arguments ({given}): {type(exc).__name__}: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _text(value) -> str:
+    """A value as an override writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     momentum: float = rule(0.0, between(0.0, 1.0, high_open=True))
-    weight_decay: float = rule(0.0, between(0.0, 1.0))
-    nesterov: bool = False
-
-    def check(self) -> None:
-        if self.nesterov and not self.momentum:
-            raise SettingError("nesterov", True, message="{key}.nesterov=true is not allowed with {key}.momentum="
-                               f"{self.momentum}: Nesterov needs a momentum > 0; set one, or nesterov=false")
+    weight_decay: float = rule(0.0, at_least_number(0))
+    nesterov: bool = False  # needs momentum > 0 (torch.optim.SGD's own rule: check_constructor)
 
 
 @dataclass
 class AdamConfig(OptimizerConfig):
     _target_: str = "torch.optim.Adam"
     lr: float = rule(0.001, above(0))
-    weight_decay: float = rule(0.0, between(0.0, 1.0))
+    weight_decay: float = rule(0.0, at_least_number(0))
     betas: Optional[List[float]] = None  # null: torch's (0.9, 0.999)
     eps: float = rule(1e-8, above(0))
 
@@ -59,7 +87,7 @@ class AdamConfig(OptimizerConfig):
 @dataclass
 class AdamWConfig(AdamConfig):
     _target_: str = "torch.optim.AdamW"
-    weight_decay: float = rule(0.01, between(0.0, 1.0))
+    weight_decay: float = rule(0.01, at_least_number(0))
 
 
 @dataclass
@@ -67,7 +95,7 @@ class LrScheduleConfig(Checked):
     """A factor on the optimizer's lr per step: linear warm-up over warmup_fraction of the run's steps from
     start_factor x lr, then a cosine decay to final_factor x lr at the last step (warmup_cosine), or 1 (constant)."""
 
-    name: str = rule("warmup_cosine", one_of(*SCHEDULES))
+    name: Schedule = Schedule.warmup_cosine  # constant | warmup_cosine
     warmup_fraction: float = rule(0.1, between(0.0, 1.0, high_open=True))
     start_factor: float = rule(0.1, between(0.0, 1.0))
     final_factor: float = rule(0.0, between(0.0, 1.0))

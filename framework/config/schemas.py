@@ -1,8 +1,15 @@
-"""The schemas Hydra composes with, registered in its ConfigStore under `schema/`: conf/trainer/default.yaml and
-conf/lr_schedule/*.yaml are their closed schemas' values (an override of a key they lack, or of the wrong type,
-fails while Hydra composes); conf/optimizer/*.yaml and conf/strategy/*.yaml start from open schemas (typed defaults;
-an optimizer's own keyword arguments and a user strategy's own options may be added). Importing this module
-registers them: framework/cli.py does, and so must any code that composes conf/ with Hydra's compose API.
+"""The schemas Hydra composes with, registered in its ConfigStore under `schema/`: conf/trainer/default.yaml,
+conf/lr_schedule/*.yaml and conf/strategy/*.yaml are their closed schemas' values (an override of a key they lack, of
+the wrong type or of a choice they do not have fails while Hydra composes, with one line: framework/cli.py);
+conf/optimizer/*.yaml start from open schemas (typed defaults; an optimizer's own keyword arguments may be added).
+Importing this module registers them: framework/cli.py does, and so must any code that composes conf/ with Hydra's
+compose API.
+
+A user's strategy with options of its own (a subclass of a built-in's Options, or of ElasticOptions) cannot extend
+the built-in's closed node; it starts from the open copy of that schema, `schema/open/strategy/<name>` (its options,
+typed, and any key besides: examples/my_project/conf/strategy/announcing_ddp.yaml). The driver types every strategy
+node with its class's Options, closed (framework/config/settings.py), so a misspelt key of a user's strategy stops
+there.
 
 conf/config.yaml puts the open dataset schema (framework/config/dataset.py: the keys every dataset has) under
 whichever dataset is chosen: a dataset config adds keys of its own for its components (root, download, ...), and
@@ -18,19 +25,25 @@ from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig
 from framework.config.trainer import TrainerConfig
 
 GROUP = "schema"
-_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig}
+OPEN = "open"  # schema/open/strategy/<name>: the open copies, for a user's strategy to extend
+STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "ddp": so.DDPOptions, "fsdp": so.FSDPOptions,
+              "deepspeed": so.DeepSpeedOptions, "horovod": so.HorovodOptions}
+_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig,
+           **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {
     "dataset": DatasetConfig,
     "optimizer/sgd": SGDConfig, "optimizer/adam": AdamConfig, "optimizer/adamw": AdamWConfig,
-    "strategy/single": so.SingleOptions, "strategy/dp": so.DPOptions, "strategy/ddp": so.DDPOptions,
-    "strategy/fsdp": so.FSDPOptions, "strategy/deepspeed": so.DeepSpeedOptions, "strategy/horovod": so.HorovodOptions,
+    # the built-in strategies' open copies, and elastic's (ElasticOptions: the launch options ddp, fsdp and deepspeed
+    # share), for a user's strategy whose Options subclass ElasticOptions
+    **{f"{OPEN}/strategy/{name}": schema for name, schema in {**STRATEGIES, "elastic": so.ElasticOptions}.items()},
 }
 
 
 def register() -> None:
     store = ConfigStore.instance()
-    for name, schema in _CLOSED.items():
-        store.store(group=GROUP, name=name, node=schema)
+    for path, schema in _CLOSED.items():
+        group, _, name = path.rpartition("/")
+        store.store(group="/".join(filter(None, (GROUP, group))), name=name, node=schema)
     for path, schema in _OPEN.items():
         group, _, name = path.rpartition("/")
         store.store(group="/".join(filter(None, (GROUP, group))), name=name,

@@ -3,18 +3,20 @@ hands to every worker (with the run folder, as the Payload). Only the driver (fr
 assembly (framework/worker.py) see it whole; each component is built from, and receives, its own part."""
 from __future__ import annotations
 
+import copy
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
+from framework.config.rules import SettingError
 from framework.config.strategy_options import StrategyOptions
 from framework.config.trainer import TrainerConfig
-from framework.config.typed import typed
+from framework.config.typed import setting_error_line, typed
 from framework.errors import ConfigError
 
 
@@ -66,7 +68,8 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
     return Settings(
         trainer=typed(TrainerConfig, plain["trainer"], "trainer"),
         strategy=typed(strategy_options, plain["strategy"], "strategy"),
-        optimizer=typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer", open_keys=True),
+        optimizer=_optimizer(typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer",
+                                   open_keys=True)),
         lr_schedule=typed(LrScheduleConfig, plain["lr_schedule"], "lr_schedule"),
         dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),
         model=plain["model"], loss=plain.get("loss"), metrics=plain.get("metrics") or {},
@@ -74,16 +77,39 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
     )
 
 
+def _optimizer(options: OptimizerConfig) -> OptimizerConfig:
+    """The typed optimizer options, once its constructor has accepted them (with its own keyword arguments, which
+    the open schema keeps as attributes after its own checks ran)."""
+    try:
+        options.check_constructor()
+    except SettingError as exc:
+        raise ConfigError(setting_error_line(exc, "optimizer")) from None
+    return options
+
+
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     """A dataset config may add keys of its own for its components to interpolate (root: ${dataset.root}); one that
-    nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through)."""
+    nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through). A key is used
+    when the config no longer resolves without it (OmegaConf finds every interpolation, relative ones too)."""
     if cfg.dataset.get("_target_"):  # one Dataset: its keys are its own arguments, which it checks
         return
     declared = {f.name for f in dataclasses.fields(DatasetConfig)}
-    text = OmegaConf.to_yaml(cfg, resolve=False)
+    plain = OmegaConf.to_container(cfg, resolve=False)
     for key in cfg.dataset:
-        if key not in declared and not re.search(r"\$\{[^}]*\b" + re.escape(str(key)) + r"\b", text):
+        if key not in declared and not _interpolated(plain, str(key)):
             raise ConfigError(
                 f"dataset.{key} is not allowed: the dataset config has no key {key!r} and none of its components "
                 f"uses it (keys every dataset has: {', '.join(sorted(declared))}; a component's own option goes "
                 f"under it, e.g. dataset.train.{key})")
+
+
+def _interpolated(plain: dict, key: str) -> bool:
+    """Whether an interpolation of the config (as a plain container, interpolations unresolved) needs dataset.<key>:
+    without it, the config no longer resolves."""
+    without = copy.deepcopy(plain)
+    del without["dataset"][key]
+    try:
+        OmegaConf.resolve(OmegaConf.create(without))
+    except InterpolationKeyError:
+        return True
+    return False

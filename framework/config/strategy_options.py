@@ -1,13 +1,16 @@
 """Each built-in strategy's options (conf/strategy/*.yaml), one dataclass per strategy class (its `Options`).
 
-The driver types a strategy node with the Options of the class its `_target_` names, closed: a key the class does
-not declare is refused with the keys it has. A user's strategy declares its own options by subclassing these
-(examples/my_project/mypkg/strategies.py)."""
+conf/strategy/*.yaml compose from these, closed (framework/config/schemas.py): a key a built-in strategy lacks fails
+while Hydra composes. The driver types a strategy node with the Options of the class its `_target_` names, closed: a
+key the class does not declare is refused with the keys it has. A user's strategy declares its own options by
+subclassing these (examples/my_project/mypkg/strategies.py), and its YAML starts from the open copy of the schema it
+extends (examples/my_project/conf/strategy/announcing_ddp.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from framework.config.choices import Backend, Compression, RdzvBackend, ReduceOp
 from framework.config.rules import Checked, SettingError, above, at_least, int_list, non_empty_text, one_of, rule
 
 
@@ -35,10 +38,10 @@ class ElasticOptions(StrategyOptions):
     """How workers start and join, for every strategy that starts them like ddp (torch's elastic agent)."""
 
     nproc_per_node: Optional[int] = rule(None, at_least(1))  # null: one per GPU, or 2 CPU workers (gloo) without
-    backend: str = rule("auto", one_of("auto", "nccl", "gloo"))  # auto: nccl with GPUs, gloo without
+    backend: Backend = Backend.auto  # auto | nccl | gloo (auto: nccl with GPUs, gloo without)
     nnodes: int = rule(1, at_least(1))  # multi-node: start the same command on every node
     rdzv_endpoint: Optional[str] = None  # HOST:PORT of the rendezvous (needed when nnodes > 1)
-    rdzv_backend: str = rule("c10d", one_of("c10d", "static"))  # static: set node_rank
+    rdzv_backend: RdzvBackend = RdzvBackend.c10d  # c10d | static (static: set node_rank)
     node_rank: Optional[int] = rule(None, at_least(0))  # this node's rank, for rdzv_backend=static
     max_restarts: int = rule(0, at_least(0))  # restarts of the worker group by the elastic agent after a failure
     run_id: Optional[str] = None  # rendezvous id shared by all nodes of one job (null: a fresh one per run)
@@ -113,8 +116,8 @@ class HorovodOptions(StrategyOptions):
     name: str = "horovod"
     np: Optional[int] = rule(None, at_least(1))  # workers in the whole job; null: one per GPU, or 2 CPU workers
     hosts: Optional[str] = None  # multi-node: HOST:SLOTS,... (needs np and ssh to every host)
-    compression: str = rule("none", one_of("none", "fp16"))  # fp16: gradients travel as fp16
-    op: str = rule("average", one_of("average", "sum", "adasum"))  # adasum needs a horovod built with MPI
+    compression: Compression = Compression.none  # none | fp16 (fp16: gradients travel as fp16)
+    op: ReduceOp = ReduceOp.average  # average | sum | adasum (adasum needs a horovod built with MPI)
     # gradient accumulation has one setting, trainer.grad_accum; the YAML sets this to it, another value is refused
     backward_passes_per_step: int = rule(1, at_least(1))
 

@@ -7,9 +7,8 @@ from typing import List, Optional, Union
 
 import torch
 
+from framework.config.choices import Accelerator, OnNonfinite, Precision
 from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, one_of, rule, step_range
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -20,7 +19,7 @@ class TrainerConfig(Checked):
     # batch_size / (W * grad_accum) samples per micro-batch
     batch_size: int = rule(128, at_least(1))
     grad_accum: int = rule(1, at_least(1))
-    precision: str = rule("fp32", one_of(*PRECISIONS))  # fp16 needs CUDA (GradScaler)
+    precision: Precision = Precision.fp32  # fp32 | bf16 | fp16 (fp16 needs CUDA: GradScaler)
     # clip the global gradient norm to this value (null: no clipping); keeps the default lr 0.2 from diverging
     grad_clip: Optional[float] = rule(1.0, above(0))
     seed: int = rule(42, at_least(0))
@@ -29,7 +28,7 @@ class TrainerConfig(Checked):
     log_all_ranks: bool = False  # other ranks' output on the console too, each line prefixed [rank N]
     eval_every_n_epochs: int = rule(1, at_least(1))
     num_workers: int = rule(0, at_least(0))  # DataLoader worker processes (only with dataset.in_memory=false)
-    accelerator: str = rule("auto", one_of("auto", "cpu", "gpu"))  # auto: the GPU when there is one
+    accelerator: Accelerator = Accelerator.auto  # auto | cpu | gpu (auto: the GPU when there is one)
     compile: bool = False  # torch.compile the model (the first steps and evaluation pay for compiling)
     # NHWC layout for image models and their batches: auto (where it pays: LeNet on the CPU) | true | false
     channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
@@ -38,7 +37,8 @@ class TrainerConfig(Checked):
     # auto: the newest valid checkpoint of this run folder; none: start fresh; or a checkpoint .pt, a checkpoints
     # folder or a run folder
     resume: Optional[str] = "auto"
-    on_nonfinite: str = rule("stop", one_of("stop", "skip"))  # NaN/inf loss: stop (keeps the last good checkpoint)
+    # NaN/inf loss or gradient: stop (keeps the last good checkpoint) | skip (the step)
+    on_nonfinite: OnNonfinite = OnNonfinite.stop
     # at a log boundary, name any rank whose busy time per step exceeds the median rank's by this factor
     straggler_threshold: float = rule(1.2, above(1))
     # ...only once it did so at this many log boundaries in a row, and by at least straggler_min_gap_ms per step
@@ -72,12 +72,12 @@ class TrainerConfig(Checked):
 class EngineSettings:
     """The trainer settings a strategy sees (TrainerConfig.engine()); the names are trainer.*'s, for its messages."""
 
-    precision: str
+    precision: Precision
     batch_size: int
     grad_accum: int
     grad_clip: Optional[float]
     compile: bool
-    on_nonfinite: str
+    on_nonfinite: OnNonfinite
     stall_timeout: Optional[float]
     log_all_ranks: bool
     cuda: bool  # the run trains on GPUs (trainer.accelerator, and what this machine has)

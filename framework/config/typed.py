@@ -41,18 +41,29 @@ def setting_error_line(exc: SettingError, key: str) -> str:
 
 def omegaconf_error_line(exc: OmegaConfBaseException, prefix: str = "") -> str:
     """One line for a type or key error OmegaConf raised: the full key, the value and what is allowed."""
-    full_key = ".".join(k for k in (prefix, str(getattr(exc, "full_key", "") or "")) if k)
+    full_key = _full_key(exc, prefix)
     schema = getattr(exc, "object_type", None)
     name = getattr(exc, "key", None)
     if isinstance(exc, (ConfigKeyError, ConfigAttributeError)) and dataclasses.is_dataclass(schema):
-        where = full_key.rpartition(".")[0] or "the config"
-        known = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
-        return f"{full_key} is not allowed: {where} has no key {name!r} (its keys: {known})"
+        return f"{full_key} is not allowed: {missing_key_reason(exc, prefix)}"
     if isinstance(exc, ValidationError) and dataclasses.is_dataclass(schema) and name is not None:
         return f"{full_key}={getattr(exc, 'value', None)!r} is not allowed: expected {allowed_text(schema, str(name))}"
-    return f"{full_key}: {str(exc).splitlines()[0]}" if full_key else str(exc).splitlines()[0]
+    return f"{full_key}: {_first_line(exc)}" if full_key else _first_line(exc)
 
 
-def options_of(instance: Any) -> dict:
-    """Every option an open-schema instance holds: its fields and the undeclared keys kept as attributes."""
-    return dict(vars(instance))
+def missing_key_reason(exc: ConfigKeyError | ConfigAttributeError, prefix: str = "") -> str:
+    """Why a key OmegaConf did not find is refused: where it was looked for and, for a schema, the keys there are."""
+    schema = getattr(exc, "object_type", None)
+    if not dataclasses.is_dataclass(schema):
+        return _first_line(exc)
+    where = _full_key(exc, prefix).rpartition(".")[0] or "the config"
+    known = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
+    return f"{where} has no key {getattr(exc, 'key', None)!r} (its keys: {known})"
+
+
+def _full_key(exc: OmegaConfBaseException, prefix: str) -> str:
+    return ".".join(k for k in (prefix, str(getattr(exc, "full_key", "") or "")) if k)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
