@@ -14,23 +14,23 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.config.typed import missing_key_reason, omegaconf_error_line
+from framework.evaluate import eval_main as evaluate
+from framework.follower import follow_rank0
+from framework.launch.outer import publish_to_followers, published
 from framework.process.clean_exit import exit_now
 from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
+from framework.run import run
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def train_app(cfg: DictConfig):
-    from framework.run import run
-
     return run(cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
 def eval_app(cfg: DictConfig):
-    from framework.evaluate import eval_main as evaluate
-
     return evaluate(cfg)
 
 
@@ -47,8 +47,6 @@ def main() -> None:
     adopt_scheduler_ranks()  # a SLURM/submitit task: torch's rank variables from the scheduler's, once
     external = launched_externally()
     if external and env_rank() != 0:  # a launcher's other ranks take the config and folder from rank 0
-        from framework.follower import follow_rank0  # imports torch: only the ranks that follow pay for it here
-
         try:
             code = follow_rank0()
         except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept
@@ -91,11 +89,8 @@ def composition_error_line(exc: HydraException) -> str:
 
 def _config_error(line: str, external: bool) -> None:
     print(f"error: {line}", file=sys.stderr, flush=True)
-    if external:  # the other ranks wait for rank 0's payload: tell them instead
-        from framework.launch.outer import published, publish_to_followers
-
-        if not published():
-            publish_to_followers(error=line)
+    if external and not published():  # the other ranks wait for rank 0's payload: tell them instead
+        publish_to_followers(error=line)
     sys.exit(2)
 
 

@@ -37,6 +37,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     # builds both splits once (finding, or downloading, their files); class ids are checked where they are taken
     task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)
     strategy.check_model(task.model)
+    build_optimizer(s.optimizer, task.model.parameters(), 1)  # what its constructor refuses, as one line
     _objective(s, task.metrics)
     _batch_split(s, strategy, len(task.data.train))
     dry_run(s, task)

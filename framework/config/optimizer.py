@@ -2,18 +2,14 @@
 
 OptimizerConfig is open: keys it does not declare are the optimizer's own keyword arguments. The built-in optimizers'
 configs declare theirs (SGDConfig, ...), with ranges; what an optimizer's constructor refuses (SGD's nesterov without
-momentum, a keyword it does not take) it says itself when the driver types the config (check_constructor)."""
+momentum, a keyword it does not take) it says itself when the driver builds it once (framework/training/optim.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
 
-import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-
 from framework.config.choices import LrScaling, Schedule
-from framework.config.rules import Checked, SettingError, above, at_least_number, between, rule
+from framework.config.rules import Checked, above, at_least_number, between, rule
 
 
 @dataclass
@@ -32,41 +28,12 @@ class OptimizerConfig(Checked):
         arguments["lr"] = self.lr * workers if self.lr_scaling == "linear" else self.lr
         return arguments
 
-    def check_constructor(self) -> None:
-        """What the optimizer's own constructor refuses (torch.optim.SGD: nesterov without momentum; a keyword it
-        does not take), as a SettingError: it is built once, on a stand-in parameter (2-D: matrix-only optimizers
-        take it too). Called on the typed options, with the optimizer's own keys in place (settings_of)."""
-        arguments = self.constructor_arguments(1)
-        try:
-            make = instantiate(arguments)
-        except InstantiationException as exc:
-            cause = exc.__cause__ or exc
-            what = "imported" if isinstance(cause, ImportError) else "built"
-            raise SettingError("_target_", self._target_, message=f"{{key}}._target_={self._target_} is not allowed: "
-                               f"it cannot be {what} ({_one_line(cause)})") from None
-        try:
-            make([torch.nn.Parameter(torch.zeros(2, 2))])
-        except Exception as exc:  # the constructor's own refusal, whatever its type
-            given = ", ".join(f"{{key}}.{name}={_text(value)}" for name, value in arguments.items()
-                              if not name.startswith("_"))
-            raise SettingError("_target_", self._target_, message=f"{{key}}._target_={self._target_} refused its "
-                               f"arguments ({given}): {type(exc).__name__}: {_one_line(exc)}") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _text(value) -> str:
-    """A value as an override writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     momentum: float = rule(0.0, between(0.0, 1.0, high_open=True))
     weight_decay: float = rule(0.0, at_least_number(0))
-    nesterov: bool = False  # needs momentum > 0 (torch.optim.SGD's own rule: check_constructor)
+    nesterov: bool = False  # needs momentum > 0 (torch.optim.SGD's own rule, said when the driver builds it)
 
 
 @dataclass

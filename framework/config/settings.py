@@ -13,10 +13,9 @@ from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
-from framework.config.rules import SettingError
 from framework.config.strategy_options import StrategyOptions
 from framework.config.trainer import TrainerConfig
-from framework.config.typed import setting_error_line, typed
+from framework.config.typed import typed
 from framework.errors import ConfigError
 
 
@@ -68,23 +67,12 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
     return Settings(
         trainer=typed(TrainerConfig, plain["trainer"], "trainer"),
         strategy=typed(strategy_options, plain["strategy"], "strategy"),
-        optimizer=_optimizer(typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer",
-                                   open_keys=True)),
+        optimizer=typed(_schema_of(cfg.optimizer, OptimizerConfig), plain["optimizer"], "optimizer", open_keys=True),
         lr_schedule=typed(LrScheduleConfig, plain["lr_schedule"], "lr_schedule"),
         dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),
         model=plain["model"], loss=plain.get("loss"), metrics=plain.get("metrics") or {},
         callbacks=plain.get("callbacks") or {}, step=plain.get("step") or {"_target_": DEFAULT_STEP},
     )
-
-
-def _optimizer(options: OptimizerConfig) -> OptimizerConfig:
-    """The typed optimizer options, once its constructor has accepted them (with its own keyword arguments, which
-    the open schema keeps as attributes after its own checks ran)."""
-    try:
-        options.check_constructor()
-    except SettingError as exc:
-        raise ConfigError(setting_error_line(exc, "optimizer")) from None
-    return options
 
 
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
