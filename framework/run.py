@@ -84,6 +84,7 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
     strategy_class, note = choose_strategy(cfg, external)
     settings = settings_of(cfg, strategy_class.Options)
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
+    strategy.launcher.warm_up()  # while the checks below run
     build_callbacks(settings.callbacks)
     resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note

@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import uuid
 from pathlib import Path
@@ -24,10 +26,27 @@ class WorkersFailed(RuntimeError):
     """A worker process exited with an error; the message carries the root cause."""
 
 
+# What every worker imports before its first step, imported once in the template process instead of in each worker:
+# the worker's code (torch with it), and torch._dynamo, which torch imports at the first optimizer a process builds
+# (about 2 s each on 2 cores).
+WORKER_MODULES = ("framework.worker", "torch._dynamo")
+
+
+def start_worker_template(extra_modules: tuple[str, ...] = ()) -> None:
+    """Start the process the workers are forked from (multiprocessing's forkserver), importing WORKER_MODULES (and
+    an engine's own, e.g. deepspeed) there now, while the driver goes on with its checks. It is a fresh process with
+    one thread (this one runs the rendezvous store's threads, which forked workers of a two-node job hung on), and
+    holds the environment of this moment: what the agent sets per worker (ranks, OMP_NUM_THREADS,
+    CUDA_VISIBLE_DEVICES) it sets in each worker again. Importing torch does not initialize CUDA, so GPU workers may
+    fork from it. Idempotent."""
+    multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
+    multiprocessing.forkserver.ensure_running()
+
+
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
                    rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
                    run_id: str | None, log_all_ranks: bool = False,
-                   log_dir: str | None = None) -> Any:
+                   log_dir: str | None = None, preload: tuple[str, ...] = ()) -> Any:
     """Run entry(payload) in nproc_per_node fresh processes per node; return global rank 0's result
     (None on nodes that do not hold rank 0). Local rank 0 keeps this console (a terminal stays a terminal,
     so rank 0 can draw its progress bar); the other ranks write to files under log_dir
@@ -43,16 +62,15 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     rdzv_configs: dict[str, Any] = {}
     if rdzv_backend == "static":
         rdzv_configs["rank"] = node_rank
+    start_worker_template(preload)
     config = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
         run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=0.1,
         logs_specs=_rank_logs(nproc_per_node, log_all_ranks, log_dir),
         log_line_prefix_template="[rank${rank}]: " if log_all_ranks else None,
-        # Not fork, although it would save each CPU worker its `import torch` (4.4 s instead of about 10 s to
-        # the first step): this process runs the rendezvous store's threads, and forked workers of a
-        # two-node job hung at start. spawn also works with CUDA.
-        start_method="spawn",
+        # forked from the worker template (start_worker_template), not from this process
+        start_method="forkserver",
     )
     try:
         with _quiet_agent():

@@ -29,11 +29,16 @@ class ElasticStrategy(Strategy):
     options: ElasticOptions
     outer_launchers = Elastic.outer_launchers
     _describe_note = ""  # what the engine adds to the launcher's line in hydra-dist-devices
+    _worker_modules: tuple[str, ...] = ()  # the engine's own modules, imported once in the worker template
 
     def __init__(self, options: ElasticOptions, trainer, checkpoint_format: CheckpointFormat = FILE):
         launcher = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks,
-                           self._describe_note)
+                           self._describe_note, self._worker_modules, self._worker_environment(trainer.cuda))
         super().__init__(options, trainer, launcher, checkpoint_format)
+
+    def _worker_environment(self, cuda: bool) -> dict[str, str]:
+        """Variables the engine's own modules read when imported (in the worker template)."""
+        return {}
 
     def backend_for(self, options: ElasticOptions, cuda: bool) -> str:
         return ("nccl" if cuda else "gloo") if options.backend == "auto" else options.backend

@@ -83,9 +83,14 @@ class DeepSpeedStrategy(ElasticStrategy):
     Options = DeepSpeedOptions
     options: DeepSpeedOptions
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
+    _worker_modules = ("deepspeed",)
 
     def __init__(self, options: DeepSpeedOptions, trainer):
         super().__init__(options, trainer, zero_format(options.zero_stage))
+
+    def _worker_environment(self, cuda: bool) -> dict[str, str]:
+        # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
+        return {"DS_ACCELERATOR": "cuda" if cuda else "cpu"}
 
     def validate(self) -> None:
         if importlib.util.find_spec("deepspeed") is None:
@@ -108,8 +113,8 @@ class DeepSpeedStrategy(ElasticStrategy):
         (run_dir / CONFIG_FILE).write_text(text + "\n")
 
     def join(self) -> ProcessGroup:
-        # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if self.trainer.cuda else "cpu")
+        for name, value in self._worker_environment(self.trainer.cuda).items():  # under an outer launcher too
+            os.environ.setdefault(name, value)
         group = super().join()
         if group.device.type == "cuda":
             pin_deepspeed_to(group.device)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from framework.config.strategy_options import ElasticOptions, HorovodOptions
-from framework.launch.elastic import launch_elastic
+from framework.launch.elastic import launch_elastic, start_worker_template
 from framework.launch.horovod_runner import launch_horovod
 from framework.process.environment import HOROVOD, TORCH, launched_externally, outer_launcher, threads_per_worker
 
@@ -35,6 +35,9 @@ class Launcher(ABC):
     @abstractmethod
     def launch(self, entry: Callable[[Any], Any], payload: Any) -> Any:
         """Start the workers, run entry(payload) in each, and return rank 0's result."""
+
+    def warm_up(self) -> None:
+        """The driver is about to check the run (a few seconds) before launch(): start what can start already."""
 
 
 class InProcess(Launcher):
@@ -60,9 +63,13 @@ class Elastic(Launcher):
     runs_in_process = False
     outer_launchers = frozenset({TORCH})
 
-    def __init__(self, options: ElasticOptions, cuda: bool, backend: str, log_all_ranks: bool, note: str = ""):
+    def __init__(self, options: ElasticOptions, cuda: bool, backend: str, log_all_ranks: bool, note: str = "",
+                 preload: tuple[str, ...] = (), environment: dict[str, str] | None = None):
         self.options, self.cuda, self.backend, self.log_all_ranks = options, cuda, backend, log_all_ranks
         self.note = note  # the engine's own words after describe()'s
+        self.preload = preload  # modules its workers import (an engine's own), imported once in the worker template
+        # variables those modules read when imported (DeepSpeed: DS_ACCELERATOR); the user's own settings win
+        self.environment = environment or {}
 
     def nproc_per_node(self) -> int:
         if launched_externally():
@@ -90,7 +97,17 @@ class Elastic(Launcher):
         return launch_elastic(
             entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
             rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
-            log_all_ranks=self.log_all_ranks, log_dir=os.path.join(payload.run_dir, "worker_logs"))
+            log_all_ranks=self.log_all_ranks, log_dir=os.path.join(payload.run_dir, "worker_logs"),
+            preload=self._preloaded())
+
+    def warm_up(self) -> None:
+        if not launched_externally():
+            start_worker_template(self._preloaded())
+
+    def _preloaded(self) -> tuple[str, ...]:
+        for name, value in self.environment.items():
+            os.environ.setdefault(name, value)
+        return self.preload
 
 
 class Horovod(Launcher):
