@@ -17,7 +17,7 @@ from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.evaluate import eval_main as evaluate
 from framework.follower import follow_rank0
 from framework.launch.outer import publish_to_followers, published
-from framework.process.clean_exit import exit_finished_command, exit_now
+from framework.process.clean_exit import exit_now, quick_exit
 from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
@@ -36,14 +36,19 @@ def eval_app(cfg: DictConfig):
 
 def eval_main() -> None:
     """`hydra-dist-eval` / `python eval.py`: a trained model on the test split (framework/evaluate.py)."""
-    try:
-        _run_app(eval_app)
-    except HydraException as exc:
-        _config_error(composition_error_line(exc), external=False)
-    exit_finished_command()
+    with quick_exit():
+        try:
+            _run_app(eval_app)
+        except HydraException as exc:
+            _config_error(composition_error_line(exc), external=False)
 
 
 def main() -> None:
+    with quick_exit():  # see framework/process/clean_exit.py
+        _main()
+
+
+def _main() -> None:
     sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
     adopt_scheduler_ranks()  # a SLURM/submitit task: torch's rank variables from the scheduler's, once
     external = launched_externally()
@@ -59,7 +64,6 @@ def main() -> None:
         _config_error(composition_error_line(exc), external)
     if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
-    exit_finished_command()  # see framework/process/clean_exit.py
 
 
 def _run_app(app) -> None:

@@ -78,13 +78,14 @@ def _pin_parallel_job(hydra_cfg) -> None:
     print(slot.describe(), flush=True)
 
 
-def prepare(cfg: DictConfig, external: bool, run_dir: Path):
-    """Choose the strategy, type the config and validate everything; no worker starts here.
-    Returns (strategy, payload, note)."""
+def prepare(cfg: DictConfig, external: bool, run_dir: Path, warm_up: bool = False):
+    """Choose the strategy, type the config and validate everything; no worker starts here (warm_up: the launcher
+    may start what it can while the checks run). Returns (strategy, payload, note)."""
     strategy_class, note = choose_strategy(cfg, external)
     settings = settings_of(cfg, strategy_class.Options)
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
-    strategy.launcher.warm_up()  # while the checks below run
+    if warm_up:
+        strategy.launcher.warm_up()
     build_callbacks(settings.callbacks)
     resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
@@ -92,7 +93,7 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path):
 
 def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float | None:
     try:
-        strategy, payload, note = prepare(cfg, external, run_dir)
+        strategy, payload, note = prepare(cfg, external, run_dir, warm_up=not external)
     except ConfigError as exc:
         if external:  # say it first: torchrun stops this process as soon as a follower exits
             print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -32,15 +32,19 @@ class WorkersFailed(RuntimeError):
 WORKER_MODULES = ("framework.worker", "torch._dynamo")
 
 
-def start_worker_template(extra_modules: tuple[str, ...] = ()) -> None:
+def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
     """Start the process the workers are forked from (multiprocessing's forkserver), importing WORKER_MODULES (and
     an engine's own, e.g. deepspeed) there now, while the driver goes on with its checks. It is a fresh process with
     one thread (this one runs the rendezvous store's threads, which forked workers of a two-node job hung on), and
     holds the environment of this moment: what the agent sets per worker (ranks, OMP_NUM_THREADS,
     CUDA_VISIBLE_DEVICES) it sets in each worker again. Importing torch does not initialize CUDA, so GPU workers may
-    fork from it. Idempotent."""
+    fork from it. Idempotent. Not in a process of a pool (a joblib job: its pool's semaphores would leak): there the
+    workers are spawned. Returns whether the workers will fork from the template."""
+    if multiprocessing.parent_process() is not None:
+        return False
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
     multiprocessing.forkserver.ensure_running()
+    return True
 
 
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
@@ -62,7 +66,7 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     rdzv_configs: dict[str, Any] = {}
     if rdzv_backend == "static":
         rdzv_configs["rank"] = node_rank
-    start_worker_template(preload)
+    template = start_worker_template(preload)
     config = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
         run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
@@ -70,7 +74,7 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
         logs_specs=_rank_logs(nproc_per_node, log_all_ranks, log_dir),
         log_line_prefix_template="[rank${rank}]: " if log_all_ranks else None,
         # forked from the worker template (start_worker_template), not from this process
-        start_method="forkserver",
+        start_method="forkserver" if template else "spawn",
     )
     try:
         with _quiet_agent():

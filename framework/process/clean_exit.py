@@ -23,12 +23,42 @@ def exit_now(code: int = 0) -> None:
     os._exit(code)
 
 
-def exit_finished_command() -> None:
-    """The command's run is finished and said (its workers have all ended): what is left is the interpreter's teardown
-    of torch, about 1 s on 2 cores (and there the same abort as in workers). The exit handlers run first (they stop
-    what multiprocessing started: DataLoader workers, the worker template; logging flushes), then the process ends."""
-    atexit._run_exitfuncs()  # private, and the only way to run the registered exit handlers before os._exit
-    exit_now(0)
+_command_status: list[int] = []  # the command's exit status, once it is known
+_interpreter_exit: list[bool] = []  # set: the command ends through Python's own teardown after all
+
+
+@contextlib.contextmanager
+def quick_exit():
+    """Around a command (train.py, eval.py): once it has ended, what is left of its exit is the interpreter's teardown
+    of torch's modules, about 1 s on 2 cores (and there the same abort as in workers). Python ends as always (it
+    prints a SystemExit's message or a traceback, joins non-daemon threads, runs every exit handler: DataLoader
+    workers, the worker template and a joblib pool are stopped, logging is flushed); the last exit handler, registered
+    here first, then ends the process with the command's status. A KeyboardInterrupt keeps Python's own exit (it
+    reports the signal)."""
+    atexit.register(_end_with_status)
+    try:
+        yield
+        _command_status.append(0)
+    except SystemExit as exc:
+        code = exc.code
+        _command_status.append(0 if code is None else code if isinstance(code, int) else 1)
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        _command_status.append(1)
+        raise
+
+
+def _end_with_status() -> None:
+    if _command_status and not _interpreter_exit:
+        exit_now(_command_status[-1])
+
+
+def end_through_the_interpreter() -> None:
+    """A sweep's driver: its launcher's pools (joblib's loky processes, their semaphores) are released while the
+    interpreter tears down, and a second there is nothing against a sweep's minutes."""
+    _interpreter_exit.append(True)
 
 
 def exit_at_end_of_finished_worker() -> None:

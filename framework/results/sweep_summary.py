@@ -9,6 +9,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from framework.process.clean_exit import end_through_the_interpreter
 from framework.results.result_file import format_rate, read_result
 
 BEFORE_METRICS = ("job", "overrides", "status", "train_loss", "test_loss")
@@ -63,6 +64,9 @@ def write_summary(sweep_dir: Path) -> list[dict]:
 
 
 class SweepSummary(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        end_through_the_interpreter()  # the launcher's pools go with the interpreter (framework/process/clean_exit.py)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
