@@ -12,8 +12,9 @@ setup-core:
 train: setup-core
 	$(PY) train.py $(ARGS)
 
+# Two test files at a time (pytest-xdist; a file's tests stay together, so its module fixtures run once).
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # On a GPU machine: the gpu-marked tests plus every strategy x precision, killed and resumed (scripts/gpu_smoke.py).
 test-gpu: setup

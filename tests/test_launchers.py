@@ -2,8 +2,11 @@
 own sbatch file), plain srun-style tasks, joblib for parallel jobs on one machine, and the Optuna sweeper.
 Every job here really runs."""
 import csv
+import itertools
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 
@@ -11,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, read_scalars, run_dirs, run_train
+from framework.process.slurm import _PORTS
 
 
 def _summary_rows(sweep_dir):
@@ -49,10 +53,21 @@ def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_
     assert all("Traceback" not in e and "Connection" not in e for e in errors), errors
 
 
+def _job_id_with_a_free_port() -> str:
+    """A job id whose port (derived from it, as every task derives it) is free here now."""
+    for job in itertools.count(os.getpid()):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", random.Random(str(job)).randint(*_PORTS)))
+                return str(job)
+            except OSError:
+                continue
+
+
 def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
     """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
     # The rendezvous port is derived from SLURM_JOB_ID, so a job id of our own.
-    slurm = {"SLURM_JOB_ID": str(os.getpid()), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+    slurm = {"SLURM_JOB_ID": _job_id_with_a_free_port(), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tasks = [
