@@ -16,6 +16,7 @@ from framework.config.settings import Settings
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, eval_batches
+from framework.data.text import vocabulary_of
 from framework.errors import ConfigError
 from framework.models.build import build_model
 from framework.strategies.base import Strategy
@@ -91,8 +92,10 @@ def build_callbacks(nodes: dict, profile: list[int] | None = None) -> dict[str, 
 
 
 def model_record(model_config: dict, data: Data) -> dict:
-    """What rebuilds the model outside a run (framework/results/trained_model.py)."""
-    return {"model_config": model_config, "in_shape": data.in_shape, "num_classes": data.num_classes}
+    """What rebuilds the model outside a run (framework/results/trained_model.py), and the vocabulary its token ids
+    stand for where the dataset has one (sample.py)."""
+    return {"model_config": model_config, "in_shape": data.in_shape, "num_classes": data.num_classes,
+            "vocab": vocabulary_of(data.train)}
 
 
 def hparams_of(s: Settings, strategy_name: str) -> dict:

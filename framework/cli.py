@@ -1,5 +1,5 @@
 """The commands: `hydra-dist [overrides]` (installed) and `python train.py [overrides]` train; `hydra-dist-eval` and
-`python eval.py ckpt_path=...` evaluate. Hydra apps, so they take the same overrides, -m sweeps, --cfg job, --help
+`python eval.py ckpt_path=...` evaluate; `hydra-dist-sample` and `python sample.py ckpt_path=...` generate text. Hydra apps, so they take the same overrides, -m sweeps, --cfg job, --help
 and -sc (shell completion)."""
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from framework.process.environment import env_rank, launched_externally, take_lo
 from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
 from framework.run import run
+from framework.sample import sample_main as generate
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -32,6 +33,20 @@ def train_app(cfg: DictConfig):
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
 def eval_app(cfg: DictConfig):
     return evaluate(cfg)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="sample", version_base="1.3")
+def sample_app(cfg: DictConfig):
+    generate(cfg)
+
+
+def sample_main() -> None:
+    """`hydra-dist-sample` / `python sample.py`: text from a trained language model (framework/sample.py)."""
+    with quick_exit():
+        try:
+            _run_app(sample_app)
+        except HydraException as exc:
+            _config_error(composition_error_line(exc), external=False)
 
 
 def eval_main() -> None:

@@ -21,8 +21,8 @@ LAYERS = [
     ["framework.launch"],
     ["framework.strategies"],
     ["framework.assemble"],
-    ["framework.worker", "framework.preflight", "framework.follower", "framework.evaluate", "framework.run",
-     "framework.devices", "framework.cli", "framework"],
+    ["framework.worker", "framework.preflight", "framework.follower", "framework.evaluate", "framework.sample",
+     "framework.run", "framework.devices", "framework.cli", "framework"],
 ]
 
 

@@ -32,6 +32,7 @@ def installed(tmp_path_factory) -> Path:
     assert {f"framework/conf/{f}" for f in CONF_FILES} <= names, "every conf yaml ships in the wheel"
     assert "framework/cli.py" in names and "framework/training/trainer.py" in names
     assert "hydra-dist = framework.cli:main" in scripts and "hydra-dist-devices = framework.devices:main" in scripts
+    assert "hydra-dist-sample = framework.cli:sample_main" in scripts
     target = work / "site"
     check_ok(subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
                             capture_output=True, text=True, timeout=300))
@@ -56,6 +57,9 @@ def test_installed_command_composes_from_the_packaged_conf(installed, tmp_path):
     assert check_ok(imported).split() == [str(installed / "framework" / "cli.py"), str(installed / "framework" / "conf")]
     assert "Configuration groups" in check_ok(_command(installed, "hydra-dist", ["--help"], tmp_path))
     assert not (tmp_path / "outputs").exists(), "--cfg, --info and --help start no run"
+    sampled = _command(installed, "hydra-dist-sample", [], tmp_path)
+    assert sampled.returncode == 1 and sampled.stderr.strip().startswith("error: ckpt_path is missing"), sampled.stderr
+    assert not list(tmp_path.iterdir()), "sample.py writes nothing"
 
 
 def test_installed_command_trains_ddp_from_outside_the_repo(installed, tmp_path):

@@ -22,13 +22,14 @@ from omegaconf import OmegaConf
 from framework.config import strategy_options as so
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig, SGDConfig
+from framework.config.sample import SampleConfig
 from framework.config.trainer import TrainerConfig
 
 GROUP = "schema"
 OPEN = "open"  # schema/open/strategy/<name>: the open copies, for a user's strategy to extend
 STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "ddp": so.DDPOptions, "fsdp": so.FSDPOptions,
               "deepspeed": so.DeepSpeedOptions, "horovod": so.HorovodOptions}
-_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig,
+_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": SampleConfig,
            **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {
     "dataset": DatasetConfig,

@@ -12,7 +12,7 @@ import gzip
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from framework.config.rules import at_least, between, require
 from framework.errors import ConfigError
@@ -44,7 +44,7 @@ class CharText(Dataset):
         require("dataset.test_fraction", test_fraction, between(0.0, 1.0, high_open=True))
         text = read_text(path)
         self.vocab = sorted(set(text))
-        ids = torch.tensor(self._encode(text), dtype=torch.long)
+        ids = torch.tensor(Vocabulary(self.vocab).encode(text), dtype=torch.long)
         cut = int(len(ids) * (1 - test_fraction))
         part = ids[:cut] if train else ids[cut:]
         blocks = (len(part) - 1) // block_size
@@ -57,12 +57,8 @@ class CharText(Dataset):
         self.num_classes = len(self.vocab)
         self.in_shape = (block_size,)
 
-    def _encode(self, text: str) -> list[int]:
-        index = {c: i for i, c in enumerate(self.vocab)}
-        return [index[c] for c in text]
-
     def decode(self, ids) -> str:
-        return "".join(self.vocab[int(i)] for i in ids)
+        return Vocabulary(self.vocab).decode(ids)
 
     def tensors(self):
         return self.x, self.y
@@ -72,3 +68,47 @@ class CharText(Dataset):
 
     def __getitem__(self, index: int):
         return self.x[index], self.y[index]
+
+
+def vocabulary_of(dataset: Dataset) -> list[str] | None:
+    """The tokens a dataset's ids stand for (its `vocab`: id i is vocab[i]), through subsets; None when it has none.
+    Saved with the weights, so sample.py can turn a prompt into ids and ids back into text."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    vocab = getattr(dataset, "vocab", None)
+    if isinstance(vocab, (list, tuple)) and vocab and all(isinstance(t, str) for t in vocab):
+        return list(vocab)
+    return None
+
+
+class Vocabulary:
+    """Text to token ids and back: id i stands for tokens[i] (characters, or longer pieces: the longest match wins)."""
+
+    def __init__(self, tokens: list[str]):
+        self.tokens = tokens
+        self.index = {t: i for i, t in enumerate(tokens)}
+        self.longest = max(len(t) for t in tokens)
+
+    def encode(self, text: str, key: str = "text") -> list[int]:
+        if self.longest == 1:  # characters: one lookup each (a whole book at dataset build)
+            try:
+                return [self.index[c] for c in text]
+            except KeyError:
+                pass  # the loop below names every unknown character
+        ids, at, unknown = [], 0, []
+        while at < len(text):
+            size = next((n for n in range(min(self.longest, len(text) - at), 0, -1) if text[at:at + n] in self.index),
+                        0)
+            if size:
+                ids.append(self.index[text[at:at + size]])
+            else:
+                unknown.append(text[at])
+            at += size or 1
+        if unknown:
+            shown = ", ".join(repr(c) for c in sorted(set(unknown))[:10])
+            raise ConfigError(f"{key}={text[:40]!r} is not allowed: {shown} not in the model's vocabulary (the "
+                              f"{len(self.tokens)} tokens of its training text)")
+        return ids
+
+    def decode(self, ids) -> str:
+        return "".join(self.tokens[int(i)] for i in ids)

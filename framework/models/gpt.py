@@ -1,7 +1,7 @@
 """A small causal transformer in the manner of nanoGPT (experiment=char_lm): token and position embeddings, n_layer
 pre-norm blocks of causal self-attention (torch's scaled_dot_product_attention) and an MLP, a final LayerNorm and a
 head tied to the token embedding. Input: token ids [B, T]; output: logits [B, T, vocabulary]. The dataset gives the
-block size (in_shape = (T,)) and the vocabulary (num_classes)."""
+block size (in_shape = (T,)) and the vocabulary (num_classes). `generate` continues token ids (sample.py)."""
 from __future__ import annotations
 
 import math
@@ -81,3 +81,17 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """ids [B, T] continued by max_new_tokens tokens drawn one at a time from the softmax of the last position's
+        logits / temperature (only the top_k likeliest when given); the context is the last block_size tokens."""
+        for _ in range(max_new_tokens):
+            logits = self(ids[:, -self.block_size:])[:, -1, :] / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                kth = torch.topk(logits, top_k).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+            ids = torch.cat((ids, next_id), dim=1)
+        return ids

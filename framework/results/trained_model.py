@@ -21,13 +21,26 @@ from framework.models.build import build_model
 def load_model(run_dir: str | Path, which: str = "best", device: str | torch.device = "cpu") -> nn.Module:
     """The model a run trained, with its best (or last) weights, on `device`, in eval mode. `run_dir` may also be a
     weights file itself."""
+    return model_from(read_trained(run_dir, which), device)
+
+
+def weights_path(run_dir: str | Path, which: str = "best") -> Path:
+    """A run folder's weights/<which>.pt, or `run_dir` itself when it is a file."""
     path = Path(run_dir)
     if path.is_dir():
         path = path / WEIGHTS_DIR / f"{which}.pt"
     if not path.is_file():
         raise ConfigError(f"{path} is not there: a run writes weights/best.pt after an evaluation that improved its "
                           "objective and weights/last.pt when it ends")
-    saved = read_weights(path)
+    return path
+
+
+def read_trained(run_dir: str | Path, which: str = "best") -> dict:
+    """The weights file's record: the state dict ("model") and what rebuilds the model (framework/checkpoints/weights.py)."""
+    return read_weights(weights_path(run_dir, which))
+
+
+def model_from(saved: dict, device: str | torch.device = "cpu") -> nn.Module:
     model = build_model(saved["model_config"], tuple(saved["in_shape"]) if saved["in_shape"] else None,
                         saved["num_classes"])
     model.load_state_dict(saved["model"])
