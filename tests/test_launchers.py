@@ -9,6 +9,7 @@ import random
 import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -174,3 +175,38 @@ def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
     assert share(1, 2, [], [0, 1]).cores == (1,) and share(1, 2, [], [0, 1]).gpus == ()
     with pytest.raises(ConfigError, match="hydra.launcher.n_jobs=8 is not allowed with 4 GPU"):
         share(0, 8, gpus, cores)
+
+
+def test_the_worker_template_imports_with_the_drivers_import_path(tmp_path):
+    """The template preloads the modules from where the driver imports them, not from what a fresh interpreter in
+    the working folder would find (Python 3.11's forkserver ignores the sys.path it is handed)."""
+    modules = tmp_path / "on_sys_path_only"
+    modules.mkdir()
+    (modules / "preloaded_probe.py").write_text("import os\nLOADED_IN = os.getpid()\n")
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, os, sys
+        sys.path.insert(0, {str(modules)!r})
+        from framework.launch.elastic import start_worker_template
+
+        def report(queue):
+            probe = sys.modules.get("preloaded_probe")
+            queue.put(probe is not None and probe.LOADED_IN != os.getpid())
+
+        if __name__ == "__main__":
+            assert start_worker_template(("preloaded_probe",))
+            context = multiprocessing.get_context("forkserver")
+            queue = context.Queue()
+            worker = context.Process(target=report, args=(queue,))
+            worker.start()
+            print("preloaded by the template:", queue.get(timeout=60))
+            worker.join()
+            assert os.environ["PYTHONPATH"] == {str(REPO)!r}, "the driver's own environment is left as it was"
+    """))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(REPO)  # the driver finds framework as train.py's folder would; the template must too
+    proc = subprocess.run([sys.executable, str(script)], cwd=elsewhere, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "preloaded by the template: True" in check_ok(proc), proc.stderr

@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -43,8 +44,25 @@ def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
     if multiprocessing.parent_process() is not None:
         return False
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
-    multiprocessing.forkserver.ensure_running()
+    with _import_path_in_environment():
+        multiprocessing.forkserver.ensure_running()
     return True
+
+
+@contextlib.contextmanager
+def _import_path_in_environment():
+    """Python 3.11's forkserver is handed this process's sys.path but imports the preloaded modules with its own
+    (its main() never applies it), so `python <checkout>/train.py` started from another folder would fork its
+    workers from an installed copy of the package (or none): the template starts with this sys.path in PYTHONPATH."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + ([before] if before else []))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
