@@ -8,8 +8,8 @@ import os
 import random
 import socket
 import subprocess
+import shutil
 import sys
-import textwrap
 
 import pytest
 import yaml
@@ -177,36 +177,37 @@ def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
         share(0, 8, gpus, cores)
 
 
-def test_the_worker_template_imports_with_the_drivers_import_path(tmp_path):
-    """The template preloads the modules from where the driver imports them, not from what a fresh interpreter in
-    the working folder would find (Python 3.11's forkserver ignores the sys.path it is handed)."""
-    modules = tmp_path / "on_sys_path_only"
-    modules.mkdir()
-    (modules / "preloaded_probe.py").write_text("import os\nLOADED_IN = os.getpid()\n")
-    script = tmp_path / "driver.py"
-    script.write_text(textwrap.dedent(f"""
-        import multiprocessing, os, sys
-        sys.path.insert(0, {str(modules)!r})
-        from framework.launch.elastic import start_worker_template
 
-        def report(queue):
-            probe = sys.modules.get("preloaded_probe")
-            queue.put(probe is not None and probe.LOADED_IN != os.getpid())
+MARK = """
+from pathlib import Path
+from framework.callbacks.base import Callback
 
-        if __name__ == "__main__":
-            assert start_worker_template(("preloaded_probe",))
-            context = multiprocessing.get_context("forkserver")
-            queue = context.Queue()
-            worker = context.Process(target=report, args=(queue,))
-            worker.start()
-            print("preloaded by the template:", queue.get(timeout=60))
-            worker.join()
-            assert os.environ["PYTHONPATH"] == {str(REPO)!r}, "the driver's own environment is left as it was"
-    """))
+
+class Mark(Callback):
+    def on_fit_start(self, trainer):
+        (trainer.run_dir / f"ran_this_checkout_rank{trainer.group.rank}").touch()
+"""
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "horovod"])
+def test_a_checkout_run_from_elsewhere_trains_its_own_code_in_every_worker(tmp_path, strategy):
+    """`python <checkout>/train.py` from another folder, with another copy of the package installed (this repository,
+    installed editable): every worker imports the checkout's code. A module only the checkout has shows it. Python
+    3.11's forkserver (the worker template) and Horovod's runner both started workers that found the installed copy."""
+    if strategy == "horovod":
+        pytest.importorskip("horovod.torch", reason="the horovod extra (make test builds it)")
+    checkout = tmp_path / "checkout"
+    for name in ("framework", "conf"):
+        shutil.copytree(REPO / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(TRAIN, checkout / "train.py")
+    (checkout / "framework" / "callbacks" / "only_in_this_checkout.py").write_text(MARK)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(REPO)  # the driver finds framework as train.py's folder would; the template must too
-    proc = subprocess.run([sys.executable, str(script)], cwd=elsewhere, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert "preloaded by the template: True" in check_ok(proc), proc.stderr
+    proc = subprocess.run([sys.executable, str(checkout / "train.py"), f"strategy={strategy}", *TINY,
+                           "trainer.max_steps=2", "+callbacks.mark._target_=framework.callbacks.only_in_this_checkout.Mark",
+                           *pin_accelerator([])], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    check_ok(proc)
+    [run_dir] = run_dirs(elsewhere)
+    assert sorted(p.name for p in run_dir.glob("ran_this_checkout_rank*")) == ["ran_this_checkout_rank0",
+                                                                             "ran_this_checkout_rank1"]

@@ -7,7 +7,6 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +19,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from framework.checkpoints.disk import free_bytes
 from framework.errors import ConfigError
 from framework.training.interrupts import Interrupted
-from framework.process.environment import threads_per_worker
+from framework.process.environment import import_path_for_children, threads_per_worker
 
 
 class WorkersFailed(RuntimeError):
@@ -44,25 +43,10 @@ def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
     if multiprocessing.parent_process() is not None:
         return False
     multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
-    with _import_path_in_environment():
+    with import_path_for_children():
         multiprocessing.forkserver.ensure_running()
     return True
 
-
-@contextlib.contextmanager
-def _import_path_in_environment():
-    """Python 3.11's forkserver is handed this process's sys.path but imports the preloaded modules with its own
-    (its main() never applies it), so `python <checkout>/train.py` started from another folder would fork its
-    workers from an installed copy of the package (or none): the template starts with this sys.path in PYTHONPATH."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + ([before] if before else []))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
 
 
 def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,

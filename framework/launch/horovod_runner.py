@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
-from framework.process.environment import threads_per_worker
+from framework.process.environment import import_path_for_children, threads_per_worker
 from framework.training.interrupts import Interrupted
 
 INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"
@@ -73,8 +73,9 @@ def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, host
     wake_w.setblocking(False)
     old_wakeup = signal.set_wakeup_fd(wake_w.fileno())
     try:
-        results = horovod_run(run_worker, args=(entry, payload, error_dir), num_proc=np,
-                              hosts=hosts or f"localhost:{np}", use_gloo=True, start_timeout=START_TIMEOUT_S)
+        with import_path_for_children():
+            results = horovod_run(run_worker, args=(entry, payload, error_dir), num_proc=np,
+                                  hosts=hosts or f"localhost:{np}", use_gloo=True, start_timeout=START_TIMEOUT_S)
     except RuntimeError as exc:
         signum = _signal_received(wake_r)
         if signum is not None:

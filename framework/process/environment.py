@@ -1,7 +1,9 @@
 """Facts about how this process was started, read from the environment a launcher leaves."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 from framework.process.slurm import scheduler_name
 
@@ -83,3 +85,20 @@ def take_local_rank_argument(argv: list[str]) -> list[str]:
         os.environ.setdefault("LOCAL_RANK", value)
         i += 1
     return kept
+
+
+@contextlib.contextmanager
+def import_path_for_children():
+    """Processes started inside this block import what this one imports: its sys.path goes first in PYTHONPATH.
+    Workers must run the driver's code, and two starters would not give it to them: Python 3.11's forkserver (the
+    worker template) is handed sys.path but preloads its modules with its own, and Horovod's runner starts fresh
+    interpreters; both found an installed copy of the package (or none) when a checkout's train.py ran elsewhere."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + ([before] if before else []))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
