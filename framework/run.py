@@ -27,6 +27,7 @@ from framework.launch.outer import publish_to_followers
 from framework.strategies import choose_strategy
 from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
 from framework.preflight import validate
+from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
 from framework.telemetry.stall import mark_driver_process, stall_report
@@ -104,8 +105,9 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
         raise
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), run_dir / RESOLVED_CONFIG)
     strategy.save_settings(run_dir)
-    if note:
-        print(note, flush=True)
+    for line in (note, record_start(run_dir, hydra_cfg, sys.argv)):
+        if line:
+            print(line, flush=True)
     mark_driver_process()
     launched_at = time.time()
     try:
