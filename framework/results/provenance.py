@@ -135,9 +135,13 @@ def _hydra_dist_state(project: dict, version: str | None) -> tuple[dict, bytes]:
     """hydra-dist's own code: its checkout (unless it is the project's repository) or its installed version."""
     if any(part in ("site-packages", "dist-packages") for part in PACKAGE_DIR.parts):
         return {"repository": None, "installed": str(PACKAGE_DIR), "version": version}, b""
+    try:
+        root = _git(PACKAGE_DIR, "rev-parse", "--show-toplevel").decode().strip()
+    except GitUnavailable as exc:
+        return {"repository": None, "folder": str(PACKAGE_DIR), "why": str(exc), "version": version}, b""
+    if root == project.get("repository"):
+        return {"repository": root, "same_as": "project", "version": version}, b""
     state, diff = git_state(PACKAGE_DIR)
-    if state.get("repository") and state["repository"] == project.get("repository"):
-        return {"repository": state["repository"], "same_as": "project", "version": version}, b""
     return {**state, "version": version}, diff
 
 
