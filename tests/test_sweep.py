@@ -2,11 +2,19 @@
 seed sweep's mean ± sd per config (table, csv and TensorBoard's HParams)."""
 import csv
 import json
+import os
+import shlex
+import signal
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
+from conftest import TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, read_scalars, run_dirs, run_train
+from framework.errors import ConfigError
+from framework.results.result_file import write_result
+from framework.results.sweep_resume import finished_before
 from framework.results.job_names import job_name, short_keys, short_value, varying_keys
 from framework.results.seed_groups import Job, group_by_seed
 
@@ -144,3 +152,45 @@ def test_seed_groups_count_failures_and_mark_the_lowest_loss_for_a_loss_objectiv
     assert (second.n, second.failed, second.mean("test_loss"), second.sd("test_loss")) == (1, 1, 1.5, None)
     assert (first.best, second.best) == (False, True)
     assert group_by_seed([Job(0, ["optimizer.lr=0.1"], result(1.0)), Job(1, ["optimizer.lr=0.2"], result(2.0))]) == []
+
+
+def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_resumes_the_stopped_one(tmp_path):
+    args = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
+            "trainer.batch_size=32", "trainer.max_steps=8", "trainer.log_every_n_steps=1",
+            "trainer.checkpoint_every_n_steps=2", "trainer.seed=1,2,3"]
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finished = 0
+    for line in proc.stdout:
+        finished += line.startswith("done:")
+        if finished == 1 and " step 3/" in line:  # job 1 is training: Ctrl-C
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    job0, job1 = run_dirs(tmp_path)
+    sweep_dir = job0.parent
+    [line] = [line for line in err.splitlines() if line.startswith("To resume: ")]
+    command = shlex.split(line.removeprefix("To resume: "))
+    assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
+    first_result = (job0 / "result.json").read_text()
+
+    out = check_ok(run_train(command[2:], tmp_path))
+    assert f"job 0 finished before in {job0}: not trained again; its result.json says acc" in out
+    assert f"resumed from {job1}/checkpoints/step-" in out
+    job2 = sweep_dir / "2_seed=3"
+    assert f"run folder {job2}" in out and (job0 / "result.json").read_text() == first_result
+    assert sorted(losses_by_step(job1)) == list(range(1, 9))  # job 1 went on from its checkpoint to step 8
+    with open(sweep_dir / "summary.csv") as f:
+        assert [(r["job"], r["status"]) for r in csv.DictReader(f)] == [("0", "ok"), ("1", "ok"), ("2", "ok")]
+
+
+def test_a_finished_job_of_another_config_is_refused_not_overwritten(tmp_path):
+    job = tmp_path / "0_seed=1"
+    job.mkdir()
+    assert finished_before(job, {"trainer": {"seed": 1}}) is None  # nothing finished there yet
+    (job / "resolved_config.yaml").write_text("trainer:\n  seed: 1\n  max_steps: 12\n")
+    write_result(job, {"objective": "acc", "test_acc": 0.5})
+    assert finished_before(job, {"trainer": {"seed": 1, "max_steps": 12}})["test_acc"] == 0.5
+    with pytest.raises(ConfigError, match=r"0_seed=1 finished there with another config \(trainer.max_steps differ\)"):
+        finished_before(job, {"trainer": {"seed": 1, "max_steps": 20}})

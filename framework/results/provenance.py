@@ -303,4 +303,6 @@ class SweepProvenance(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        record_start(sweep_dir, config.hydra, sys.argv)
+        changed = record_start(sweep_dir, config.hydra, sys.argv)
+        if changed:
+            print(changed, flush=True)
