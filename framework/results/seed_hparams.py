@@ -4,6 +4,7 @@ folder by what varies (framework/results/job_names.py), its hyperparameters the 
 standard deviations (hparam/test_acc_sd), so the configs line up with the single jobs in one table."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
@@ -23,6 +24,8 @@ def hparam_value(text: str) -> float | str:
 
 
 def write_seed_hparams(sweep_dir: Path, groups: list[SeedGroup], keys: list[str], metrics: list[str]) -> None:
+    """Written afresh each time the summary is (a resumed sweep's runs replace the earlier ones)."""
+    shutil.rmtree(sweep_dir / SEEDS_DIR, ignore_errors=True)
     for number, group in enumerate(groups):
         values = overrides_by_key(group.overrides)
         params = {**{key: hparam_value(values[key]) for key in keys if key in values}, "seeds": group.n,

@@ -37,7 +37,8 @@ def jobs_of(sweep_dir: Path) -> list[tuple[Path, Job]]:
         result = read_result(job_dir)
         if result is None:
             overrides = list(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml"))
-            found.append((job_dir, Job(int(job_dir.name.split("_")[0]), overrides, None)))
+            number = OmegaConf.load(job_dir / ".hydra" / "hydra.yaml").hydra.job.num  # whatever the folder's name
+            found.append((job_dir, Job(int(number), overrides, None)))
         else:
             found.append((job_dir, Job(int(result["job"]), list(result["overrides"]), result)))
     return sorted(found, key=lambda pair: pair[1].number)
