@@ -154,7 +154,8 @@ def test_seed_groups_count_failures_and_mark_the_lowest_loss_for_a_loss_objectiv
     assert group_by_seed([Job(0, ["optimizer.lr=0.1"], result(1.0)), Job(1, ["optimizer.lr=0.2"], result(2.0))]) == []
 
 
-def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_resumes_the_stopped_one(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_resumes_the_stopped_one(tmp_path, sig):
     args = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
             "trainer.batch_size=32", "trainer.max_steps=8", "trainer.log_every_n_steps=1",
             "trainer.checkpoint_every_n_steps=2", "trainer.seed=1,2,3"]
@@ -163,19 +164,24 @@ def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_res
     finished = 0
     for line in proc.stdout:
         finished += line.startswith("done:")
-        if finished == 1 and " step 3/" in line:  # job 1 is training: Ctrl-C
+        if finished == 1 and " step 3/" in line:  # job 1 is training, its step-2 checkpoint written
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, err
     job0, job1 = run_dirs(tmp_path)
     sweep_dir = job0.parent
-    [line] = [line for line in err.splitlines() if line.startswith("To resume: ")]
-    command = shlex.split(line.removeprefix("To resume: "))
-    assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
+    if sig == signal.SIGINT:
+        assert proc.returncode == 128 + signal.SIGINT, err
+        [line] = [line for line in err.splitlines() if line.startswith("To resume: ")]
+        command = shlex.split(line.removeprefix("To resume: "))
+        assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
+        again = command[2:]
+    else:  # nothing could say anything: the user names the folder
+        assert proc.returncode == -signal.SIGKILL
+        again = [*pin_accelerator(args), f"hydra.sweep.dir={sweep_dir}"]
     first_result = (job0 / "result.json").read_text()
 
-    out = check_ok(run_train(command[2:], tmp_path))
+    out = check_ok(run_train(again, tmp_path))
     assert f"job 0 finished before in {job0}: not trained again; its result.json says acc" in out
     assert f"resumed from {job1}/checkpoints/step-" in out
     job2 = sweep_dir / "2_seed=3"
