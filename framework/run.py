@@ -52,8 +52,8 @@ def run(cfg: DictConfig) -> float | None:
         publish_to_followers(error=multirun_refusal())
         sys.exit(2)
     try:
-        if hydra_cfg.mode == RunMode.MULTIRUN:  # a sweep run again into its folder: this job may be done already
-            done = finished_before(run_dir, OmegaConf.to_container(cfg, resolve=True))
+        if hydra_cfg.mode == RunMode.MULTIRUN and not external:  # not under submitit: its other ranks await rank 0
+            done = finished_before(run_dir, cfg)  # a sweep run again into its folder: this job may be done
             if done is not None:
                 print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
                       f"says {done['objective']} {objective_value(done):.4f}", flush=True)

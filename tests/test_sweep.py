@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, read_scalars, run_dirs, run_train
 from framework.errors import ConfigError
@@ -194,9 +195,9 @@ def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_res
 def test_a_finished_job_of_another_config_is_refused_not_overwritten(tmp_path):
     job = tmp_path / "0_seed=1"
     job.mkdir()
-    assert finished_before(job, {"trainer": {"seed": 1}}) is None  # nothing finished there yet
+    assert finished_before(job, OmegaConf.create({"trainer": {"seed": 1}})) is None  # nothing finished there yet
     (job / "resolved_config.yaml").write_text("trainer:\n  seed: 1\n  max_steps: 12\n")
     write_result(job, {"objective": "acc", "test_acc": 0.5})
-    assert finished_before(job, {"trainer": {"seed": 1, "max_steps": 12}})["test_acc"] == 0.5
+    assert finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 12}}))["test_acc"] == 0.5
     with pytest.raises(ConfigError, match=r"0_seed=1 finished there with another config \(trainer.max_steps differ\)"):
-        finished_before(job, {"trainer": {"seed": 1, "max_steps": 20}})
+        finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 20}}))

@@ -9,7 +9,7 @@ import json
 import shlex
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from framework.errors import ConfigError
 from framework.results.provenance import PROVENANCE_FILE
@@ -30,12 +30,13 @@ def changed_keys(before: dict, now: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def finished_before(run_dir: Path, resolved: dict) -> dict | None:
-    """The result.json of this job folder when a run of this same config finished there; None when none did.
-    Raises ConfigError when the folder holds a finished run of another config."""
+def finished_before(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """The result.json of this job folder when a run of this same config (resolved) finished there; None when none
+    did. Raises ConfigError when the folder holds a finished run of another config."""
     result = read_result(run_dir)
     if result is None:
         return None
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / RESOLVED_CONFIG))
     except (OSError, ValueError):
