@@ -109,12 +109,14 @@ def test_gpus_from_nvidia_smi_when_nvml_is_not_installed(tmp_path, monkeypatch):
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\n[ \"$1\" = \"--query-gpu=index,name,memory.total,uuid,driver_version\" ] || exit 9\n"
                     "echo '0, NVIDIA H100 80GB HBM3, 81559, GPU-1a2b, 550.54.15'\n"
-                    "echo '1, NVIDIA H100 80GB HBM3, 81559, GPU-3c4d, 550.54.15'\n")
+                    "echo '1, NVIDIA H100 80GB HBM3, 81559, GPU-3c4d, 550.54.15'\n"
+                    "echo '2, NVIDIA A100-SXM4-40GB, [N/A], GPU-5e6f, 550.54.15'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     found = gpus()
     assert found["source"] == "nvidia-smi"
     assert found["devices"][1] == {"index": 1, "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559,
                                    "uuid": "GPU-3c4d", "driver": "550.54.15"}
+    assert found["devices"][2] == {"nvidia-smi": "2, NVIDIA A100-SXM4-40GB, [N/A], GPU-5e6f, 550.54.15"}  # kept as is
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert gpus()["devices"] == [] and "no NVIDIA driver found" in gpus()["why"]

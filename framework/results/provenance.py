@@ -39,8 +39,6 @@ BEHAVIOUR_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RA
 SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 OPTIONAL_ENGINES = ("deepspeed", "horovod", "hydra-core", "omegaconf", "torchmetrics", "tensorboard", "numpy",
                     "hydra-dist")
-
-
 PATCH_SUFFIX = {"project": ".patch", "hydra-dist": ".hydra-dist.patch"}
 
 
@@ -48,7 +46,6 @@ PATCH_SUFFIX = {"project": ".patch", "hydra-dist": ".hydra-dist.patch"}
 class Provenance:
     record: dict
     patches: dict[str, bytes] = field(default_factory=dict)  # "project"/"hydra-dist" -> `git diff HEAD` (if any)
-    seconds: float = 0.0  # what collecting it took
 
     def write(self, folder: Path, stem: str = "provenance") -> Path:
         """The record as <stem>.json, each repository's uncommitted changes beside it as <stem>[.hydra-dist].patch."""
@@ -82,9 +79,8 @@ def collect(argv: list[str], overrides: list[str], project_dir: Path, config_dir
         "env": behaviour_env(),
         "packages": packages,
     }
-    seconds = time.perf_counter() - started
-    record["collect_seconds"] = round(seconds, 4)
-    return Provenance(record, patches, seconds)
+    record["collect_seconds"] = round(time.perf_counter() - started, 4)
+    return Provenance(record, patches)
 
 
 class GitUnavailable(Exception):
@@ -99,8 +95,8 @@ def _git(folder: Path, *args: str) -> bytes:
     except subprocess.TimeoutExpired:
         raise GitUnavailable(f"git {args[0]} took more than {GIT_TIMEOUT_S} s") from None
     if done.returncode != 0:
-        raise GitUnavailable(done.stderr.decode(errors="replace").strip().splitlines()[-1:][0] if done.stderr
-                             else f"git {args[0]} failed")
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise GitUnavailable(said[-1] if said else f"git {args[0]} failed (exit code {done.returncode})")
     return done.stdout
 
 
@@ -173,7 +169,7 @@ def installed_packages() -> dict[str, str]:
         except OSError:
             continue
         for name in names:
-            stem, dot, kind = name.rpartition(".")
+            stem, _, kind = name.rpartition(".")
             if kind not in ("dist-info", "egg-info"):
                 continue
             dist_name, _, version = stem.partition("-")
@@ -187,7 +183,8 @@ def installed_packages() -> dict[str, str]:
 
 def host() -> dict:
     return {"hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0))}
+            "cpus": os.cpu_count(),
+            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
 
 
 def gpus() -> dict:
@@ -222,8 +219,12 @@ def gpus() -> dict:
         return {"source": None, "devices": [], "why": f"nvidia-smi: {out.stderr.strip() or out.stdout.strip()}"}
     devices = []
     for line in out.stdout.strip().splitlines():
-        index, name, memory, uuid, driver = [part.strip() for part in line.split(",")]
-        devices.append({"index": int(index), "name": name, "memory_mib": int(memory), "uuid": uuid, "driver": driver})
+        try:
+            index, name, memory, uuid, driver = [part.strip() for part in line.split(",")]
+            devices.append({"index": int(index), "name": name, "memory_mib": int(memory), "uuid": uuid,
+                            "driver": driver})
+        except ValueError:  # a field nvidia-smi cannot give ([N/A]) or a name with a comma: kept as it came
+            devices.append({"nvidia-smi": line})
     return {"source": "nvidia-smi", "devices": devices}
 
 
