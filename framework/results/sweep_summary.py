@@ -102,8 +102,8 @@ def write_summary(sweep_dir: Path) -> str:
     if groups:
         config_keys, metrics = [k for k in keys if k != SEED_KEY], metric_names(jobs)
         shown, raw = seed_tables(groups, config_keys, metrics)
-        first = next(job.result for job in jobs if job.result)
-        objective = objective_of(first)[0] if first else ""
+        first = next((job.result for job in jobs if job.result), None)  # None: every job failed
+        objective = objective_of(first)[0] if first else "objective"
         markdown += (f"\nper config over its seeds ({SEED_KEY}): mean ± sd, n seeds; best {objective} marked *\n\n"
                      + to_markdown(shown, [*config_keys, "n", "failed", *metrics, "best"]))
         write_csv(sweep_dir / SEEDS_CSV, raw, [*config_keys, "overrides", "n", "failed", "seeds",
