@@ -60,8 +60,16 @@ def replica_timing(r: dict, settings: dict) -> list[list[str]]:
             for model, m in r.items()]
 
 
+def provenance(r: dict, settings: dict) -> list[list[str]]:
+    return [[f"provenance record per run, project: {name} (issue 33)",
+             f"{_f(m['median_ms'], 0)} ms (first {_f(m['first_ms'], 0)} ms)",
+             f"{_f(100 * m['share_of_run'], 1)}% of a {_f(m['whole_run_s'])} s single run" if m["share_of_run"] else "-",
+             ""] for name, m in r.items()]
+
+
 TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategies": strategies,
-          "startup": startup, "speedups": speedups, "replica_timing": replica_timing}
+          "startup": startup, "speedups": speedups, "replica_timing": replica_timing,
+          "provenance": provenance}
 
 
 def main() -> None:

@@ -27,13 +27,13 @@ from framework.launch.outer import publish_to_followers
 from framework.strategies import choose_strategy
 from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
 from framework.preflight import validate
+from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
+from framework.results.sweep_resume import RESOLVED_CONFIG, finished_before, objective_value, resume_command
 from framework.telemetry.stall import mark_driver_process, stall_report
 from framework.worker import worker_entry
 from framework.training.interrupts import GracefulStop, Interrupted
-
-RESOLVED_CONFIG = "resolved_config.yaml"
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -52,6 +52,12 @@ def run(cfg: DictConfig) -> float | None:
         publish_to_followers(error=multirun_refusal())
         sys.exit(2)
     try:
+        if hydra_cfg.mode == RunMode.MULTIRUN and not external:  # not under submitit: its other ranks await rank 0
+            done = finished_before(run_dir, cfg)  # a sweep run again into its folder: this job may be done
+            if done is not None:
+                print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
+                      f"says {done['objective']} {objective_value(done):.4f}", flush=True)
+                return objective_value(done)
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg, external)
     except (ConfigError, WorkersFailed) as exc:
@@ -104,8 +110,9 @@ def _drive(cfg: DictConfig, run_dir: Path, hydra_cfg, external: bool) -> float |
         raise
     OmegaConf.save(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), run_dir / RESOLVED_CONFIG)
     strategy.save_settings(run_dir)
-    if note:
-        print(note, flush=True)
+    for line in (note, record_start(run_dir, hydra_cfg, sys.argv)):
+        if line:
+            print(line, flush=True)
     mark_driver_process()
     launched_at = time.time()
     try:
@@ -148,6 +155,8 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
                           f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
     kept = (f"the last complete checkpoint is {checkpoint.path} (step {checkpoint.step})" if checkpoint
             else "no checkpoint had been written yet, so a resumed run starts over")
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
+        command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 

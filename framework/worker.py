@@ -139,6 +139,7 @@ def _result(s: Settings, strategy: Strategy, group: ProcessGroup, trainer: Train
         epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=group.world_size,
         global_batch=t.batch_size, micro_batch=micro_batch, strategy=strategy.name, device=group.device.type,
         resumed_from_step=start.step, checkpoint=str(checkpointer.last_saved() or ""),
+        objective_higher_is_better=trainer.higher_is_better,
     )
 
 

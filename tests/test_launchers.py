@@ -10,6 +10,7 @@ import socket
 import subprocess
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -135,7 +136,7 @@ def test_joblib_runs_two_ddp_jobs_at_once_each_on_its_own_cores(tmp_path):
     # A slot stays locked while the worker process holding it lives, so slot 2 means two workers at once.
     assert "parallel job slot 1/2" in out and "parallel job slot 2/2" in out
     jobs = run_dirs(tmp_path)
-    assert len(jobs) == 2
+    assert [j.name for j in jobs] == ["0_seed=1", "1_seed=2"]  # named in the joblib workers by what varies
     rows = _summary_rows(jobs[0].parent)
     assert [r["status"] for r in rows] == ["ok", "ok"]  # each ddp job used its own rendezvous port
     assert all(len(r["per_rank_samples_per_sec"].split(" / ")) == 2 for r in rows)
@@ -157,6 +158,7 @@ def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp
     assert len(rows) == 3 and {r["status"] for r in rows} == {"failed", "ok"}
     for row in rows:
         assert ("grad_accum=3" in row["overrides"]) == (row["status"] == "failed")
+        assert Path(row["run_dir"]).name == f"{row['job']}_grad_accum={row['trainer.grad_accum']}"
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_params"]["trainer.grad_accum"] == 1
     assert round(best["best_value"], 4) == max(float(r["test_acc"]) for r in rows if r["status"] == "ok")

@@ -26,6 +26,7 @@ class RunResult:
     device: str
     resumed_from_step: int
     checkpoint: str
+    objective_higher_is_better: bool = True  # how a sweep's summary picks its best config
     # set by the driver
     run_dir: str = ""
     job: int = 0

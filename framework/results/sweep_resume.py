@@ -1,0 +1,66 @@
+"""A stopped sweep run again into its folder (`python train.py -m <same overrides> hydra.sweep.dir=<sweep folder>`):
+job folders are named by job number and what varies (framework/results/job_names.py), so each job finds its own
+folder again. A job whose folder holds result.json and the same resolved config is not trained again: its result
+is reported; a job that had started resumes from its last checkpoint (trainer.resume=auto, the default); the others
+run. A finished job of another config is refused in one line (its folder is not overwritten)."""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.errors import ConfigError
+from framework.results.provenance import PROVENANCE_FILE
+from framework.results.result_file import read_result
+
+RESOLVED_CONFIG = "resolved_config.yaml"
+
+
+def changed_keys(before: dict, now: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two resolved configs."""
+    keys = []
+    for key in dict.fromkeys([*before, *now]):
+        a, b, name = before.get(key), now.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += changed_keys(a, b, f"{name}.")
+        elif a != b:
+            keys.append(name)
+    return keys
+
+
+def finished_before(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """The result.json of this job folder when a run of this same config (resolved) finished there; None when none
+    did. Raises ConfigError when the folder holds a finished run of another config."""
+    result = read_result(run_dir)
+    if result is None:
+        return None
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / RESOLVED_CONFIG))
+    except (OSError, ValueError):
+        saved = None
+    changed = changed_keys(saved, resolved) if isinstance(saved, dict) else ["(no resolved_config.yaml)"]
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(f"hydra.sweep.dir={run_dir.parent} is not allowed for this job: {run_dir.name} finished "
+                          f"there with another config ({shown} differ); run the sweep into a new folder")
+    return result
+
+
+def objective_value(result: dict) -> float:
+    return result["test_loss"] if result["objective"] == "loss" else result[f"test_{result['objective']}"]
+
+
+def resume_command(sweep_dir: Path, argv: list[str]) -> str:
+    """The command that continues the sweep: the one that started it (the sweep's provenance.json keeps it; else
+    argv), into its folder."""
+    try:
+        argv = json.loads((sweep_dir / PROVENANCE_FILE).read_text())["command"]["argv"]
+    except (OSError, ValueError, KeyError):
+        pass
+    script = argv[0] if argv else "train.py"
+    program = ["hydra-dist"] if Path(script).name == "hydra-dist" else ["python", script]
+    kept = [a for a in argv[1:] if not a.startswith("hydra.sweep.dir=")]
+    return shlex.join([*program, *kept, f"hydra.sweep.dir={sweep_dir}"])
