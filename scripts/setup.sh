@@ -3,7 +3,7 @@
 # the second time.   bash scripts/setup.sh [core|all]
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `all` adds the
-#      test extra (pytest, the Hydra launcher and sweeper plugins)
+#      test and mlflow extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow)
 #   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
 #   4. Fashion-MNIST and a public-domain text offline: Debian's dataset-fashion-mnist and dict-devil when apt can
 #      install them; otherwise the first run downloads Fashion-MNIST through torchvision (dataset.download=true).
@@ -14,7 +14,7 @@ python=${PYTHON:-python3}
 mode=${1:-all}
 case "$mode" in
     core) extras="" ;;
-    all) extras="[test]" ;;
+    all) extras="[test,mlflow]" ;;
     *) echo "setup: mode '$mode' is not allowed: expected core or all" >&2; exit 2 ;;
 esac
 

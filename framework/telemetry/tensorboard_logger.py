@@ -22,6 +22,7 @@ from torch.utils.tensorboard.summary import hparams
 
 from framework.telemetry.gpu_monitor import GpuMonitor
 from framework.telemetry.meters import IntervalSummary
+from framework.telemetry.scalars import eval_scalars, interval_scalars, per_gpu_scalars
 
 # (chart title, regex over tags): one multiline chart each in the Custom Scalars tab, one line per rank / GPU
 PER_RANK_CHARTS = {
@@ -66,49 +67,23 @@ class TensorBoardLogger:
         self.writer.add_custom_scalars(per_rank_layout())
 
     def log_interval(self, step: int, s: IntervalSummary, lr: float) -> None:
-        w = self.writer
-        w.add_scalar("throughput/samples_per_sec", s.samples_per_sec, step)
-        w.add_scalar("loss/train", s.loss, step)
-        w.add_scalar("time/step_ms", s.step_ms, step)
-        w.add_scalar("time/data_ms", s.data_ms, step)
-        w.add_scalar("lr", lr, step)
-        for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
-            w.add_scalar(f"throughput/samples_per_sec/rank{r}", rate, step)
-            w.add_scalar(f"loss/train/rank{r}", loss, step)
-            w.add_scalar(f"memory/optimizer_state_mib/rank{r}", s.per_slot_optimizer_state_mib[r], step)
-            if self.cuda:
-                w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
-                w.add_scalar(f"memory/max_reserved_gib/rank{r}", s.per_slot_max_reserved_gib[r], step)
+        self._add(interval_scalars(s, lr, self.cuda), step)
         for gpu in self.gpus.read() if self.gpus else []:
-            w.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
-            w.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)
+            self.writer.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
+            self.writer.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)
 
     def log_per_gpu(self, step: int, s: IntervalSummary, tflops: list[float], mfu: list[float | None],
                     stragglers: list[tuple[int, float, str]]) -> None:
-        w = self.writer
-        for r, (busy, wait) in enumerate(zip(s.per_slot_busy_ms, s.per_slot_wait_ms)):
-            w.add_scalar(f"time/busy_ms/rank{r}", busy, step)
-            if wait == wait:  # NaN: this strategy cannot see its waits
-                w.add_scalar(f"time/wait_ms/rank{r}", wait, step)
-            forward, backward = s.per_slot_forward_ms[r], s.per_slot_backward_ms[r]
-            if forward == forward:  # dp replicas only
-                w.add_scalar(f"time/forward_ms/rank{r}", forward, step)
-                w.add_scalar(f"time/backward_ms/rank{r}", backward, step)
-            if busy > 0:
-                w.add_scalar(f"throughput/device/samples_per_busy_sec/rank{r}",
-                             s.per_slot_samples[r] / max(1, s.steps) / (busy / 1000), step)
-        for r, rate in enumerate(tflops):
-            w.add_scalar(f"throughput/device/tflops/rank{r}", rate, step)
-            if mfu[r] is not None:
-                w.add_scalar(f"throughput/device/mfu/rank{r}", mfu[r], step)
-        for rank, ratio, line in stragglers:
-            w.add_scalar(f"stragglers/busy_ratio/rank{rank}", ratio, step)
-            w.add_text("stragglers", line, step)
+        self._add(per_gpu_scalars(s, tflops, mfu, stragglers), step)
+        for _, _, line in stragglers:
+            self.writer.add_text("stragglers", line, step)
 
     def log_eval(self, step: int, loss: float, metrics: dict[str, float]) -> None:
-        self.writer.add_scalar("loss/val", loss, step)
-        for name, value in metrics.items():
-            self.writer.add_scalar(f"{name}/val", value, step)
+        self._add(eval_scalars(loss, metrics), step)
+
+    def _add(self, scalars: dict[str, float], step: int) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
 
     def log_hparams(self, params: dict, metrics: dict) -> None:
         """Written into this run's own event file (SummaryWriter.add_hparams would make a sub-run)."""

@@ -1,0 +1,45 @@
+"""The scalars of a log interval by their tag names (framework/telemetry/tensorboard_logger.py lists them), for every
+logger alike: TensorBoard, MLflow and CSV log the same names."""
+from __future__ import annotations
+
+from framework.telemetry.meters import IntervalSummary
+
+
+def interval_scalars(s: IntervalSummary, lr: float, cuda: bool) -> dict[str, float]:
+    scalars = {"throughput/samples_per_sec": s.samples_per_sec, "loss/train": s.loss, "time/step_ms": s.step_ms,
+               "time/data_ms": s.data_ms, "lr": lr}
+    for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
+        scalars[f"throughput/samples_per_sec/rank{r}"] = rate
+        scalars[f"loss/train/rank{r}"] = loss
+        scalars[f"memory/optimizer_state_mib/rank{r}"] = s.per_slot_optimizer_state_mib[r]
+        if cuda:
+            scalars[f"memory/max_allocated_gib/rank{r}"] = s.per_slot_max_mem_gib[r]
+            scalars[f"memory/max_reserved_gib/rank{r}"] = s.per_slot_max_reserved_gib[r]
+    return scalars
+
+
+def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | None],
+                    stragglers: list[tuple[int, float, str]]) -> dict[str, float]:
+    scalars = {}
+    for r, (busy, wait) in enumerate(zip(s.per_slot_busy_ms, s.per_slot_wait_ms)):
+        scalars[f"time/busy_ms/rank{r}"] = busy
+        if wait == wait:  # NaN: this strategy cannot see its waits
+            scalars[f"time/wait_ms/rank{r}"] = wait
+        forward, backward = s.per_slot_forward_ms[r], s.per_slot_backward_ms[r]
+        if forward == forward:  # dp replicas only
+            scalars[f"time/forward_ms/rank{r}"] = forward
+            scalars[f"time/backward_ms/rank{r}"] = backward
+        if busy > 0:
+            scalars[f"throughput/device/samples_per_busy_sec/rank{r}"] = s.per_slot_samples[r] / max(1, s.steps) / (
+                busy / 1000)
+    for r, rate in enumerate(tflops):
+        scalars[f"throughput/device/tflops/rank{r}"] = rate
+        if mfu[r] is not None:
+            scalars[f"throughput/device/mfu/rank{r}"] = mfu[r]
+    for rank, ratio, _ in stragglers:
+        scalars[f"stragglers/busy_ratio/rank{rank}"] = ratio
+    return scalars
+
+
+def eval_scalars(loss: float, metrics: dict[str, float]) -> dict[str, float]:
+    return {"loss/val": loss, **{f"{name}/val": value for name, value in metrics.items()}}
