@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How docs/mlflow_sweep_runs.png and docs/mlflow_run_metrics.png were made (by hand; not part of CI): a small sweep
+# How docs/mlflow_sweep_runs.png and docs/mlflow_run_overview.png were made (by hand; not part of CI): a small sweep
 # logged to MLflow (logger=[tensorboard,mlflow]), the MLflow UI on its store, headless chromium screenshots.
 # Needs Debian's chromium and the mlflow extra. Run from the repository root; PY picks the interpreter.
 set -euo pipefail
@@ -14,7 +14,7 @@ trap 'kill $server 2>/dev/null' EXIT
 sleep 15
 shot() {  # shot WIDTH,HEIGHT FILE URL
     chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size="$1" \
-        --virtual-time-budget=20000 --screenshot="$PWD/docs/$2" "$3"
+        --virtual-time-budget=40000 --screenshot="$PWD/docs/$2" "$3"
 }
 experiment=$($PY -c "from mlflow.tracking import MlflowClient as C; print(C('$store').get_experiment_by_name('hydra-dist').experiment_id)")
 child=$($PY -c "
@@ -22,4 +22,4 @@ from mlflow.tracking import MlflowClient as C
 c = C('$store'); e = c.get_experiment_by_name('hydra-dist').experiment_id
 print([r for r in c.search_runs([e]) if 'mlflow.parentRunId' in r.data.tags][0].info.run_id)")
 shot 1400,700 mlflow_sweep_runs.png "http://127.0.0.1:6130/#/experiments/$experiment/runs"
-shot 1400,900 mlflow_run_metrics.png "http://127.0.0.1:6130/#/experiments/$experiment/runs/$child/model-metrics"
+shot 1800,1100 mlflow_run_overview.png "http://127.0.0.1:6130/#/experiments/$experiment/runs/$child"
