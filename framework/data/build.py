@@ -217,7 +217,7 @@ def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, colla
         found = ", ".join(f"{where}: {shape.replace('(', '[').replace(')', ']').replace(',]', ']')}"
                           for shape, where in shapes.items())
         raise ConfigError(f"dataset samples differ in shape ({found}); every input must have one shape (resize or "
-                          "crop them with a transform)")
+                          "crop them with a transform), or name a dataset.collate_fn that makes batches of them")
     x = _input(splits["train"], 0, "train")
     shape = tuple(x.shape) if torch.is_tensor(x) else None
     if declared and tuple(declared) != shape:
