@@ -77,7 +77,9 @@ def dry_run(s: Settings, task: Task) -> None:
     batch = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
         collate.first_batch([data.train[int(i)] for i in index], "train")
     batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
-    shapes = f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}" if data.pairs else describe(batch, "batch")
+    shapes = describe(batch, "batch")
+    if data.pairs:
+        shapes = f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}"
     model_name = f"model={s.model.get('_target_')}"
     model.train()
     with torch.no_grad(), silenced():

@@ -57,7 +57,8 @@ def _trained(project, cwd, args) -> tuple:
     """(run folder, result.json, loss/train values) of one run that must succeed."""
     check_ok(_run(project, cwd, args))
     [run_dir] = run_dirs(cwd)
-    return run_dir, json.loads((run_dir / "result.json").read_text()), [v for _, v in read_scalars(run_dir)["loss/train"]]
+    losses = [v for _, v in read_scalars(run_dir)["loss/train"]]
+    return run_dir, json.loads((run_dir / "result.json").read_text()), losses
 
 
 def _token_accuracy_per_sample(model, dataset) -> float:
@@ -89,6 +90,13 @@ def test_variable_length_tagging_with_a_padding_collate_fn_trains_under_ddp_and_
     # a third or more of a padded batch is padding: counted as wrong, accuracy could not pass 1 - padding
     assert padding > 0.3 and expected > 1 - padding + 0.1
     assert result["test_acc"] == pytest.approx(expected, abs=1e-6)
+    # the step counts tokens (step.count_tokens): the tags the loss scores, about the mean length per sample
+    scalars = read_scalars(run_dir)
+    mean_length = sum(len(t) for t in Tagging(train=True).tokens) / 512
+    ratios = [t / s for (_, t), (_, s) in zip(scalars["throughput/tokens_per_sec"],
+                                              scalars["throughput/samples_per_sec"])]
+    assert ratios and all(0.7 * mean_length < r < 1.3 * mean_length for r in ratios), (ratios, mean_length)
+    assert "throughput/tokens_per_sec/rank1" in scalars
     # eval.py batches the test split with the run's collate_fn too
     cwd = tmp_path / "eval"
     cwd.mkdir()
@@ -172,6 +180,9 @@ def test_positions_the_loss_ignores_leave_each_samples_mean_and_the_accuracy():
     out = Supervised()(nn.Identity(), (logits, tags), nn.CrossEntropyLoss(reduction="none"))
     first = nn.functional.cross_entropy(logits[0, :, :2].T, tags[0, :2])  # its two real tokens only
     assert out.loss.shape == (2,) and out.loss[0].item() == pytest.approx(first.item(), rel=1e-6)
+    assert out.tokens is None
+    counted = Supervised(count_tokens=True)(nn.Identity(), (logits, tags), nn.CrossEntropyLoss(reduction="none"))
+    assert int(counted.tokens) == 6  # the tags the loss scores
     right = logits.argmax(1) == tags
     expected = right[0, :2].float().mean() + right[1].float().mean()
     assert Accuracy()(logits, tags).item() == pytest.approx(expected.item())

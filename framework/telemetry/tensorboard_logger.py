@@ -1,6 +1,7 @@
 """Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
 
-throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
+throughput/samples_per_sec, throughput/samples_per_sec/rank{r} (and throughput/tokens_per_sec[/rank{r}] where the
+step counts tokens), loss/train, loss/train/rank{r},
 loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
 optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
 (CUDA: the peak within each logged interval, evaluation excluded),
@@ -34,6 +35,7 @@ PER_RANK_CHARTS = {
     ],
     "throughput": [
         ("samples/s per rank", r"^throughput/samples_per_sec/rank\d+$"),
+        ("tokens/s per rank", r"^throughput/tokens_per_sec/rank\d+$"),
         ("samples per busy second per rank (what the device does alone)",
          r"^throughput/device/samples_per_busy_sec/rank\d+$"),
         ("TFLOP/s per rank", r"^throughput/device/tflops/rank\d+$"),
@@ -79,6 +81,10 @@ class TensorBoardLogger:
             if self.cuda:
                 w.add_scalar(f"memory/max_allocated_gib/rank{r}", s.per_slot_max_mem_gib[r], step)
                 w.add_scalar(f"memory/max_reserved_gib/rank{r}", s.per_slot_max_reserved_gib[r], step)
+        if s.per_slot_tokens_per_sec:  # the step counts tokens
+            w.add_scalar("throughput/tokens_per_sec", s.tokens_per_sec, step)
+            for r, rate in enumerate(s.per_slot_tokens_per_sec):
+                w.add_scalar(f"throughput/tokens_per_sec/rank{r}", rate, step)
         for gpu in self.gpus.read() if self.gpus else []:
             w.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
             w.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)

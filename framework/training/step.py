@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from framework.data.batches import batch_size, describe, float_outputs
+from framework.data.batches import batch_size, describe, float_outputs, leaves
 from framework.training.metrics import per_sample_losses, scored_positions
 
 
@@ -25,6 +25,8 @@ class StepOutput:
     outputs: Any
     targets: Any
     samples: int
+    tokens: Any = None  # the batch's tokens (a number, or a tensor on the device), where the step says what one is:
+    # throughput/tokens_per_sec in TensorBoard; None: samples only
 
 
 class Supervised:
@@ -34,12 +36,19 @@ class Supervised:
 
     needs_targets = True  # data without targets is refused in the driver (framework/assemble.py)
 
+    def __init__(self, count_tokens: bool = False):
+        self.count_tokens = count_tokens  # a token is a target element the loss scores (not its ignore_index)
+
     def __call__(self, model, batch, loss) -> StepOutput:
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise ValueError(f"{type(self).__name__} takes batches of (inputs, targets), not {describe(batch, 'batch')}")
+            raise ValueError(f"{type(self).__name__} takes batches of (inputs, targets), not "
+                             f"{describe(batch, 'batch')}")
         inputs, targets = batch
         outputs = float_outputs(model(inputs))
         samples = batch_size(targets, inputs)
         value = loss(outputs, targets)
-        return StepOutput(per_sample_losses(value, samples, scored_positions(loss, targets, value)), outputs, targets,
-                          samples)
+        scored = scored_positions(loss, targets, value)
+        tokens = None
+        if self.count_tokens:
+            tokens = scored.sum() if scored is not None else sum(t.numel() for t in leaves(targets))
+        return StepOutput(per_sample_losses(value, samples, scored), outputs, targets, samples, tokens)
