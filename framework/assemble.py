@@ -47,12 +47,9 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
     loss = build_loss(s.loss)
     metrics = build_metrics(s.metrics)
     # class ids are checked where the loss or a metric takes them
-    data = build_data(s.dataset, class_ids_of(loss, metrics), check=check)
     step = build_component(s.step, "step")
-    if not data.pairs and getattr(step, "needs_targets", False):
-        raise ConfigError(f"{data.not_pairs}; step={s.step['_target_']} needs (inputs, targets): for inputs only "
-                          "(an autoencoder, a self-supervised objective) name a step of your own that takes the "
-                          "batch as it is (step._target_=..., see README, Data without targets)")
+    needs_targets = s.step["_target_"] if getattr(step, "needs_targets", False) else None
+    data = build_data(s.dataset, class_ids_of(loss, metrics), check=check, needs_targets=needs_targets)
     check_metrics(metrics, data.num_classes)
     model = build_model(s.model, data.in_shape, data.num_classes)
     augment = build_augment(s.dataset.augment, data.in_shape)

@@ -28,7 +28,8 @@ def not_a_function():
 
 class BrokenCollate:
     def __call__(self, samples):
-        return torch.stack([tokens for tokens, _ in samples])  # sequences of different lengths cannot stack
+        tokens, tags = zip(*samples)
+        return torch.stack(tokens), torch.stack(tags)  # no padding: sequences of different lengths cannot stack
 
 
 def unsplit(size: int = 64):

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from framework.config.components import build_component, parameters_of
-from framework.data.batches import describe, take, tree_map
+from framework.data.batches import describe, take
 from framework.data.collate import KEY as COLLATE_KEY, Collate, split_collates
 from framework.config.dataset import DatasetConfig
 from framework.errors import ConfigError
@@ -197,7 +197,12 @@ def _not_tensors(tree):
 
 
 def _shapes(tree) -> Any:
-    return tuple(tree.shape) if torch.is_tensor(tree) else tree_map(lambda t: tuple(t.shape), tree)
+    """The shapes of a nesting's leaves (a number's is ())."""
+    if isinstance(tree, dict):
+        return {k: _shapes(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_shapes(v) for v in tree]
+    return tuple(np.shape(tree))
 
 
 def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, collated: bool) -> tuple[int, ...] | None:
@@ -297,24 +302,34 @@ class ClassIds:
     ignore: int | None = None
 
 
-def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool = False) -> Data:
+def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool = False,
+               needs_targets: str | None = None) -> Data:
     """Both splits and their facts. check=True (the driver, once): also compare sample shapes and class ids, and
-    collate the first samples of each split."""
+    collate the first samples of each split. needs_targets: the step that trains on (inputs, targets) only, which
+    samples that are inputs only are refused for."""
     splits = build_splits(cfg)
     collate = build_collates(cfg)
     collated = any(c.own for c in collate.values())
-    in_shape = _in_shape(cfg, splits, check, collated)
-    num_classes = _num_classes(cfg, splits, check, class_ids)
-    if not collated:
-        _input(splits["train"], 0, "train")
-    if check:
-        for which, dataset in splits.items():
-            collate[which].first_batch([_read(dataset, i, which) for i in range(min(2, len(dataset)))], which)
     first = _read(splits["train"], 0, "train")
     example = collate["train"].first_batch([first], "train")
     not_pairs = None
     if not is_pair(example):
         not_pairs = (f"the batches of {collate['train'].where} are {_a(type(example).__name__)}, not (inputs, targets)"
                      if collated else f"dataset.train[0] is {_a(type(first).__name__)}, not an (input, target) pair")
+        if needs_targets:
+            raise ConfigError(f"{not_pairs}; step={needs_targets} needs (inputs, targets): for inputs only (an "
+                              "autoencoder, a self-supervised objective) name a step of your own that takes the batch "
+                              "as it is (step._target_=..., see README, Data without targets)")
+    in_shape = _in_shape(cfg, splits, check, collated)  # (samples of different shapes: one line, before collating)
+    if check:
+        for which, dataset in splits.items():
+            batch = collate[which].first_batch([_read(dataset, i, which) for i in range(min(2, len(dataset)))], which)
+            if is_pair(batch) != is_pair(example):
+                raise ConfigError(f"dataset.{which}'s batches are {'' if is_pair(batch) else 'not '}(inputs, targets) "
+                                  f"and dataset.train's are {'' if is_pair(example) else 'not'}; both splits must give "
+                                  "the same kind of sample")
+    num_classes = _num_classes(cfg, splits, check, class_ids)
+    if not collated:
+        _input(splits["train"], 0, "train")
     return Data(splits["train"], splits["test"], in_shape, num_classes, getattr(splits["train"], "normalization", None),
                 example, collate, not_pairs)
