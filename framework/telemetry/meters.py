@@ -29,6 +29,7 @@ class IntervalMeter:
         self.wait_clock = wait_clock
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
         self.tokens = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
+        self.token_shares = torch.tensor(slot_sizes, device=device, dtype=torch.float64) / max(1, sum(slot_sizes))
         self.counts_tokens = False  # whether the step says what a token is (StepOutput.tokens)
         self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
         self.reset()
@@ -57,8 +58,7 @@ class IntervalMeter:
         """A micro-batch's tokens (a number or a tensor on the device: no sync), shared by its slots by their size
         (dp: the step sees the whole process's batch)."""
         self.counts_tokens = True
-        sizes = torch.tensor(self.slot_sizes, device=self.device, dtype=torch.float64)
-        self.tokens += torch.as_tensor(count, device=self.device, dtype=torch.float64) * sizes / sizes.sum()
+        self.tokens += self.token_shares * count
 
     def add_data_time(self, seconds: float) -> None:
         self.data_seconds += seconds
