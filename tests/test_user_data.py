@@ -225,3 +225,21 @@ def test_inputs_only_with_the_supervised_step_stop_the_run_with_one_line(project
     proc = _run(project, tmp_path, ["strategy=ddp", *FAST, *BAD["inputs_only_with_supervised_step"][0]], timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "training " not in proc.stdout
     assert f"error: {BAD['inputs_only_with_supervised_step'][1]}" in proc.stderr, proc.stderr
+
+
+def test_tokens_are_metered_on_the_device_and_shared_over_a_processs_slots_by_their_size():
+    """dp's replicas are one process's slots: a micro-batch's tokens (a device tensor: no sync) go to each slot by its
+    share of the batch; a step that counts none leaves the column NaN and no tokens/s tag."""
+    from framework.telemetry.meters import TOKENS, IntervalMeter, IntervalSummary
+
+    meter = IntervalMeter([3, 1], torch.device("cpu"), [])
+    meter.add_micro_batch(torch.ones(4))
+    meter.add_step(1)
+    assert IntervalSummary.from_rows(meter.rows()).per_slot_tokens_per_sec == []
+    assert meter.rows()[:, TOKENS].isnan().all()
+    meter.add_tokens(torch.tensor(8))
+    meter.add_tokens(4)
+    rows = meter.rows()
+    assert rows[:, TOKENS].tolist() == [9.0, 3.0]
+    summary = IntervalSummary.from_rows(rows)
+    assert summary.tokens == 12 and len(summary.per_slot_tokens_per_sec) == 2
