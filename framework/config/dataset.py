@@ -1,8 +1,8 @@
 """The keys every dataset config has, whatever its components are (conf/dataset/*.yaml; a user's own dataset config
 may leave any of them out). A dataset config names either `train` and `test` components, or one Dataset with its
 own `_target_`: split by `val_fraction`, or built twice (train=True/False) when its constructor takes `train`
-(framework/data/build.py). The rest of a dataset node is the user's: keys
-its components interpolate (root, download, ...), or the one Dataset's own arguments."""
+(framework/data/build.py). The rest of a dataset node is the user's: keys its components interpolate (root,
+download, ...), or the one Dataset's own arguments."""
 from __future__ import annotations
 
 from dataclasses import dataclass
