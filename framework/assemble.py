@@ -48,14 +48,16 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
     loss = build_loss(s.loss)
     metrics = build_metrics(s.metrics)
     # class ids are checked where the loss or a metric takes them
-    data = build_data(s.dataset, class_ids_of(loss, metrics), check=check)
+    step = build_component(s.step, "step")
+    needs_targets = s.step["_target_"] if getattr(step, "needs_targets", False) else None
+    data = build_data(s.dataset, class_ids_of(loss, metrics), check=check, needs_targets=needs_targets)
     check_metrics(metrics, data.num_classes)
     model = build_model(s.model, data.in_shape, data.num_classes)
     augment = build_augment(s.dataset.augment, data.in_shape)
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(s.trainer.channels_last, model, device, data.in_shape,
                                       channels_last_refusal is None)
-    return Task(data, model, build_component(s.step, "step"), loss, metrics, augment, channels_last)
+    return Task(data, model, step, loss, metrics, augment, channels_last)
 
 
 def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task) -> Wrapped:
@@ -70,13 +72,13 @@ def test_batches(task: Task, group: ProcessGroup, num_workers: int):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
     return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.rank,
-                                group.world_size, num_workers)
+                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs)
 
 
 def example_input(data: Data) -> object:
     """The first training sample's input as the model gets it (normalized where the dataset says how): what FLOPs
     are counted on."""
-    return BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(data.example[0])
+    return BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(data.inputs(data.example))
 
 
 def build_callbacks(nodes: dict, profile: list[int] | None = None) -> dict[str, Callback]:

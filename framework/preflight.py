@@ -7,8 +7,6 @@ from pathlib import Path
 
 import torch
 
-from torch.utils.data import default_collate
-
 from framework.assemble import Task, build_task
 from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
@@ -18,7 +16,7 @@ from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpo
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
 from framework.data.build import Data, is_class_ids, tensors_of
-from framework.data.loaders import BatchPipeline
+from framework.data.loaders import BatchPipeline, prepare
 from framework.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
@@ -74,17 +72,20 @@ def dry_run(s: Settings, task: Task) -> None:
     the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
     data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
     index = torch.arange(min(2, len(data.train)))
-    tensors = tensors_of(data.train)
-    x, y = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
-        default_collate([data.train[int(i)] for i in index])
-    x = BatchPipeline(data.normalization, data.in_shape, torch.device("cpu"))(x)
-    shapes = f"{describe(x, 'input')}; {describe(y, 'target')}"
+    collate = data.collate["train"]
+    tensors = tensors_of(data.train) if not collate.own else None
+    batch = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
+        collate.first_batch([data.train[int(i)] for i in index], "train")
+    batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
+    shapes = describe(batch, "batch")
+    if data.pairs:
+        shapes = f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}"
     model_name = f"model={s.model.get('_target_')}"
     model.train()
     with torch.no_grad(), silenced():
         if isinstance(step, Supervised):  # say which of the two failed: the model, or the loss on its outputs
-            _one_line(lambda: model(x), f"{model_name} cannot take the dataset's batches ({shapes})")
-        out = _one_line(lambda: step(model, (x, y), loss),
+            _one_line(lambda: model(batch[0]), f"{model_name} cannot take the dataset's batches ({shapes})")
+        out = _one_line(lambda: step(model, batch, loss),
                         f"loss={s.loss.get('_target_')} cannot score {model_name}'s outputs on the dataset's targets "
                         f"({shapes})")
         _one_line(lambda: per_sample_losses(out.loss, out.samples), f"loss={s.loss.get('_target_')}")

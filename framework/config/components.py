@@ -2,10 +2,11 @@
 one clear error that names the key and the `_target_` when it cannot be built."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 
 from framework.errors import ConfigError
 
@@ -32,3 +33,12 @@ def build_component(node, key: str, **kwargs) -> Any:
             raise ConfigError(f"{key}._target_={target} is not allowed: it cannot be imported ({cause}); "
                               "is its package on PYTHONPATH?") from None
         raise ConfigError(f"{key}._target_={target} failed to build: {type(cause).__name__}: {cause}") from None
+
+
+def parameters_of(target: str) -> dict[str, inspect.Parameter]:
+    """The parameters of the class or function a `_target_` names, by name; {} when it cannot be imported or has no
+    signature (build_component then says what is wrong)."""
+    try:
+        return dict(inspect.signature(get_object(str(target))).parameters)
+    except Exception:
+        return {}

@@ -1,7 +1,8 @@
 """The keys every dataset config has, whatever its components are (conf/dataset/*.yaml; a user's own dataset config
 may leave any of them out). A dataset config names either `train` and `test` components, or one Dataset with its
-own `_target_` and `val_fraction` (framework/data/build.py splits it). The rest of a dataset node is the user's: keys
-its components interpolate (root, download, ...), or the one Dataset's own arguments."""
+own `_target_`: split by `val_fraction`, or built twice (train=True/False) when its constructor takes `train`
+(framework/data/build.py). The rest of a dataset node is the user's: keys its components interpolate (root,
+download, ...), or the one Dataset's own arguments."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ class DatasetConfig(Checked):
     num_classes: Optional[int] = rule(None, at_least(2))  # null: the dataset's num_classes/classes, else max label+1
     in_shape: Optional[List[int]] = rule(None, int_list(1))  # null: the dataset's in_shape, else the first sample's
     augment: Any = None  # batched on-device augmentation, e.g. {_target_: framework.data.augment.RandomCropFlip}
-    _target_: Optional[str] = None  # one Dataset (its arguments beside it), split by val_fraction
+    # collate_fn(samples) -> batch for both splits, by _target_ (a split's own `collate_fn:` key goes over it)
+    collate_fn: Any = None
+    _target_: Optional[str] = None  # one Dataset (its arguments beside it): split by val_fraction, or by `train`
     val_fraction: Optional[float] = rule(None, between(0.0, 1.0, high_open=True))  # its share held out for testing
     split_seed: int = rule(0, at_least(0))  # the split's permutation: the same on every rank, world size, resume
 
@@ -32,9 +35,6 @@ class DatasetConfig(Checked):
         if self._target_ and (self.train or self.test):
             raise SettingError("_target_", self._target_, message="{key}._target_ is not allowed beside {key}.train "
                                "and {key}.test: name either one Dataset (with val_fraction) or the two splits")
-        if self._target_ and self.val_fraction is None:
-            raise SettingError("val_fraction", None, message=f"{{key}}._target_={self._target_} needs "
-                               "{key}.val_fraction (the share of its samples held out for testing, e.g. 0.1)")
         if self.val_fraction is not None and not self._target_:
             raise SettingError("val_fraction", self.val_fraction, message=f"{{key}}.val_fraction={self.val_fraction} "
                                "splits one Dataset named by {key}._target_, and this config names train and test")

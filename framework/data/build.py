@@ -1,11 +1,13 @@
 """The dataset's typed options (framework/config/dataset.py) -> the train and test Datasets, and the facts a model
 may need (the input shape, the class count).
 
-A dataset config names two components, `train` and `test`, or one (its own `_target_`) with `val_fraction`, each
-any map-style torch Dataset returning (input, target), built with Hydra's instantiate (so `_target_` may be a class
-or a factory, `_partial_` too, and nested `_target_`s such as a torchvision transform pipeline are built first).
-Input and target may be tensors or any nesting of them (framework/data/batches.py). The built-in datasets are
-ordinary entries of the same mechanism."""
+A dataset config names two components, `train` and `test`, or one (its own `_target_`) split by `val_fraction` or,
+when its constructor takes `train` (torchvision's convention), built with train=True and train=False; each any
+map-style torch Dataset, built with Hydra's instantiate (so `_target_` may be a class or a factory, `_partial_` too,
+and nested `_target_`s such as a torchvision transform pipeline are built first). A sample is an (input, target)
+pair, or an input only (autoencoders, self-supervised steps: the step gets the batch as it is); input and target may
+be tensors or any nesting of them (framework/data/batches.py), or anything the user's collate_fn makes a batch of
+(framework/data/collate.py). The built-in datasets are ordinary entries of the same mechanism."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset, default_collate
+from torch.utils.data import Dataset, Subset, TensorDataset
 
-from framework.config.components import build_component
-from framework.data.batches import describe, take, tree_map
+from framework.config.components import build_component, parameters_of
+from framework.data.batches import describe, take
+from framework.data.collate import KEY as COLLATE_KEY, Collate, split_collates
 from framework.config.dataset import DatasetConfig
 from framework.errors import ConfigError
 
@@ -38,11 +41,25 @@ def _as_dataset(node: dict, key: str) -> Dataset:
     return dataset
 
 
+def build_collates(cfg: DatasetConfig) -> dict[str, Collate]:
+    """Each split's collate_fn: its own (dataset.<split>.collate_fn), else dataset.collate_fn, else torch's."""
+    nodes = {which: getattr(cfg, which) for which in SPLITS}
+    return split_collates(cfg.collate_fn, {which: node.get(COLLATE_KEY) if isinstance(node, dict) else None
+                                           for which, node in nodes.items()})
+
+
 def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
     """The train and test splits: dataset.train and dataset.test, or one dataset (the node's own _target_) split by
-    dataset.val_fraction; each limited to dataset.max_<split>_samples."""
-    if cfg.one_dataset is not None:
-        splits = split_one(_as_dataset(cfg.one_dataset, "dataset"), cfg.val_fraction, cfg.split_seed)
+    dataset.val_fraction or built with train=True/False; each limited to dataset.max_<split>_samples."""
+    one = cfg.one_dataset
+    if one is not None and cfg.val_fraction is not None:
+        splits = split_one(_as_dataset(one, "dataset"), cfg.val_fraction, cfg.split_seed)
+    elif one is not None:
+        if "train" not in parameters_of(one["_target_"]):
+            raise ConfigError(f"dataset._target_={one['_target_']} needs dataset.val_fraction (the share of its "
+                              "samples held out for testing, e.g. 0.1), or a constructor taking `train` (built with "
+                              "train=True and train=False for the two splits)")
+        splits = {which: _as_dataset({**one, "train": which == "train"}, "dataset") for which in SPLITS}
     else:
         splits = {}
         for which in SPLITS:
@@ -50,9 +67,9 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
             if not isinstance(node, dict) or "_target_" not in node:
                 raise ConfigError(
                     f"dataset.{which} is missing or has no _target_: a dataset config names either `train:` and "
-                    "`test:` Datasets with _target_, or one Dataset with _target_ and val_fraction (see README, Your "
-                    "own model and data)")
-            splits[which] = _as_dataset(node, f"dataset.{which}")
+                    "`test:` Datasets with _target_, or one Dataset with _target_ (and val_fraction, unless it "
+                    "takes `train`) (see README, Your own model and data)")
+            splits[which] = _as_dataset({k: v for k, v in node.items() if k != COLLATE_KEY}, f"dataset.{which}")
     for which, dataset in splits.items():
         limit = getattr(cfg, f"max_{which}_samples")
         if limit and limit < len(dataset):
@@ -122,24 +139,50 @@ class Data:
     in_shape: tuple[int, ...] | None  # one sample's input shape; None where the input is not one tensor
     num_classes: int | None  # the class count where there are class ids (or the dataset says it); else None
     normalization: Any  # framework.data.builtin.Normalization, or None: inputs are used as they come
-    example: tuple  # the first training sample as a batch of one: (input, target), on the CPU
+    example: Any  # the first training sample as a batch of one (its split's collate), on the CPU
+    collate: dict[str, Collate]  # each split's collate_fn (framework/data/collate.py)
+    not_pairs: str | None = None  # why batches are not (inputs, targets): the step gets each batch as it is
+
+    @property
+    def pairs(self) -> bool:
+        """Whether a batch is (inputs, targets); else it is inputs only."""
+        return self.not_pairs is None
+
+    def inputs(self, batch):
+        """A batch's inputs: its first part when batches are (inputs, targets), else the whole batch."""
+        return batch[0] if self.pairs else batch
 
 
-def _sample(dataset: Dataset, index: int, which: str):
+def is_pair(item) -> bool:
+    """A sample (or batch) that is (input, target): a tuple or list of two; anything else is an input only."""
+    return isinstance(item, (tuple, list)) and len(item) == 2
+
+
+def _read(dataset: Dataset, index: int, which: str):
     try:
-        item = dataset[index]
+        return dataset[index]
     except Exception as exc:
         raise ConfigError(f"dataset.{which}[{index}] could not be read: {type(exc).__name__}: {exc}") from None
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
-        kind = type(item).__name__
-        raise ConfigError(f"dataset.{which}[{index}] is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not an "
-                          "(input, target) pair")
-    x = item[0]
+
+
+def _input(dataset: Dataset, index: int, which: str):
+    """A sample's input (the whole sample when it has no target), checked to be what torch's collate can stack."""
+    item = _read(dataset, index, which)
+    x = item[0] if is_pair(item) else item
     bad = _not_tensors(x)
     if bad is not None:
         raise ConfigError(f"dataset.{which}[{index}] gives an input of type {type(bad).__name__}, not a tensor; add a "
-                          "transform that makes one (e.g. torchvision.transforms.ToTensor)")
-    return x, item[1]
+                          "transform that makes one (e.g. torchvision.transforms.ToTensor), or a dataset.collate_fn")
+    return x
+
+
+def _target(dataset: Dataset, index: int, which: str):
+    item = _read(dataset, index, which)
+    return item[1] if is_pair(item) else None
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _not_tensors(tree):
@@ -154,24 +197,33 @@ def _not_tensors(tree):
 
 
 def _shapes(tree) -> Any:
-    return tuple(tree.shape) if torch.is_tensor(tree) else tree_map(lambda t: tuple(t.shape), tree)
+    """The shapes of a nesting's leaves (a number's is ())."""
+    if isinstance(tree, dict):
+        return {k: _shapes(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_shapes(v) for v in tree]
+    return tuple(np.shape(tree))
 
 
-def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool) -> tuple[int, ...] | None:
+def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, collated: bool) -> tuple[int, ...] | None:
+    """Declared, said by the dataset, or the samples' one shape; with a collate_fn of the user's (collated) samples
+    may differ in shape and only a declared or said shape is known."""
     declared = cfg.in_shape
     said = getattr(splits["train"], "in_shape", None)  # a dataset that states its shape (the built-ins) is trusted
-    if said or (declared and not check):
+    if said or (declared and (not check or collated)):
         return tuple(said or declared)
+    if collated:
+        return None
     shapes = {}
     for which, dataset in splits.items():
         for index in range(min(_SHAPE_SAMPLES if check else 1, len(dataset))):
-            shapes.setdefault(repr(_shapes(_sample(dataset, index, which)[0])), f"dataset.{which}[{index}]")
+            shapes.setdefault(repr(_shapes(_input(dataset, index, which))), f"dataset.{which}[{index}]")
     if len(shapes) > 1:
         found = ", ".join(f"{where}: {shape.replace('(', '[').replace(')', ']').replace(',]', ']')}"
                           for shape, where in shapes.items())
         raise ConfigError(f"dataset samples differ in shape ({found}); every input must have one shape (resize or "
-                          "crop them with a transform)")
-    x = _sample(splits["train"], 0, "train")[0]
+                          "crop them with a transform), or name a dataset.collate_fn that makes batches of them")
+    x = _input(splits["train"], 0, "train")
     shape = tuple(x.shape) if torch.is_tensor(x) else None
     if declared and tuple(declared) != shape:
         raise ConfigError(f"dataset.in_shape={list(declared)} is not allowed: the samples have shape "
@@ -188,7 +240,12 @@ def _labels(dataset: Dataset) -> torch.Tensor | None:
     if isinstance(dataset, Subset) and targets is None:
         base = getattr(dataset.dataset, "targets", None)
         targets = [base[i] for i in dataset.indices] if base is not None else None
-    return torch.as_tensor(targets) if targets is not None else None
+    if targets is None:
+        return None
+    try:
+        return torch.as_tensor(targets)
+    except (TypeError, ValueError, RuntimeError):  # targets of different lengths: read them sample by sample
+        return None
 
 
 def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
@@ -196,7 +253,7 @@ def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
     __getitem__, so a large one is checked on a sample, not whole)."""
     count = min(len(dataset), _LABEL_SAMPLES)
     indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
-    return torch.stack([torch.as_tensor(_sample(dataset, i, which)[1]) for i in indices])
+    return torch.cat([torch.as_tensor(_target(dataset, i, which)).reshape(-1) for i in indices])  # any lengths
 
 
 def is_class_ids(target) -> bool:
@@ -216,7 +273,7 @@ def _num_classes(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, cl
     train = splits["train"]
     said = getattr(train, "num_classes", None)  # trusted, like in_shape: no labels are read for it
     found = cfg.num_classes or said or len(getattr(train, "classes", None) or []) or None
-    if not class_ids.expected or not is_class_ids(_sample(train, 0, "train")[1]):
+    if not class_ids.expected or not is_class_ids(_target(train, 0, "train")):
         return found
     labels = {}
     if (check or not found) and not said:
@@ -245,11 +302,34 @@ class ClassIds:
     ignore: int | None = None
 
 
-def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool = False) -> Data:
-    """Both splits and their facts. check=True (the driver, once): also compare sample shapes and class ids."""
+def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool = False,
+               needs_targets: str | None = None) -> Data:
+    """Both splits and their facts. check=True (the driver, once): also compare sample shapes and class ids, and
+    collate the first samples of each split. needs_targets: the step that trains on (inputs, targets) only, which
+    samples that are inputs only are refused for."""
     splits = build_splits(cfg)
-    in_shape = _in_shape(cfg, splits, check)
+    collate = build_collates(cfg)
+    collated = any(c.own for c in collate.values())
+    first = _read(splits["train"], 0, "train")
+    example = collate["train"].first_batch([first], "train")
+    not_pairs = None
+    if not is_pair(example):
+        not_pairs = (f"the batches of {collate['train'].where} are {_a(type(example).__name__)}, not (inputs, targets)"
+                     if collated else f"dataset.train[0] is {_a(type(first).__name__)}, not an (input, target) pair")
+        if needs_targets:
+            raise ConfigError(f"{not_pairs}; step={needs_targets} needs (inputs, targets): for inputs only (an "
+                              "autoencoder, a self-supervised objective) name a step of your own that takes the batch "
+                              "as it is (step._target_=..., see README, Data without targets)")
+    in_shape = _in_shape(cfg, splits, check, collated)  # (samples of different shapes: one line, before collating)
+    if check:
+        for which, dataset in splits.items():
+            batch = collate[which].first_batch([_read(dataset, i, which) for i in range(min(2, len(dataset)))], which)
+            if is_pair(batch) != is_pair(example):
+                raise ConfigError(f"dataset.{which}'s batches are {'' if is_pair(batch) else 'not '}(inputs, targets) "
+                                  f"and dataset.train's are {'' if is_pair(example) else 'not'}; both splits must give "
+                                  "the same kind of sample")
     num_classes = _num_classes(cfg, splits, check, class_ids)
-    _sample(splits["train"], 0, "train")
-    return Data(splits["train"], splits["test"], in_shape, num_classes,
-                getattr(splits["train"], "normalization", None), default_collate([splits["train"][0]]))
+    if not collated:
+        _input(splits["train"], 0, "train")
+    return Data(splits["train"], splits["test"], in_shape, num_classes, getattr(splits["train"], "normalization", None),
+                example, collate, not_pairs)

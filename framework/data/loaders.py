@@ -5,8 +5,11 @@ and epoch, drop_last), so the in-memory path and the DataLoader path give the sa
   built-ins, a TensorDataset, or a dataset with `tensors()`). The split lives as one tensor on the training
   device; a batch is an index gather plus on-device normalization. No per-sample Python, no worker processes.
 - DataLoaderLoader: torch's DataLoader + DistributedSampler for any map-style Dataset (per-sample transforms,
-  data that should not sit on the device, `trainer.num_workers`), pinned memory and non-blocking copies on CUDA.
-Both then run the same on-device steps (BatchPipeline): normalize, augment (training only), memory layout.
+  data that should not sit on the device, `trainer.num_workers`, the user's collate_fn), pinned memory and
+  non-blocking copies on CUDA.
+Both then run the same on-device steps (BatchPipeline) on a batch's inputs (the whole batch when samples have no
+target): normalize, augment (training only), memory layout. Sharding is by sample index, so padded batches of
+different lengths shard alike.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from framework.data.augment import batch_generator
 from framework.data.batches import batch_size, take, to_device, tree_map
 from framework.data.build import tensors_of
+from framework.data.collate import DEFAULT, Collate
 
 
 class BatchPipeline:
@@ -46,6 +50,14 @@ class BatchPipeline:
         return _channels_last(x) if self.channels_last else x
 
 
+def prepare(batch, pipeline: BatchPipeline, pairs: bool, generator: torch.Generator | None = None):
+    """The pipeline on a batch's inputs: (pipeline(inputs), targets), or pipeline(batch) when it is inputs only."""
+    if pairs:
+        x, y = batch
+        return pipeline(x, generator), y
+    return pipeline(batch, generator)
+
+
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
     """NHWC layout for a batch of images (4-D floats); any other tensor as it is."""
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
@@ -60,9 +72,11 @@ def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> list[
 class _Sharded:
     """What both training loaders share: the shard, the epoch and the per-batch augmentation generator."""
 
-    def __init__(self, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int):
+    def __init__(self, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int,
+                 pairs: bool = True):
         self.pipeline, self.device = pipeline, device
         self.micro_batch, self.rank, self.world, self.seed = micro_batch, rank, world, seed
+        self.pairs = pairs
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -71,11 +85,11 @@ class _Sharded:
     def __iter__(self):
         return self.iterate(0)
 
-    def _prepared(self, x, index: int):
+    def _prepared(self, batch, index: int):
         generator = None
         if self.pipeline.augment is not None:
             generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
-        return self.pipeline(x, generator)
+        return prepare(batch, self.pipeline, self.pairs, generator)
 
 
 class InMemoryLoader(_Sharded):
@@ -93,17 +107,18 @@ class InMemoryLoader(_Sharded):
                              device=self.device)
         for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
-            yield self._prepared(take(self.x, idx), i), take(self.y, idx)
+            yield self._prepared((take(self.x, idx), take(self.y, idx)), i)
 
 
 class DataLoaderLoader(_Sharded):
-    """Any map-style dataset through a DataLoader, copied to the device per batch."""
+    """Any map-style dataset through a DataLoader (and its split's collate_fn), copied to the device per batch."""
 
-    def __init__(self, dataset, pipeline: BatchPipeline, device, micro_batch, rank, world, seed, num_workers: int):
-        super().__init__(pipeline, device, micro_batch, rank, world, seed)
+    def __init__(self, dataset, pipeline: BatchPipeline, device, micro_batch, rank, world, seed, num_workers: int,
+                 collate: Collate = DEFAULT, pairs: bool = True):
+        super().__init__(pipeline, device, micro_batch, rank, world, seed, pairs)
         self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.loader = DataLoader(
-            dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True,
+            dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True, collate_fn=collate.fn,
             num_workers=num_workers, pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
         )
 
@@ -115,34 +130,37 @@ class DataLoaderLoader(_Sharded):
         return len(self.loader)
 
     def iterate(self, start: int):
-        for i, (x, y) in enumerate(itertools.islice(self.loader, start, None), start):
-            yield self._prepared(to_device(x, self.device), i), to_device(y, self.device)
+        for i, batch in enumerate(itertools.islice(self.loader, start, None), start):
+            yield self._prepared(to_device(batch, self.device), i)
 
 
-def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0):
+def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0,
+                 collate: Collate = DEFAULT, pairs: bool = True):
     """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
     of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch). Never
     augmented."""
     share = torch.arange(rank, len(dataset), world)
     batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
-    tensors = tensors_of(dataset)
+    tensors = tensors_of(dataset) if not collate.own else None
     if tensors is not None:
         x, y = (to_device(take(t, share), device) for t in tensors)
         for chunk in torch.arange(len(share), device=device).tensor_split(batches):
             yield pipeline(take(x, chunk)), take(y, chunk)
         return
     chunks = [c.tolist() for c in share.tensor_split(batches)]
-    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, pin_memory=device.type == "cuda")
-    for xs, ys in loader:
-        yield pipeline(to_device(xs, device)), to_device(ys, device)
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, pin_memory=device.type == "cuda",
+                        collate_fn=collate.fn)
+    for each in loader:
+        yield prepare(to_device(each, device), pipeline, pairs)
 
 
 def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,
                        micro_batch: int, rank: int, world: int):
-    """The in-memory path when the training split offers its tensors and dataset.in_memory is on (the default);
-    the DataLoader path otherwise."""
-    tensors = tensors_of(data.train)
+    """The in-memory path when the training split offers its tensors, dataset.in_memory is on (the default) and no
+    collate_fn of the user's must see its samples; the DataLoader path otherwise."""
+    collate = data.collate["train"]
+    tensors = tensors_of(data.train) if not collate.own else None
     common = (pipeline, device, micro_batch, rank, world, seed)
     if tensors is not None and in_memory:
         return InMemoryLoader(*tensors, *common)
-    return DataLoaderLoader(data.train, *common, num_workers=num_workers)
+    return DataLoaderLoader(data.train, *common, num_workers=num_workers, collate=collate, pairs=data.pairs)

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import math
 import time
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-           "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds")
+           "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
- MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS) = range(len(COLUMNS))
+ MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -27,11 +28,15 @@ class IntervalMeter:
         # forward and backward); None: this strategy's waits are not measured
         self.wait_clock = wait_clock
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
+        self.tokens = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
+        self.token_shares = torch.tensor(slot_sizes, device=device, dtype=torch.float64) / max(1, sum(slot_sizes))
+        self.counts_tokens = False  # whether the step says what a token is (StepOutput.tokens)
         self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
         self.reset()
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.tokens.zero_()
         self.first_nonfinite.zero_()
         self.samples = 0
         self.steps = 0
@@ -48,6 +53,12 @@ class IntervalMeter:
         else:
             self.loss_sum += torch.stack([c.sum() for c in per_sample_loss.detach().split(self.slot_sizes)])
         self.samples += per_sample_loss.numel()
+
+    def add_tokens(self, count) -> None:
+        """A micro-batch's tokens (a number or a tensor on the device: no sync), shared by its slots by their size
+        (dp: the step sees the whole process's batch)."""
+        self.counts_tokens = True
+        self.tokens += self.token_shares * count
 
     def add_data_time(self, seconds: float) -> None:
         self.data_seconds += seconds
@@ -84,6 +95,7 @@ class IntervalMeter:
             rows[i, MAX_RESERVED] = torch.cuda.max_memory_reserved(dev) / 2**30
         rows = rows.to(self.device)
         rows[:, LOSS_SUM] = self.loss_sum
+        rows[:, TOKENS] = self.tokens if self.counts_tokens else math.nan
         rows[:, FIRST_NONFINITE] = self.first_nonfinite
         return rows
 
@@ -112,6 +124,13 @@ class IntervalSummary:
     # dp: each replica's forward and backward on its own GPU, per optimizer step (NaN for other strategies)
     per_slot_forward_ms: list[float]
     per_slot_backward_ms: list[float]
+    # where the step counts tokens (StepOutput.tokens): each slot's tokens per second; else empty
+    per_slot_tokens_per_sec: list[float] = dataclasses.field(default_factory=list)
+    tokens: float = math.nan
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def samples_per_sec(self) -> float:
@@ -143,4 +162,6 @@ class IntervalSummary:
             per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
             per_slot_forward_ms=(rows[:, FORWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
             per_slot_backward_ms=(rows[:, BACKWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
+            per_slot_tokens_per_sec=(rows[:, TOKENS] / seconds).tolist() if not rows[:, TOKENS].isnan().any() else [],
+            tokens=float(rows[:, TOKENS].sum()),
         )

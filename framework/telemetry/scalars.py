@@ -15,6 +15,10 @@ def interval_scalars(s: IntervalSummary, lr: float, cuda: bool) -> dict[str, flo
         if cuda:
             scalars[f"memory/max_allocated_gib/rank{r}"] = s.per_slot_max_mem_gib[r]
             scalars[f"memory/max_reserved_gib/rank{r}"] = s.per_slot_max_reserved_gib[r]
+    if s.per_slot_tokens_per_sec:  # the step counts tokens
+        scalars["throughput/tokens_per_sec"] = s.tokens_per_sec
+        for r, rate in enumerate(s.per_slot_tokens_per_sec):
+            scalars[f"throughput/tokens_per_sec/rank{r}"] = rate
     return scalars
 
 

@@ -1,6 +1,7 @@
 """Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
 
-throughput/samples_per_sec, throughput/samples_per_sec/rank{r}, loss/train, loss/train/rank{r},
+throughput/samples_per_sec, throughput/samples_per_sec/rank{r} (and throughput/tokens_per_sec[/rank{r}] where the
+step counts tokens), loss/train, loss/train/rank{r},
 loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
 optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
 (CUDA: the peak within each logged interval, evaluation excluded),
@@ -35,6 +36,7 @@ PER_RANK_CHARTS = {
     ],
     "throughput": [
         ("samples/s per rank", r"^throughput/samples_per_sec/rank\d+$"),
+        ("tokens/s per rank", r"^throughput/tokens_per_sec/rank\d+$"),
         ("samples per busy second per rank (what the device does alone)",
          r"^throughput/device/samples_per_busy_sec/rank\d+$"),
         ("TFLOP/s per rank", r"^throughput/device/tflops/rank\d+$"),

@@ -6,6 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from framework.training.metrics import masked_mean
+
 
 class SequenceCrossEntropy:
     """Next-token cross-entropy: logits [B, T, V], token ids [B, T] -> one loss per token [B, T] (the loop averages
@@ -22,13 +24,16 @@ class SequenceCrossEntropy:
 
 class BitsPerToken:
     """Bits per character (per token) of a language model: its mean cross-entropy per token in bits; each sample
-    scores its own mean, summed over the batch as plain metrics are."""
+    scores its own mean over the tokens not labelled ignore_index, summed over the batch as plain metrics are."""
 
     higher_is_better = False
 
+    def __init__(self, ignore_index: int = -100):
+        self.ignore_index = ignore_index
+
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        nats = per_token_nats(logits, targets)
-        return nats.reshape(len(targets), -1).mean(1).sum() / math.log(2)
+        nats = per_token_nats(logits, targets, self.ignore_index)
+        return masked_mean(nats, len(targets), targets != self.ignore_index).sum() / math.log(2)
 
 
 def per_token_nats(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -4,8 +4,8 @@ A metric is either a torchmetrics.Metric (update(outputs, targets) per batch, co
 across ranks by its own reduction: MeanSquaredError, Perplexity, JaccardIndex, F1Score, ...) or any callable
 metric(outputs, targets) -> the SUM over the batch of a per-sample score, which the evaluation adds up over every
 batch and rank and divides by the samples (accuracy, top-k accuracy, error rate, ...). The loss is any callable
-loss(outputs, targets) -> one value per sample, per element of a sample (a token, a pixel: averaged per sample), or
-their mean (a scalar)."""
+loss(outputs, targets) -> one value per sample, per element of a sample (a token, a pixel: averaged per sample over
+the positions it scores, not those its ignore_index marks), or their mean (a scalar)."""
 from __future__ import annotations
 
 import sys
@@ -21,13 +21,15 @@ from framework.errors import ConfigError
 
 class Accuracy:
     """Share of samples whose class id is among the top_k highest scores (top_k=1: plain accuracy). Outputs
-    [B, C, ...] and ids [B, ...]: with more than one id per sample (a mask), each sample scores its share right."""
+    [B, C, ...] and ids [B, ...]: with more than one id per sample (a mask, a token sequence), each sample scores its
+    share right of the positions not labelled ignore_index (padding; torch's cross-entropy ignores -100 alike)."""
 
     expects_class_ids = True
     higher_is_better = True
 
-    def __init__(self, top_k: int = 1):
+    def __init__(self, top_k: int = 1, ignore_index: int | None = -100):
         self.top_k = require("metrics: top_k", top_k, at_least(1))
+        self.ignore_index = ignore_index
 
     def check(self, num_classes: int | None, key: str) -> None:
         if num_classes is not None and self.top_k > num_classes:
@@ -38,7 +40,8 @@ class Accuracy:
             right = outputs.argmax(1) == labels
         else:
             right = (outputs.topk(self.top_k, dim=1).indices == labels.unsqueeze(1)).any(1)
-        return right.reshape(len(labels), -1).float().mean(1).sum()
+        scored = labels != self.ignore_index if self.ignore_index is not None else None
+        return masked_mean(right.float(), len(labels), scored).sum()
 
 
 def is_torchmetric(metric) -> bool:
@@ -90,15 +93,36 @@ def higher_is_better(metric) -> bool:
     return True if value is None else bool(value)
 
 
-def per_sample_losses(value: torch.Tensor, samples: int) -> torch.Tensor:
+def per_sample_losses(value: torch.Tensor, samples: int, scored: torch.Tensor | None = None) -> torch.Tensor:
     """One loss per sample from what a loss returned: per sample [B], per element of each sample [B, ...] (tokens,
-    pixels: their mean), or one number for the batch (given to every sample)."""
+    pixels: their mean, over the positions `scored` marks where given), or one number for the batch (given to every
+    sample)."""
     if value.dim() == 0:
         return value.expand(samples)
     if value.shape[0] != samples:
         raise ValueError(f"the loss returned shape {list(value.shape)} for a batch of {samples}; a loss returns one "
                          "value per sample (reduction='none'), per element of each sample, or their mean")
-    return value.reshape(samples, -1).mean(1) if value.dim() > 1 else value
+    return masked_mean(value, samples, scored) if value.dim() > 1 else value
+
+
+def masked_mean(value: torch.Tensor, samples: int, scored: torch.Tensor | None) -> torch.Tensor:
+    """Each sample's mean over its elements, or over those `scored` marks (a sample with none scores 0)."""
+    value = value.reshape(samples, -1)
+    if scored is None:
+        return value.mean(1)
+    scored = scored.reshape(samples, -1)
+    return (value * scored).sum(1) / scored.sum(1).clamp(min=1)
+
+
+def scored_positions(loss, targets, value: torch.Tensor) -> torch.Tensor | None:
+    """Which elements a per-element loss scores: targets != its ignore_index (torch's cross-entropy and NLL losses,
+    SequenceCrossEntropy, any loss with an ignore_index) when targets are class ids shaped like the loss; else
+    None (every element counts)."""
+    ignore = getattr(loss, "ignore_index", None)
+    if ignore is None or not torch.is_tensor(targets) or targets.is_floating_point() or value.dim() < 2 \
+            or targets.shape != value.shape:
+        return None
+    return targets != ignore
 
 
 def sync_torchmetric(metric, device: torch.device, world_size: int, gather_objects) -> None:

@@ -3,10 +3,11 @@ for experiments the default does not fit (contrastive pairs, masked language mod
 input's parts as keyword arguments). The loop runs it under the run's autocast, for training (then backward) and
 for evaluation (then the metrics, on its outputs and targets).
 
-A step is called as step(model, batch, loss) with batch = (inputs, targets) as the dataset gave them (tensors or
-any nesting of them, on the device) and returns a StepOutput: the loss value (one per sample, per element of a
-sample, or the batch's mean: framework/training/metrics.py: per_sample_losses), the outputs and the targets the
-metrics score, and the number of samples."""
+A step is called as step(model, batch, loss) with batch = (inputs, targets) as the dataset (or its collate_fn) gave
+them (tensors or any nesting of them, on the device), or the batch as it is when samples are inputs only (a step of
+the user's own: an autoencoder's, a self-supervised one), and returns a StepOutput: the loss value (one per sample,
+per element of a sample, or the batch's mean: framework/training/metrics.py: per_sample_losses), the outputs and the
+targets the metrics score, and the number of samples."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from typing import Any
 
 import torch
 
-from framework.data.batches import batch_size, float_outputs
+from framework.data.batches import batch_size, describe, float_outputs, leaves
+from framework.training.metrics import per_sample_losses, scored_positions
 
 
 @dataclass
@@ -23,13 +25,30 @@ class StepOutput:
     outputs: Any
     targets: Any
     samples: int
+    tokens: Any = None  # the batch's tokens (a number, or a tensor on the device), where the step says what one is:
+    # throughput/tokens_per_sec in TensorBoard; None: samples only
 
 
 class Supervised:
     """The default: outputs = model(inputs) (a nesting of inputs is passed as it is, as one argument), and
-    loss(outputs, targets) with floating-point outputs in fp32."""
+    loss(outputs, targets) with floating-point outputs in fp32; a loss per element (token, pixel) is averaged per
+    sample over the positions the loss scores (not those it ignores: ignore_index)."""
+
+    needs_targets = True  # data without targets is refused in the driver (framework/assemble.py)
+
+    def __init__(self, count_tokens: bool = False):
+        self.count_tokens = count_tokens  # a token is a target element the loss scores (not its ignore_index)
 
     def __call__(self, model, batch, loss) -> StepOutput:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise ValueError(f"{type(self).__name__} takes batches of (inputs, targets), not "
+                             f"{describe(batch, 'batch')}")
         inputs, targets = batch
         outputs = float_outputs(model(inputs))
-        return StepOutput(loss(outputs, targets), outputs, targets, batch_size(targets, inputs))
+        samples = batch_size(targets, inputs)
+        value = loss(outputs, targets)
+        scored = scored_positions(loss, targets, value)
+        tokens = None
+        if self.count_tokens:
+            tokens = scored.sum() if scored is not None else sum(t.numel() for t in leaves(targets))
+        return StepOutput(per_sample_losses(value, samples, scored), outputs, targets, samples, tokens)

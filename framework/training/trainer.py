@@ -241,7 +241,7 @@ class Trainer:
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
         w.optimizer.zero_grad(set_to_none=True)
-        losses = []
+        losses, tokens = [], []
         for micro, batch in zip(range(k), batches):
             with gradient_sync(w, on=micro == k - 1):
                 with w.precision.autocast():
@@ -249,20 +249,25 @@ class Trainer:
                 per_sample = per_sample_losses(out.loss, out.samples)
                 w.precision.backward(per_sample.mean() / k)
             losses.append(per_sample.detach())
+            tokens.append(out.tokens)
         self.telemetry.backward_done()
         self.lr_schedule.apply(w.optimizer, step)
         stepped = w.precision.optimizer_step(w.model, w.optimizer, self.options.grad_clip,
                                              self.options.on_nonfinite == "skip")
-        self._step_done(step, losses if stepped else [])
+        self._step_done(step, losses if stepped else [], tokens if stepped else [])
 
-    def _step_done(self, step: int, losses: list[torch.Tensor]) -> None:
-        """The step's per-sample losses into the meters; none when its optimizer step was skipped."""
+    def _step_done(self, step: int, losses: list[torch.Tensor], tokens: list = ()) -> None:
+        """The step's per-sample losses (and tokens, where the step counts them) into the meters; none when its
+        optimizer step was skipped."""
         self.telemetry.heartbeat.beat(step, "step_end")
         if not losses:
             self.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
         for per_sample in losses:
             self.telemetry.meter.add_micro_batch(per_sample)
+        for count in tokens:
+            if count is not None:
+                self.telemetry.meter.add_tokens(count)
         self.telemetry.meter.add_step(step)
 
     def _log(self, step: int) -> None:
