@@ -8,6 +8,8 @@ Input and target may be tensors or any nesting of them (framework/data/batches.p
 ordinary entries of the same mechanism."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +56,11 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
                     "own model and data)")
             splits[which] = _as_dataset(node, f"dataset.{which}")
     for which, dataset in splits.items():
-        limit = getattr(cfg, f"max_{which}_samples")
-        if limit and limit < len(dataset):
+        limit = getattr(cfg, f"max_{which}_samples") or len(dataset)
+        share = getattr(cfg, f"{which}_share")
+        if share is not None:
+            limit = min(limit, math.ceil(share * len(dataset)))
+        if limit < len(dataset):
             splits[which] = subset(dataset, torch.arange(limit))
     return splits
 

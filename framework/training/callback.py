@@ -55,6 +55,11 @@ class Callback:
     def on_exception(self, trainer, exc: BaseException) -> None:
         pass
 
+    def refuses(self, sharded: bool) -> str | None:
+        """In the driver, before any worker starts: why this callback cannot run with the chosen engine (sharded:
+        its checkpoints are shards, i.e. no rank holds whole parameters, as under fsdp and DeepSpeed); None: it can."""
+        return None
+
     def close(self) -> None:
         """The worker is done with this callback (files to close); also after an exception."""
 
