@@ -80,19 +80,20 @@ def test_evaluation_every_n_steps_drives_early_stopping_on_every_ddp_rank(tmp_pa
 
 
 def test_a_run_resumed_mid_epoch_evaluates_on_the_same_clock_with_the_same_ema(tmp_path):
-    """Killed after step 7 of a one-epoch run, resumed from the step-6 checkpoint: its evaluations fall on steps
-    4, 8, 12, 16 as an uninterrupted run's do, with the same values; they score the EMA (evaluate_with_ema), so
-    an average restarted from the weights at the resume would show, and weights/ema.pt is the reference's."""
+    """Killed as the evaluation after step 8 of a one-epoch run starts, resumed from the step-8 checkpoint (written
+    just before that evaluation): the resumed run evaluates at step 8 first, and its evaluations fall on steps 4, 8,
+    12, 16 as an uninterrupted run's do, with the same values; they score the EMA (evaluate_with_ema), so an average
+    restarted from the weights at the resume would show, and weights/ema.pt is the reference's."""
     args = ["strategy=single", *ONE_EPOCH, "trainer.checkpoint_every_n_steps=2", "optimizer=sgd", "callbacks=ema",
             "callbacks.ema.decay=0.8", "callbacks.ema.evaluate_with_ema=true"]
     for folder in ("reference", "killed"):
         (tmp_path / folder).mkdir()
     check_ok(run_train(args, tmp_path / "reference"))
     reference, _ = _only_run(tmp_path / "reference")
-    assert run_train(args, tmp_path / "killed", faults="kill_after_step:7:0").returncode != 0
+    assert run_train(args, tmp_path / "killed", faults="kill_in_eval:8:0").returncode != 0
     [run_dir] = run_dirs(tmp_path / "killed")
     out = check_ok(run_train([*args, f"hydra.run.dir={run_dir}"], tmp_path / "killed"))
-    assert "step-00000006.pt (step 6" in out
+    assert "step-00000008.pt (step 8" in out
     expected, got = read_scalars(reference)["acc/val"], read_scalars(run_dir)["acc/val"]
     assert [s for s, _ in got] == [4, 8, 12, 16] == [s for s, _ in expected]
     assert [v for _, v in got] == pytest.approx([v for _, v in expected], abs=1e-6)

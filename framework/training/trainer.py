@@ -201,7 +201,14 @@ class Trainer:
         k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = self.step = resumed.step
+        self.epoch = resumed.epoch
         evaluated_at = None  # the step of the last evaluation: an epoch end on a step evaluation's step adds none
+        if step and self._evaluation_step(step):  # resumed from the checkpoint written just before that evaluation
+            self._evaluate(step)
+            evaluated_at = step
+            if self.stop_requested:
+                self.say(f"stopped at step {step}: {self.stop_requested}")
+                return
         meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             self.epoch = epoch
@@ -219,8 +226,7 @@ class Trainer:
                 self.callbacks.on_train_step_end(self, step)
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
                 stopping = self.run.stop.requested  # read once: a signal may land anywhere below
-                # the step clock is the global step, the same on every rank and across a resume
-                evaluating = bool(self.options.eval_every_n_steps) and step % self.options.eval_every_n_steps == 0
+                evaluating = self._evaluation_step(step)
                 self.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
                 if step % self.options.log_every_n_steps == 0 or self.checkpoint_due or evaluating:
                     self._log(step)
@@ -248,6 +254,11 @@ class Trainer:
             if self.stop_requested:
                 self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
                 break
+
+    def _evaluation_step(self, step: int) -> bool:
+        """trainer.eval_every_n_steps: the clock is the global step, the same on every rank and across a resume."""
+        every = self.options.eval_every_n_steps
+        return bool(every) and step % every == 0
 
     def _train_step(self, batches, step: int) -> None:
         k, w = self.options.grad_accum, self.wrapped
