@@ -154,7 +154,7 @@ def test_ema_is_refused_in_the_driver_under_an_engine_that_shards_parameters(tmp
     ("callbacks.ema.evaluate_with_ema=maybe",
      "callbacks.ema.evaluate_with_ema='maybe' is not allowed: expected true or false"),
     ("trainer.eval_every_n_steps=0", "trainer.eval_every_n_steps=0 is not allowed: expected an integer >= 1"),
-    ("dataset.train_share=0", "dataset.train_share=0"),
+    ("dataset.train_share=0", "dataset.train_share=0.0 is not allowed: expected a number in (0.0, 1.0] or null"),
 ])
 def test_bad_values_of_the_new_keys_are_one_line(tmp_path, override, line):
     said = driver_says(["callbacks=ema", override], tmp_path)
