@@ -59,6 +59,8 @@ def _machine(s: Settings, strategy: Strategy) -> None:
 def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:
     """A warning (not an error: the run may stop early, or the disk get room) when the run folder cannot hold
     trainer.keep_checkpoints + 1 checkpoints of this model and optimizer."""
+    if s.trainer.keep_checkpoints == 0:
+        return
     folder = run_dir / CHECKPOINT_DIR
     each = checkpoint_bytes(model, lambda params: build_optimizer(s.optimizer, params, 1))
     warning = space_warning(folder, s.trainer.keep_checkpoints, len(list_checkpoints(folder)), each)

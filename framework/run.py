@@ -92,7 +92,10 @@ def prepare(cfg: DictConfig, external: bool, run_dir: Path, warm_up: bool = Fals
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
     if warm_up:
         strategy.launcher.warm_up()
-    build_callbacks(settings.callbacks)
+    for name, callback in build_callbacks(settings.callbacks).items():
+        refusal = callback.refuses(strategy.checkpoint_format.sharded)
+        if refusal:
+            raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
     resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
 

@@ -54,6 +54,12 @@ def export_weights(trainer, name: str) -> Path | None:
     state = trainer.wrapped.checkpoint_io.full_model_state(trainer.wrapped.module)
     if not trainer.is_main:
         return None
+    return write_run_weights(trainer, name, state)
+
+
+def write_run_weights(trainer, name: str, state: dict) -> Path | None:
+    """Rank 0: a full state dict of the model into weights/<name>.pt with the run's step and objective; on a disk
+    error a warning, and the run goes on."""
     value = trainer.totals.val_loss if trainer.objective == "loss" else trainer.totals.val_metrics.get(trainer.objective)
     try:
         return write_weights(trainer.run_dir, name, state, step=trainer.step,

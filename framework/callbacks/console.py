@@ -3,6 +3,7 @@ one per evaluation, and the straggler lines (framework/telemetry/progress.py dra
 from __future__ import annotations
 
 from framework.callbacks.base import Callback
+from framework.telemetry.model_summary import as_lines, summarize
 from framework.telemetry.progress import Progress
 
 
@@ -11,6 +12,12 @@ def metric_label(name: str) -> str:
 
 
 class ConsoleLog(Callback):
+    def on_fit_start(self, trainer) -> None:
+        if trainer.is_main:
+            trainer.say(f"model: {type(trainer.wrapped.module).__name__}, parameters per module")
+            for line in as_lines(summarize(trainer.wrapped.module)):
+                trainer.say(line)
+
     def on_log(self, trainer, step: int, report) -> None:
         if report is None:
             return
@@ -31,4 +38,5 @@ class ConsoleLog(Callback):
         if result is None:
             return
         shown = "".join(f" | test {metric_label(name)} {value:.4f}" for name, value in result.metrics.items())
-        trainer.say(f"epoch {trainer.epoch + 1}/{trainer.epochs} test loss {result.loss:.4f}{shown}")
+        at = f" step {step}/{trainer.total_steps}" if trainer.options.eval_every_n_steps else ""
+        trainer.say(f"epoch {trainer.epoch + 1}/{trainer.epochs}{at} test loss {result.loss:.4f}{shown}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from framework.callbacks.base import Callback
 from framework.checkpoints.disk import OffWhenUnwritable
+from framework.telemetry.model_summary import as_markdown, summarize
 from framework.telemetry.tensorboard_logger import TensorBoardLogger
 
 
@@ -18,6 +19,7 @@ class TensorBoardLog(Callback):
         if trainer.is_main and self.writer is None:
             logger = TensorBoardLogger(trainer.run_dir, trainer.group.device.type == "cuda")
             self.writer = OffWhenUnwritable(logger, "TensorBoard's event file", trainer.say)
+            self.writer.log_text("model/summary", as_markdown(summarize(trainer.wrapped.module)), trainer.step)
 
     def on_log(self, trainer, step: int, report) -> None:
         if report is None or self.writer is None:

@@ -22,6 +22,9 @@ class DatasetConfig(Checked):
     in_memory: bool = True
     max_train_samples: Optional[int] = rule(None, at_least(1))  # use only the first N training samples
     max_test_samples: Optional[int] = rule(None, at_least(1))
+    # use only this share of a split (its first ceil(share * N) samples; with max_*_samples, the smaller); null: all
+    train_share: Optional[float] = rule(None, between(0.0, 1.0, low_open=True))
+    test_share: Optional[float] = rule(None, between(0.0, 1.0, low_open=True))
     num_classes: Optional[int] = rule(None, at_least(2))  # null: the dataset's num_classes/classes, else max label+1
     in_shape: Optional[List[int]] = rule(None, int_list(1))  # null: the dataset's in_shape, else the first sample's
     augment: Any = None  # batched on-device augmentation, e.g. {_target_: framework.data.augment.RandomCropFlip}

@@ -60,9 +60,9 @@ def above(low: float) -> Rule:
     return Rule(f"a number > {low:g}", lambda v: v > low, _number)
 
 
-def between(low: float, high: float, high_open: bool = False) -> Rule:
-    return Rule(f"a number in [{low}, {high}{')' if high_open else ']'}",
-                lambda v: low <= v and (v < high if high_open else v <= high), _number)
+def between(low: float, high: float, high_open: bool = False, low_open: bool = False) -> Rule:
+    return Rule(f"a number in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}",
+                lambda v: (low < v if low_open else low <= v) and (v < high if high_open else v <= high), _number)
 
 
 def at_least_number(low: float) -> Rule:

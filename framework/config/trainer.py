@@ -33,7 +33,7 @@ class TrainerConfig(Checked):
     # NHWC layout for image models and their batches: auto (where it pays: LeNet on the CPU) | true | false
     channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
     checkpoint_every_n_steps: Optional[int] = rule(500, at_least(1))  # also at every epoch end; null: epoch ends only
-    keep_checkpoints: int = rule(2, at_least(1))  # the newest N in <run folder>/checkpoints
+    keep_checkpoints: int = rule(2, at_least(0))  # the newest N in <run folder>/checkpoints; 0: none written
     # auto: the newest valid checkpoint of this run folder; none: start fresh; or a checkpoint .pt, a checkpoints
     # folder or a run folder
     resume: Optional[str] = "auto"
@@ -50,6 +50,11 @@ class TrainerConfig(Checked):
     # [first, last]: torch.profiler traces of these steps on every rank, in <run folder>/profile/ (null: none)
     profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
+
+    # ---- evaluation clock and checkpoint keeping (issue 32: the loop) ----
+    # also evaluate every N optimizer steps (early stopping, the best checkpoint and TensorBoard on that clock; a
+    # checkpoint is committed at each such step); the epoch-end evaluations of eval_every_n_epochs stay. null: epochs only
+    eval_every_n_steps: Optional[int] = rule(None, at_least(1))
 
     @property
     def cuda_wanted(self) -> bool:

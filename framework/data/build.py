@@ -10,6 +10,8 @@ be tensors or any nesting of them (framework/data/batches.py), or anything the u
 (framework/data/collate.py). The built-in datasets are ordinary entries of the same mechanism."""
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,8 +73,11 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
                     "takes `train`) (see README, Your own model and data)")
             splits[which] = _as_dataset({k: v for k, v in node.items() if k != COLLATE_KEY}, f"dataset.{which}")
     for which, dataset in splits.items():
-        limit = getattr(cfg, f"max_{which}_samples")
-        if limit and limit < len(dataset):
+        limit = getattr(cfg, f"max_{which}_samples") or len(dataset)
+        share = getattr(cfg, f"{which}_share")
+        if share is not None:
+            limit = min(limit, math.ceil(share * len(dataset)))
+        if limit < len(dataset):
             splits[which] = subset(dataset, torch.arange(limit))
     return splits
 

@@ -7,7 +7,7 @@ optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and mem
 (CUDA: the peak within each logged interval, evaluation excluded),
 gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
 nvidia-ml-py is installed; read at log boundaries only), and the
-run's hyperparameters with its final metrics for the HParams tab. The x axis is the optimizer step.
+run's hyperparameters with its final metrics for the HParams tab; model/summary (Text tab): parameters per module. The x axis is the optimizer step.
 Per GPU (framework/telemetry/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
 the strategy measures it), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU),
 throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
@@ -79,6 +79,9 @@ class TensorBoardLogger:
         self._add(per_gpu_scalars(s, tflops, mfu, stragglers), step)
         for _, _, line in stragglers:
             self.writer.add_text("stragglers", line, step)
+
+    def log_text(self, tag: str, text: str, step: int = 0) -> None:
+        self.writer.add_text(tag, text, step)
 
     def log_eval(self, step: int, loss: float, metrics: dict[str, float]) -> None:
         self._add(eval_scalars(loss, metrics), step)

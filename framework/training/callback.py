@@ -20,7 +20,10 @@ the process group's collectives as long as it does so on every rank):
 `trainer` (framework/training/trainer.py) offers what a callback reads: its options, the process group (`group`:
 rank, world_size, device, the collectives), `wrapped` (the model as the engine wrapped it, `wrapped.module` the
 user's own, the optimizer), is_main, say (rank 0's console and train.log), totals, step, total_steps, epochs, epoch,
-run_dir, `run` (hparams, model_record), checkpoint_due (in on_log: a checkpoint follows this boundary) and lr()."""
+run_dir, `run` (hparams, model_record), checkpoint_due (in on_log: a checkpoint follows this boundary), lr() and
+evaluation_contexts (a list a callback may append a context-manager factory to: every evaluation runs inside each;
+the EMA swaps its average in there). A callback that cannot run with an engine says why in refuses(), which the
+driver asks before any worker starts."""
 from __future__ import annotations
 
 HOOKS = ("on_fit_start", "on_train_step_start", "on_train_step_end", "on_log", "on_evaluation_start",
@@ -54,6 +57,11 @@ class Callback:
 
     def on_exception(self, trainer, exc: BaseException) -> None:
         pass
+
+    def refuses(self, sharded: bool) -> str | None:
+        """In the driver, before any worker starts: why this callback cannot run with the chosen engine (sharded:
+        its checkpoints are shards, i.e. no rank holds whole parameters, as under fsdp and DeepSpeed); None: it can."""
+        return None
 
     def close(self) -> None:
         """The worker is done with this callback (files to close); also after an exception."""

@@ -26,8 +26,10 @@ class Checkpointer:
         self.signature = signature
         self.last: Path | None = None
 
-    def due(self, step: int, epoch_end: bool) -> bool:
-        return epoch_end or bool(self.every and step % self.every == 0)
+    def due(self, step: int, epoch_end: bool, wanted: bool = False) -> bool:
+        """Whether the loop commits a checkpoint after `step`: every_n_steps, epoch ends and where the loop wants one
+        (a stop, an evaluation step); never with keep=0 (trainer.keep_checkpoints=0: no checkpoints)."""
+        return self.keep > 0 and (wanted or epoch_end or bool(self.every and step % self.every == 0))
 
     def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict) -> Path:
         group, io = self.group, wrapped.checkpoint_io

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,8 @@ class Trainer:
         self.step = 0  # optimizer steps done
         self.stop_requested: str | None = None  # a callback's reason to end after this evaluation (every rank alike)
         self.checkpoint_due = False  # a checkpoint follows the log boundary in progress
+        # context managers the evaluations run inside, which callbacks add (the EMA swaps its average in)
+        self.evaluation_contexts: list = []
         self.steps_per_epoch = len(data.train_loader) // options.grad_accum
         if self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
@@ -198,6 +201,14 @@ class Trainer:
         k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = self.step = resumed.step
+        self.epoch = resumed.epoch
+        evaluated_at = None  # the step of the last evaluation: an epoch end on a step evaluation's step adds none
+        if step and self._evaluation_step(step):  # resumed from the checkpoint written just before that evaluation
+            self._evaluate(step)
+            evaluated_at = step
+            if self.stop_requested:
+                self.say(f"stopped at step {step}: {self.stop_requested}")
+                return
         meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             self.epoch = epoch
@@ -215,8 +226,9 @@ class Trainer:
                 self.callbacks.on_train_step_end(self, step)
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
                 stopping = self.run.stop.requested  # read once: a signal may land anywhere below
-                self.checkpoint_due = stopping or self.checkpointer.due(step, epoch_end)
-                if step % self.options.log_every_n_steps == 0 or self.checkpoint_due:
+                evaluating = self._evaluation_step(step)
+                self.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
+                if step % self.options.log_every_n_steps == 0 or self.checkpoint_due or evaluating:
                     self._log(step)
                 if self.checkpoint_due:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
@@ -225,15 +237,28 @@ class Trainer:
                     self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
+                if evaluating:
+                    self._evaluate(step)
+                    evaluated_at = step
+                    meter.reset()  # evaluation time is not training time
+                    self.wrapped.model.train()
+                    if self.stop_requested:
+                        break
             self.checkpoint_due = False
             if meter.steps:
                 self._log(step)
-            if (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1:
+            epoch_evaluation = (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1
+            if epoch_evaluation and evaluated_at != step:
                 self._evaluate(step)
             meter.reset()  # evaluation time is not training time
             if self.stop_requested:
                 self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
                 break
+
+    def _evaluation_step(self, step: int) -> bool:
+        """trainer.eval_every_n_steps: the clock is the global step, the same on every rank and across a resume."""
+        every = self.options.eval_every_n_steps
+        return bool(every) and step % every == 0
 
     def _train_step(self, batches, step: int) -> None:
         k, w = self.options.grad_accum, self.wrapped
@@ -300,8 +325,11 @@ class Trainer:
 
     def _evaluate(self, step: int) -> None:
         self.callbacks.on_evaluation_start(self, step)
-        result = evaluate(self.group, self.wrapped, self.data,
-                          on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
+        with ExitStack() as stack:
+            for context in self.evaluation_contexts:
+                stack.enter_context(context())
+            result = evaluate(self.group, self.wrapped, self.data,
+                              on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
         if self.is_main:
             self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
         self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
