@@ -51,6 +51,10 @@ class TrainerConfig(Checked):
     profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
 
+    # Memory for compute: each of the model's blocks (the units fsdp shards) keeps only its input in forward and
+    # runs again in backward (torch.utils.checkpoint); framework/training/speedups.py
+    activation_checkpointing: bool = False
+
     @property
     def cuda_wanted(self) -> bool:
         return self.accelerator == "gpu" or (self.accelerator == "auto" and torch.cuda.is_available())
@@ -59,7 +63,8 @@ class TrainerConfig(Checked):
         """What of the trainer's settings a strategy must agree with (its engine's own batch, accumulation,
         precision and clipping, a compile it may refuse, ...): the strategy gets only these."""
         return EngineSettings(precision=self.precision, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                              grad_clip=self.grad_clip, compile=self.compile, on_nonfinite=self.on_nonfinite,
+                              grad_clip=self.grad_clip, compile=self.compile,
+                              activation_checkpointing=self.activation_checkpointing, on_nonfinite=self.on_nonfinite,
                               stall_timeout=self.stall_timeout, log_all_ranks=self.log_all_ranks,
                               cuda=self.cuda_wanted)
 
@@ -77,6 +82,7 @@ class EngineSettings:
     grad_accum: int
     grad_clip: Optional[float]
     compile: bool
+    activation_checkpointing: bool
     on_nonfinite: OnNonfinite
     stall_timeout: Optional[float]
     log_all_ranks: bool
