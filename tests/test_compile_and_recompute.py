@@ -146,3 +146,14 @@ def test_one_process_trains_compiled_and_recomputed_blocks(tmp_path):
     assert probe["compiled"] == [""] and set(BLOCKS) <= set(probe["recomputed"])
     assert result["steps"] == 6 and losses[-1] < losses[0], losses
     assert_users_keys_and_eval_loads(result["run_dir"], tmp_path)
+
+
+def test_dp_replicas_would_run_the_first_gpus_module():
+    """Why strategy=dp refuses both on 2+ GPUs (framework/strategies/dp.py): nn.DataParallel's replicas are shallow
+    copies of the module, so the recomputed forward and the compiled call they inherit run the original module."""
+    model = small_gpt()
+    block = model.blocks[0]
+    apply_speedups(model, False, CPU, checkpointed=[block], compiled=[block])
+    replica = block._replicate_for_data_parallel()
+    assert replica.__dict__["forward"] is block.__dict__["forward"]
+    assert replica._compiled_call_impl is block._compiled_call_impl
