@@ -60,7 +60,7 @@ def _machine(s: Settings, strategy: Strategy) -> None:
 
 
 def _blocks(s: Settings, strategy: Strategy, model) -> None:
-    if s.trainer.activation_checkpointing and not strategy.blocks(model):
+    if s.trainer.activation_checkpointing and not strategy.speedup_modules(model).recomputed:
         raise ConfigError(f"trainer.activation_checkpointing=true is not allowed for {type(model).__name__}: it has "
                           "no blocks to recompute one at a time (submodules holding parameters); use "
                           "trainer.activation_checkpointing=false")

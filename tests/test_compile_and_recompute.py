@@ -59,16 +59,17 @@ def test_checkpointed_blocks_run_again_in_backward_with_the_same_dropout():
 
 def test_each_strategy_names_its_blocks_and_what_it_compiles():
     model = small_gpt()
-    blocks = list(model.blocks)
-    assert strategy_for("strategy=ddp").blocks(model) == auto_units(model)
-    assert strategy_for("strategy=single").compiled_modules(model) == [model]
-    assert strategy_for("strategy=ddp").compiled_modules(model) == [model]
+    for name in ("single", "ddp", "horovod"):
+        modules = strategy_for(f"strategy={name}").speedup_modules(model)
+        assert modules.recomputed == auto_units(model) and modules.compiled == [model], name
     fsdp = strategy_for("strategy=fsdp")
-    # fully_shard's units: the tied embedding and head are left to the root
-    assert fsdp.blocks(model) == fsdp.compiled_modules(model) == fsdp.shard_units(model)
-    assert all(any(b is u for u in fsdp.blocks(model)) for b in blocks)
-    assert not any(u is model.wte or u is model.head for u in fsdp.blocks(model))
-    assert strategy_for("strategy=deepspeed").compiled_modules(model) == []  # engine.compile() in parallelize
+    modules = fsdp.speedup_modules(model)
+    # fully_shard's units, each compiled and recomputed: the tied embedding and head are left to the root
+    assert modules.recomputed == modules.compiled == fsdp.shard_units(model)
+    assert all(any(b is u for u in modules.recomputed) for b in model.blocks)
+    assert not any(u is model.wte or u is model.head for u in modules.recomputed)
+    deepspeed = strategy_for("strategy=deepspeed").speedup_modules(model)
+    assert deepspeed.recomputed == auto_units(model) and deepspeed.compiled == []  # engine.compile() in parallelize
 
 
 def test_fsdp_compiles_each_checkpointed_block_and_not_the_model():
@@ -79,8 +80,8 @@ def test_fsdp_compiles_each_checkpointed_block_and_not_the_model():
     counters = torch._dynamo.utils.counters  # torch has no public count of the graphs it compiled
     tokens = torch.randint(0, 20, (4, 16))
     plain, fast = small_gpt(dropout=0.0), small_gpt(dropout=0.0)
-    fsdp = strategy_for("strategy=fsdp")
-    apply_speedups(fast, False, CPU, checkpointed=fsdp.blocks(fast), compiled=fsdp.compiled_modules(fast))
+    modules = strategy_for("strategy=fsdp").speedup_modules(fast)
+    apply_speedups(fast, False, CPU, checkpointed=modules.recomputed, compiled=modules.compiled)
     root_compiling = []
     fast.register_forward_hook(lambda *_: root_compiling.append(torch.compiler.is_compiling()))
     loss_a, grads_a, _ = counted_step(plain, tokens)

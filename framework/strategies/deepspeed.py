@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
+from framework.training.speedups import SpeedupModules
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
 
@@ -107,8 +109,8 @@ class DeepSpeedStrategy(ElasticStrategy):
     def engine_config(self, processes: int) -> dict:
         return deepspeed_config(self.options, self.trainer, processes)
 
-    def compiled_modules(self, model: nn.Module) -> list[nn.Module]:
-        return []  # parallelize() compiles through the engine (engine.compile())
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        return replace(super().speedup_modules(model), compiled=[])  # parallelize() calls engine.compile()
 
     def save_settings(self, run_dir: Path) -> None:
         text = json.dumps(self.engine_config(self.launcher.processes()), indent=2)

@@ -25,6 +25,7 @@ from framework.strategies.fsdp_units import tied_parameters, without_tied
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
+from framework.training.speedups import SpeedupModules
 
 DCP = CheckpointFormat("dcp", ("dcp", "file"), sharded=True, reshards=True)
 
@@ -112,14 +113,12 @@ class FSDPStrategy(ElasticStrategy):
         units = auto_units(model) if names is None else named_units(model, names)
         return innermost_first(model, without_tied(model, units))
 
-    def blocks(self, model: nn.Module) -> list[nn.Module]:
-        """Activation checkpointing recomputes each unit (fully_shard's hooks stay outside the recomputed forward)."""
-        return self.shard_units(model)
-
-    def compiled_modules(self, model: nn.Module) -> list[nn.Module]:
-        """Each unit compiled on its own before fully_shard (torchtitan's way): the all-gathers between units stay in
-        fully_shard's eager hooks, which one graph of the whole model would have to trace."""
-        return self.shard_units(model)
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        """Each unit recomputed (fully_shard's hooks stay outside the recomputed forward) and compiled on its own
+        before fully_shard (torchtitan's way): the all-gathers between units stay in fully_shard's eager hooks, which
+        one graph of the whole model would have to trace."""
+        units = self.shard_units(model)
+        return SpeedupModules(recomputed=units, compiled=units)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         o = self.options

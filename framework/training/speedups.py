@@ -10,6 +10,7 @@ whose class says `channels_last_helps = True` (LeNet: 1.25-1.38x steps/s in benc
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -32,6 +33,14 @@ def use_channels_last(setting, model: nn.Module, device: torch.device, sample_sh
     if setting == "auto":
         return device.type == "cpu" and getattr(model, "channels_last_helps", False)
     return bool(setting)
+
+
+@dataclass
+class SpeedupModules:
+    """Which of a model's modules the speed-ups touch, as a strategy chooses them (Strategy.speedup_modules)."""
+
+    recomputed: list[nn.Module]  # trainer.activation_checkpointing: blocks that run again in backward
+    compiled: list[nn.Module]  # trainer.compile: compiled in place before parallelize() (none: the engine compiles)
 
 
 def apply_speedups(model: nn.Module, channels_last: bool, device: torch.device, move: bool = True,
