@@ -1,8 +1,8 @@
 """trainer.compile and trainer.activation_checkpointing with every engine. In this process: the blocks really run
 their forward again in backward, with the same dropout masks and gradients; fsdp compiles each block, not the model;
-the parameter names stay the user's. As real runs (2 gloo workers for ddp, fsdp and deepspeed): both together train
-a small GPT with falling loss, the workers' blocks are compiled and recomputed (tests/user_code/speedup_probe.py),
-and weights files keep the model's own keys and load in eval.py."""
+the parameter names stay the user's. As real runs (2 gloo workers for ddp, fsdp, horovod and deepspeed; one process):
+both together train a small GPT with falling loss, the workers' blocks are compiled and recomputed
+(tests/user_code/speedup_probe.py), and weights files keep the model's own keys and load in eval.py."""
 import json
 import os
 import subprocess
@@ -125,9 +125,13 @@ def assert_users_keys_and_eval_loads(run_dir, tmp_path) -> None:
 BLOCKS = [f"blocks.{i}" for i in range(2)]
 
 
-@pytest.mark.parametrize("strategy, compiled", [("ddp", [""]), ("fsdp", ["wpe", *BLOCKS, "ln_f"])])
-def test_two_workers_train_compiled_and_recomputed_blocks(tmp_path, strategy, compiled):
-    result, probes, losses = probed(tmp_path, [f"strategy={strategy}", "strategy.nproc_per_node=2", *BOTH])
+@pytest.mark.parametrize("workers, compiled", [
+    (["strategy=ddp", "strategy.nproc_per_node=2"], [""]),
+    (["strategy=fsdp", "strategy.nproc_per_node=2"], ["wpe", *BLOCKS, "ln_f"]),  # its units: each block compiled
+    (["strategy=horovod", "strategy.np=2"], [""]),
+], ids=["ddp", "fsdp", "horovod"])
+def test_two_workers_train_compiled_and_recomputed_blocks(tmp_path, workers, compiled):
+    result, probes, losses = probed(tmp_path, [*workers, *BOTH])
     assert len(probes) == 2 and all(p["compiled"] == compiled for p in probes), probes
     assert all(set(BLOCKS) <= set(p["recomputed"]) for p in probes), probes
     assert result["steps"] == 6 and losses[-1] < losses[0], losses
