@@ -162,3 +162,13 @@ def test_dp_replicas_would_run_the_first_gpus_module():
     replica = block._replicate_for_data_parallel()
     assert replica.__dict__["forward"] is block.__dict__["forward"]
     assert replica._compiled_call_impl is block._compiled_call_impl
+
+
+def test_fsdp_with_recomputed_units_matches_the_run_without_step_for_step(tmp_path):
+    """Recomputing inside fully_shard's units (dropout 0.1) changes nothing the run computes: the same loss at every
+    step as the same run without activation checkpointing."""
+    fsdp = ["strategy=fsdp", "strategy.nproc_per_node=2"]
+    _, probes, recomputed = probed(tmp_path / "recomputed", [*fsdp, "trainer.activation_checkpointing=true"])
+    assert all(p == {"compiled": [], "recomputed": ["wpe", *BLOCKS, "ln_f"]} for p in probes), probes
+    _, _, plain = probed(tmp_path / "plain", fsdp)
+    assert recomputed == pytest.approx(plain, rel=1e-6) and len(plain) == 3
