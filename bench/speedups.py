@@ -46,8 +46,9 @@ class TrainingStep:
     def __init__(self, model_name: str, flags: dict, batch_size: int):
         torch.manual_seed(0)
         plain = build_model(OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), SAMPLE, 10)
-        self.model = apply_speedups(copy.deepcopy(plain), bool(flags.get("channels_last")), bool(flags.get("compile")),
-                                    torch.device("cpu"))
+        model = copy.deepcopy(plain)
+        self.model = apply_speedups(model, bool(flags.get("channels_last")), torch.device("cpu"),
+                                    compiled=[model] if flags.get("compile") else ())
         self.channels_last = bool(flags.get("channels_last"))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.raw = torch.randint(0, 256, (batch_size, *SAMPLE), dtype=torch.uint8)

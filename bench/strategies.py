@@ -14,6 +14,10 @@ Without it the global batch is fixed and each of 2 workers gets half of it (stro
     .venv/bin/python bench/strategies.py --repeats 3
     .venv/bin/python bench/strategies.py --strategies ddp,horovod   # same 2 workers, horovod's runner and allreduce
     .venv/bin/python bench/strategies.py --strategies ddp,fsdp      # same 2 workers, FSDP2's gather/reduce-scatter
+    .venv/bin/python bench/strategies.py --strategies single,single+trainer.compile=true   # a variant's own overrides
+
+A variant NAME+KEY=VALUE[+KEY=VALUE...] adds train.py overrides to that variant alone; its speed-up over NAME (the same
+variant without them, when it runs too) is a column of its own.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ def parse_args():
     p.add_argument("--strategies", default="single@1,single,dp,ddp",
                    help="comma list; the first is the reference. NAME@T runs NAME with OMP_NUM_THREADS=T: "
                         "single@1 is one core, the per-device reference that ddp's 2 one-thread workers scale from; "
-                        "deepspeed:N is strategy=deepspeed with strategy.zero_stage=N")
+                        "deepspeed:N is strategy=deepspeed with strategy.zero_stage=N; NAME+KEY=VALUE adds an override "
+                        "to that variant alone")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--model", default="lenet")
     p.add_argument("--batch-size", type=int, default=128, help="global batch")
@@ -50,6 +55,7 @@ def parse_args():
 
 
 def run_strategy(variant: str, args, workdir: Path):
+    variant, *own_overrides = variant.split("+")
     strategy, _, threads = variant.partition("@")
     strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
     multi_process = strategy in ("ddp", "fsdp", "deepspeed", "horovod")
@@ -58,7 +64,7 @@ def run_strategy(variant: str, args, workdir: Path):
         f"strategy={strategy}", *([f"strategy.zero_stage={zero_stage}"] if zero_stage else []),
         f"model={args.model}", f"trainer.batch_size={batch}", "trainer.channels_last=false",
         f"trainer.max_steps={args.steps}", f"trainer.log_every_n_steps={args.log_every}",
-        "dataset.max_test_samples=1000", *args.override,
+        "dataset.max_test_samples=1000", *args.override, *own_overrides,
     ]
     if strategy in ("ddp", "fsdp", "deepspeed"):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
@@ -104,11 +110,15 @@ def main() -> None:
             "result_json_samples_per_sec": median_of(samples[name], "result_json_samples_per_sec"),
             f"speedup_over_{names[0]}": ratio(rate, reference), "samples": samples[name],
         }
+        base = name.split("+")[0]
+        over_base = ratio(rate, median_of(samples[base], "samples_per_sec")) if base != name and base in samples else None
+        if over_base is not None:
+            results[name][f"speedup_over_{base}"] = over_base
         rows.append([name, samples[name][0]["processes"], rate, ", ".join(f"{r:,.0f}" for r in per_rank),
-                     results[name]["result_json_samples_per_sec"], ratio(rate, reference)])
+                     results[name]["result_json_samples_per_sec"], ratio(rate, reference), over_base])
     print()
     print_table(["strategy", "processes", "samples/s (steady)", "per rank", "samples/s (result.json)",
-                 f"x {names[0]}"], rows)
+                 f"x {names[0]}", "x without its +overrides"], rows)
     write_results(args.results_name or ("strategies_batch_per_process" if args.batch_per_process else "strategies"),
                   vars(args), results)
 

@@ -62,8 +62,10 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
 
 def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task) -> Wrapped:
     """The task's model with its speed-ups, on the device and in the engine's wrapper, with its optimizer."""
-    model = apply_speedups(task.model, task.channels_last, s.trainer.compile, group.device,
-                           move=not strategy.moves_model_itself)
+    t, modules = s.trainer, strategy.speedup_modules(task.model)
+    model = apply_speedups(task.model, task.channels_last, group.device, move=not strategy.moves_model_itself,
+                           checkpointed=modules.recomputed if t.activation_checkpointing else (),
+                           compiled=modules.compiled if t.compile else ())
     workers = group.world_size * len(group.devices)  # processes x the GPUs each drives (dp's replicas)
     return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers), group)
 

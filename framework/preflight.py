@@ -35,6 +35,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     # builds both splits once (finding, or downloading, their files); class ids are checked where they are taken
     task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)
     strategy.check_model(task.model)
+    _blocks(s, strategy, task.model)
     build_optimizer(s.optimizer, task.model.parameters(), 1)  # what its constructor refuses, as one line
     _objective(s, task.metrics)
     _batch_split(s, strategy, len(task.data.train))
@@ -54,6 +55,13 @@ def _machine(s: Settings, strategy: Strategy) -> None:
     if t.precision == "bf16" and strategy.trainer.cuda and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 "
                           "support; use fp16 or fp32")
+
+
+def _blocks(s: Settings, strategy: Strategy, model) -> None:
+    if s.trainer.activation_checkpointing and not strategy.speedup_modules(model).recomputed:
+        raise ConfigError(f"trainer.activation_checkpointing=true is not allowed for {type(model).__name__}: it has "
+                          "no blocks to recompute one at a time (submodules holding parameters); use "
+                          "trainer.activation_checkpointing=false")
 
 
 def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:

@@ -247,10 +247,11 @@ def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
 
 
 @needs_gpus(2)
-def test_dp_with_compile_on_several_gpus_is_refused_before_training(tmp_path):
-    proc = run_train(["strategy=dp", "trainer.compile=true", "trainer.accelerator=gpu", *TINY], tmp_path)
+@pytest.mark.parametrize("key", ["compile", "activation_checkpointing"])
+def test_dp_with_compile_or_activation_checkpointing_on_several_gpus_is_refused_before_training(tmp_path, key):
+    proc = run_train(["strategy=dp", f"trainer.{key}=true", "trainer.accelerator=gpu", *TINY], tmp_path)
     assert proc.returncode != 0
-    assert "trainer.compile=true is not allowed with strategy=dp on" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"trainer.{key}=true is not allowed with strategy=dp on" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def _free_port() -> int:

@@ -148,7 +148,6 @@ def test_bf16_listed_units_and_unsharded_accumulation_train(tmp_path):
     (["strategy.cpu_offload=true"], "strategy.cpu_offload=true is not allowed without GPUs"),
     (["trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=fsdp"),
     (["trainer.channels_last=true"], "trainer.channels_last=true is not allowed with strategy=fsdp"),
-    (["trainer.compile=true"], "trainer.compile=true is not allowed with strategy=fsdp"),
 ])
 def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
     line = driver_says([*FSDP, *COMMON, *overrides], tmp_path)  # in this process: tests/test_bad_inputs.py says why

@@ -27,9 +27,15 @@ class TrainerConfig(Checked):
     progress_bar: bool = True  # rank 0 draws a live bar on a terminal (plain lines otherwise); false: plain lines
     log_all_ranks: bool = False  # other ranks' output on the console too, each line prefixed [rank N]
     eval_every_n_epochs: int = rule(1, at_least(1))
+    # also evaluate every N optimizer steps (early stopping, the best checkpoint and TensorBoard on that clock; a
+    # checkpoint is committed at each such step); the epoch-end evaluations of eval_every_n_epochs stay. null: epochs only
+    eval_every_n_steps: Optional[int] = rule(None, at_least(1))
     num_workers: int = rule(0, at_least(0))  # DataLoader worker processes (only with dataset.in_memory=false)
     accelerator: Accelerator = Accelerator.auto  # auto | cpu | gpu (auto: the GPU when there is one)
     compile: bool = False  # torch.compile the model (the first steps and evaluation pay for compiling)
+    # memory for compute: each of the model's blocks (the units fsdp shards) keeps only its input in forward and
+    # runs again in backward (torch.utils.checkpoint); framework/training/speedups.py
+    activation_checkpointing: bool = False
     # NHWC layout for image models and their batches: auto (where it pays: LeNet on the CPU) | true | false
     channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
     checkpoint_every_n_steps: Optional[int] = rule(500, at_least(1))  # also at every epoch end; null: epoch ends only
@@ -51,11 +57,6 @@ class TrainerConfig(Checked):
     profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
 
-    # ---- evaluation clock and checkpoint keeping (issue 32: the loop) ----
-    # also evaluate every N optimizer steps (early stopping, the best checkpoint and TensorBoard on that clock; a
-    # checkpoint is committed at each such step); the epoch-end evaluations of eval_every_n_epochs stay. null: epochs only
-    eval_every_n_steps: Optional[int] = rule(None, at_least(1))
-
     @property
     def cuda_wanted(self) -> bool:
         return self.accelerator == "gpu" or (self.accelerator == "auto" and torch.cuda.is_available())
@@ -64,7 +65,8 @@ class TrainerConfig(Checked):
         """What of the trainer's settings a strategy must agree with (its engine's own batch, accumulation,
         precision and clipping, a compile it may refuse, ...): the strategy gets only these."""
         return EngineSettings(precision=self.precision, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                              grad_clip=self.grad_clip, compile=self.compile, on_nonfinite=self.on_nonfinite,
+                              grad_clip=self.grad_clip, compile=self.compile,
+                              activation_checkpointing=self.activation_checkpointing, on_nonfinite=self.on_nonfinite,
                               stall_timeout=self.stall_timeout, log_all_ranks=self.log_all_ranks,
                               cuda=self.cuda_wanted)
 
@@ -82,6 +84,7 @@ class EngineSettings:
     grad_accum: int
     grad_clip: Optional[float]
     compile: bool
+    activation_checkpointing: bool
     on_nonfinite: OnNonfinite
     stall_timeout: Optional[float]
     log_all_ranks: bool

@@ -26,9 +26,11 @@ from torch import nn
 
 from framework.config.strategy_options import StrategyOptions
 from framework.config.trainer import EngineSettings
+from framework.models.blocks import auto_units
 from framework.strategies.launchers import Launcher
 from framework.training.checkpoint_io import FILE, CheckpointFormat
 from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.speedups import SpeedupModules
 
 MakeOptimizer = Callable[[object], torch.optim.Optimizer]  # the wrapped model's parameters -> its optimizer
 
@@ -57,6 +59,12 @@ class Strategy(ABC):
 
     def check_model(self, model: nn.Module) -> None:
         """Raise ConfigError when this strategy's options do not fit the model (built once in the driver)."""
+
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        """The blocks trainer.activation_checkpointing recomputes one at a time (framework/models/blocks.py), and
+        what trainer.compile compiles in place before parallelize(): here the whole model, one graph inside the
+        engine's wrapper (an engine that compiles in parallelize() with its own mechanism names none)."""
+        return SpeedupModules(recomputed=auto_units(model), compiled=[model])
 
     def save_settings(self, run_dir: Path) -> None:
         """Write settings the engine generated into the run folder (e.g. its own config), before workers start."""

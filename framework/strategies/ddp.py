@@ -18,7 +18,6 @@ from framework.strategies.launchers import Elastic
 from framework.training.checkpoint_io import FILE, CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
-from framework.training.speedups import original_module
 
 
 class ElasticStrategy(Strategy):
@@ -100,7 +99,7 @@ class DDPStrategy(ElasticStrategy):
             find_unused_parameters=o.find_unused_parameters, bucket_cap_mb=o.bucket_cap_mb,
             gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
         )
-        module = original_module(ddp.module)
+        module = ddp.module
         # evaluation runs the module itself: ranks may hold different numbers of test batches, and DDP's forward
         # would wait on a buffer broadcast
         return DDPWrapped(ddp, make_optimizer(ddp.parameters()), Precision(self.trainer.precision, group.device),

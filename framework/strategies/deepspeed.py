@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
-from framework.training.speedups import original_module
+from framework.training.speedups import SpeedupModules
 
 INSTALL_HINT = "install it with `pip install '.[deepspeed]'` (or `make setup`, which also builds it)"
 
@@ -108,6 +109,9 @@ class DeepSpeedStrategy(ElasticStrategy):
     def engine_config(self, processes: int) -> dict:
         return deepspeed_config(self.options, self.trainer, processes)
 
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        return replace(super().speedup_modules(model), compiled=[])  # parallelize() calls engine.compile()
+
     def save_settings(self, run_dir: Path) -> None:
         text = json.dumps(self.engine_config(self.launcher.processes()), indent=2)
         (run_dir / CONFIG_FILE).write_text(text + "\n")
@@ -130,9 +134,11 @@ class DeepSpeedStrategy(ElasticStrategy):
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=make_optimizer(model.parameters()), config=self.engine_config(group.world_size),
             dist_init_required=False)
+        if self.trainer.compile:
+            engine.compile()  # the engine's own: compiles the module it wraps in place, inside its ZeRO hooks
         io = DeepSpeedCheckpoints(group.rank, group.world_size, group.cuda_devices, self.options.zero_stage)
         return DeepSpeedWrapped(engine, ds_optimizer, DeepSpeedPrecision(self.trainer.precision, group.device, engine),
-                                io, original_module(engine.module))
+                                io, engine.module)
 
 
 class DeepSpeedCheckpoints(CheckpointIO):

@@ -11,7 +11,6 @@ from framework.strategies.launchers import InProcess
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision, autocast_dtype
-from framework.training.speedups import original_module
 
 
 class DataParallelStrategy(Strategy):
@@ -34,11 +33,14 @@ class DataParallelStrategy(Strategy):
             raise ConfigError(f"strategy.device_ids={ids} is not allowed: this machine has {gpus} GPUs "
                               f"(ids 0..{gpus - 1})")
         replicas = len(self._device_ids(self.options, self.trainer.cuda))
-        if self.trainer.compile and replicas > 1:
-            raise ConfigError(
-                f"trainer.compile=true is not allowed with strategy=dp on {replicas} GPUs: nn.DataParallel copies the "
-                "compiled module into every replica, and its compiled code stays bound to the first GPU's weights; "
-                "use strategy=ddp (one compiled model per process), or trainer.compile=false")
+        # Each replica is a shallow copy of the module (replicate: its __dict__ copied), so what compile and
+        # activation checkpointing put on the instance stays bound to the module on the first GPU, with its weights.
+        for key, what in (("compile", "compiled code"), ("activation_checkpointing", "recomputed forward")):
+            if getattr(self.trainer, key) and replicas > 1:
+                raise ConfigError(
+                    f"trainer.{key}=true is not allowed with strategy=dp on {replicas} GPUs: nn.DataParallel copies "
+                    f"the module into every replica, and its {what} stays bound to the first GPU's weights; use "
+                    f"strategy=ddp (one model per process), or trainer.{key}=false")
 
     def join(self) -> ProcessGroup:
         ids = self._device_ids(self.options, self.trainer.cuda)
@@ -58,7 +60,7 @@ class DataParallelStrategy(Strategy):
         inner = ReplicaAutocast(model, dtype) if dtype is not None else model
         outer = nn.DataParallel(inner, device_ids=ids) if ids else inner
         return DPWrapped(outer, make_optimizer(outer.parameters()), Precision(self.trainer.precision, group.device),
-                         CheckpointIO(group.rank, group.world_size, ids), original_module(model),
+                         CheckpointIO(group.rank, group.world_size, ids), model,
                          replicas=len(group.devices))
 
 

@@ -19,11 +19,13 @@ from torch.distributed.tensor import DTensor
 from framework.checkpoints.position import Position
 from framework.config.strategy_options import FSDPOptions
 from framework.errors import ConfigError
+from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.strategies.ddp import ElasticStrategy
-from framework.strategies.fsdp_units import auto_units, innermost_first, named_units, tied_parameters, without_tied
+from framework.strategies.fsdp_units import tied_parameters, without_tied
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
+from framework.training.speedups import SpeedupModules
 
 DCP = CheckpointFormat("dcp", ("dcp", "file"), sharded=True, reshards=True)
 
@@ -86,10 +88,6 @@ class FSDPStrategy(ElasticStrategy):
             raise ConfigError("trainer.precision=fp16 is not allowed with strategy=fsdp: fp16 needs a loss scaler "
                               "that unscales sharded (DTensor) gradients and agrees on overflows across ranks, which "
                               "torch.amp.GradScaler does not; use bf16 (no loss scaling needed) or fp32")
-        if self.trainer.compile:
-            raise ConfigError("trainer.compile=true is not allowed with strategy=fsdp: the model is compiled before "
-                              "the strategy wraps it, and fully_shard must shard the uncompiled module; use "
-                              "trainer.compile=false")
 
     def check_model(self, model: nn.Module) -> None:
         names = self.options.shard_class_names
@@ -114,6 +112,13 @@ class FSDPStrategy(ElasticStrategy):
         names = self.options.shard_class_names
         units = auto_units(model) if names is None else named_units(model, names)
         return innermost_first(model, without_tied(model, units))
+
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        """Each unit recomputed (fully_shard's hooks stay outside the recomputed forward) and compiled on its own
+        before fully_shard (torchtitan's way): the all-gathers between units stay in fully_shard's eager hooks, which
+        one graph of the whole model would have to trace."""
+        units = self.shard_units(model)
+        return SpeedupModules(recomputed=units, compiled=units)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         o = self.options

@@ -1,34 +1,9 @@
-"""Which modules fully_shard makes units of (each unit's parameters are all-gathered and freed together).
-
-Two rules of FSDP2 shape the choice: fully_shard needs a module with a forward (a ModuleList or ModuleDict is only a
-container: its children become the units), and a parameter shared by two modules (an LM head tied to the token
+"""FSDP2's own rule on the units fully_shard makes of a model's blocks (framework/models/blocks.py: the choice of
+blocks, which activation checkpointing shares): a parameter shared by two modules (an LM head tied to the token
 embedding) must live in one unit, so modules holding a tied parameter are left to the enclosing unit (the root)."""
 from __future__ import annotations
 
 from torch import nn
-
-
-def has_forward(module: nn.Module) -> bool:
-    return type(module).forward is not nn.Module.forward
-
-
-def auto_units(model: nn.Module) -> list[nn.Module]:
-    """Each child of the root that holds parameters, descending through containers without a forward."""
-    units = []
-    for child in model.children():
-        if next(child.parameters(), None) is None:
-            continue
-        units.extend(auto_units(child) if not has_forward(child) else [child])
-    return units
-
-
-def named_units(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
-    """Every submodule of one of these classes (containers without a forward: their children's units instead)."""
-    found = []
-    for module in model.modules():
-        if module is not model and type(module).__name__ in class_names:
-            found.extend([module] if has_forward(module) else auto_units(module))
-    return found
 
 
 def tied_parameters(model: nn.Module, units: list[nn.Module]) -> dict[str, list[str]]:
@@ -65,9 +40,3 @@ def without_tied(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
             if innermost is not None:
                 dropped.add(innermost)
         units = [u for u in units if id(u) not in dropped]
-
-
-def innermost_first(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
-    """fully_shard wants inner units before the ones around them (modules() lists parents first)."""
-    order = {id(m): i for i, m in enumerate(model.modules())}
-    return sorted(units, key=lambda u: -order[id(u)])

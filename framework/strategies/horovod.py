@@ -14,7 +14,6 @@ from framework.strategies.launchers import Horovod
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
-from framework.training.speedups import original_module
 
 
 class HorovodPrecision(Precision):
@@ -83,10 +82,10 @@ class HorovodStrategy(Strategy):
         return HorovodGroup.join(import_horovod(), self.trainer.cuda)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        hvd, o, module = group.hvd, self.options, original_module(model)
-        hvd.broadcast_parameters(module.state_dict(), root_rank=0)
+        hvd, o = group.hvd, self.options
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(
-            make_optimizer(model.parameters()), named_parameters=module.named_parameters(),
+            make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if o.compression == "fp16" else hvd.Compression.none,
             op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[o.op],
             backward_passes_per_step=self.trainer.grad_accum,
@@ -99,7 +98,7 @@ class HorovodStrategy(Strategy):
         # DistributedOptimizer counts backward passes itself (backward_passes_per_step = trainer.grad_accum) and
         # all-reduces after the last one, so every micro-batch's backward runs the same way: no GradientSync.
         return Wrapped(model, optimizer, HorovodPrecision(self.trainer.precision, group.device),
-                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), module)
+                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), model)
 
 
 def _accept_set_to_none(optimizer) -> None:

@@ -10,7 +10,6 @@ from framework.strategies.launchers import InProcess
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision
-from framework.training.speedups import original_module
 
 
 class SingleStrategy(Strategy):
@@ -24,4 +23,4 @@ class SingleStrategy(Strategy):
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         return Wrapped(model, make_optimizer(model.parameters()), Precision(self.trainer.precision, group.device),
-                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), original_module(model))
+                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), model)

@@ -92,7 +92,7 @@ class Wrapped:
     optimizer: torch.optim.Optimizer
     precision: Precision  # autocast, backward and the optimizer step, as this engine needs them
     checkpoint_io: CheckpointIO  # how model and optimizer go into a checkpoint and come back
-    module: nn.Module  # the user's module inside every wrapper (torch.compile's too): what weights files hold
+    module: nn.Module  # the user's module inside the engine's wrapper: what weights files hold
     eval_model: nn.Module | None = None  # what evaluation calls, where not `model` (a wrapper that talks in forward)
 
     def evaluation_model(self) -> nn.Module:

@@ -1,5 +1,7 @@
-"""Speed-ups of the bare model: `trainer.channels_last` (NHWC memory layout) and `trainer.compile`
-(torch.compile). Applied before a strategy wraps the model, so DDP and DataParallel see the final module.
+"""Speed-ups of the bare model: `trainer.channels_last` (NHWC memory layout), `trainer.compile` (torch.compile)
+and `trainer.activation_checkpointing` (memory for compute: each block's activations recomputed in backward).
+Applied before a strategy wraps the model, so DDP, DataParallel and fully_shard see the final module; which modules
+are compiled and which blocks recomputed is the strategy's choice (framework/strategies/base.py).
 
 channels_last only changes how 4-D tensors are laid out; the batches must be channels_last too
 (`Normalizer(..., channels_last=True)`), otherwise every convolution converts its input first.
@@ -8,8 +10,12 @@ whose class says `channels_last_helps = True` (LeNet: 1.25-1.38x steps/s in benc
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 def channels_last_applies(sample_shape) -> bool:
@@ -29,20 +35,43 @@ def use_channels_last(setting, model: nn.Module, device: torch.device, sample_sh
     return bool(setting)
 
 
-def apply_speedups(model: nn.Module, channels_last: bool, compile: bool, device: torch.device,
-                   move: bool = True) -> nn.Module:
-    """The model in channels_last layout (resolved already: batches and model must agree) and torch.compile'd
-    when asked, on `device` (move=False: where it is, for a strategy that places it itself)."""
+@dataclass
+class SpeedupModules:
+    """Which of a model's modules the speed-ups touch, as a strategy chooses them (Strategy.speedup_modules)."""
+
+    recomputed: list[nn.Module]  # trainer.activation_checkpointing: blocks that run again in backward
+    compiled: list[nn.Module]  # trainer.compile: compiled in place before parallelize() (none: the engine compiles)
+
+
+def apply_speedups(model: nn.Module, channels_last: bool, device: torch.device, move: bool = True,
+                   checkpointed: Sequence[nn.Module] = (), compiled: Sequence[nn.Module] = ()) -> nn.Module:
+    """The model in channels_last layout (resolved already: batches and model must agree), on `device`
+    (move=False: where it is, for a strategy that places it itself), with the `checkpointed` blocks recomputed in
+    backward and the `compiled` modules (the model itself, or its blocks) torch.compile'd. Both happen in place, so
+    the parameter names stay the user's (no `_orig_mod.` or `_checkpoint_wrapped_module.` in any checkpoint), and
+    before a strategy wraps the model (fsdp shards the checkpointed, compiled blocks, as torchtitan does)."""
     if channels_last:
         model = model.to(device=device if move else None, memory_format=torch.channels_last)
     elif move:
         model = model.to(device)
-    if compile:
-        model = torch.compile(model)
+    for block in checkpointed:
+        recompute_in_backward(block)
+    for module in compiled:
+        module.compile()
     return model
 
 
-def original_module(model: nn.Module) -> nn.Module:
-    """The module under torch.compile's wrapper, whose state_dict keys have no '_orig_mod.' prefix:
-    what to checkpoint so that runs with and without trainer.compile can resume each other."""
-    return getattr(model, "_orig_mod", model)
+def recompute_in_backward(block: nn.Module) -> None:
+    """Activation checkpointing of one block: its forward keeps only its inputs, and backward runs it again
+    (torch.utils.checkpoint, non-reentrant). The block's own forward becomes the checkpointed one on this instance,
+    not a wrapper module: torch's wrapper (checkpoint_wrapper) is private and renames every parameter.
+    preserve_rng_state: the recomputation draws the same dropout masks, on the CPU and on the inputs' GPU.
+    A function of ours calls checkpoint (not a functools.partial of it): torch.compile traces a compiled block from
+    its first frame that is not torch's own, and checkpoint itself runs with the compiler off when called from one
+    of torch's frames, so the block would stay uncompiled."""
+    forward = block.forward
+
+    def recomputed_forward(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+
+    block.forward = recomputed_forward

@@ -16,7 +16,6 @@ from framework.strategies.launchers import Elastic
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import Wrapped
 from framework.training.precision import Precision
-from framework.training.speedups import original_module
 
 
 @dataclass
@@ -53,4 +52,4 @@ class AnnouncingDDP(Strategy):
         for p in model.parameters():  # every rank starts from rank 0's weights
             dist.broadcast(p.data, src=0)
         return Wrapped(model, make_optimizer(model.parameters()), AveragedGradients(self.trainer.precision, group.device),
-                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), original_module(model))
+                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), model)
