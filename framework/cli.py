@@ -42,18 +42,18 @@ def sample_app(cfg: DictConfig):
 
 def sample_main() -> None:
     """`hydra-dist-sample` / `python sample.py`: text from a trained language model (framework/sample.py)."""
-    with quick_exit():
-        try:
-            _run_app(sample_app)
-        except HydraException as exc:
-            _config_error(composition_error_line(exc), external=False)
+    _single_process_command(sample_app)
 
 
 def eval_main() -> None:
     """`hydra-dist-eval` / `python eval.py`: a trained model on the test split (framework/evaluate.py)."""
+    _single_process_command(eval_app)
+
+
+def _single_process_command(app) -> None:
     with quick_exit():
         try:
-            _run_app(eval_app)
+            _run_app(app)
         except HydraException as exc:
             _config_error(composition_error_line(exc), external=False)
 

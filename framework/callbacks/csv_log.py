@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 
 from framework.callbacks.base import Callback
-from framework.telemetry.scalars import eval_scalars, interval_scalars, per_gpu_scalars
+from framework.telemetry.scalars import eval_scalars, report_scalars
 
 METRICS_FILE = "metrics.csv"
 HEADER = ("step", "metric", "value")
@@ -34,9 +34,7 @@ class CSVLog(Callback):
         if report is None or self.writer is None:
             return
         cuda = trainer.group.device.type == "cuda"
-        self._write({**interval_scalars(report.summary, trainer.lr(), cuda),
-                     **per_gpu_scalars(report.summary, report.tflops, report.mfu,
-                                       [(g.rank, g.ratio, "") for g in report.stragglers])}, step)
+        self._write(report_scalars(report, trainer.lr(), cuda), step)
         if trainer.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
             self.file.flush()
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from framework.callbacks.base import Callback
 from framework.results.mlflow_tracking import (client_for, experiment_id, flat_params, mlflow_api, parent_run_of,
                                                require_mlflow)
-from framework.telemetry.scalars import eval_scalars, interval_scalars, per_gpu_scalars
+from framework.telemetry.scalars import eval_scalars, report_scalars
 
 RUN_ID_FILE = "mlflow_run_id"
 ARTIFACT_FILES = ("resolved_config.yaml", "provenance.json", "result.json")
@@ -64,9 +64,7 @@ class MLflowLog(Callback):
         if report is None or self.run_id is None:
             return
         cuda = trainer.group.device.type == "cuda"
-        self._log({**interval_scalars(report.summary, trainer.lr(), cuda),
-                   **per_gpu_scalars(report.summary, report.tflops, report.mfu,
-                                     [(g.rank, g.ratio, "") for g in report.stragglers])}, step)
+        self._log(report_scalars(report, trainer.lr(), cuda), step)
 
     def on_evaluation_end(self, trainer, step: int, result) -> None:
         if result is not None and self.run_id is not None:

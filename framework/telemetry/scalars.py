@@ -47,3 +47,11 @@ def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | N
 
 def eval_scalars(loss: float, metrics: dict[str, float]) -> dict[str, float]:
     return {"loss/val": loss, **{f"{name}/val": value for name, value in metrics.items()}}
+
+
+def report_scalars(report, lr: float, cuda: bool) -> dict[str, float]:
+    """Everything a log boundary's IntervalReport (framework/telemetry/per_gpu.py) holds, for a logger that writes
+    plain values (CSV, MLflow)."""
+    return {**interval_scalars(report.summary, lr, cuda),
+            **per_gpu_scalars(report.summary, report.tflops, report.mfu,
+                              [(g.rank, g.ratio, "") for g in report.stragglers])}
