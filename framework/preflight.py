@@ -15,8 +15,8 @@ from framework.checkpoints.state import signature, signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
-from framework.data.build import Data, is_class_ids, tensors_of
-from framework.data.loaders import BatchPipeline, prepare
+from framework.data.build import Data, is_class_ids
+from framework.data.loaders import BatchPipeline, prepare, split_tensors
 from framework.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
@@ -83,13 +83,12 @@ def dry_run(s: Settings, task: Task) -> None:
     data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
     index = torch.arange(min(2, len(data.train)))
     collate = data.collate["train"]
-    tensors = tensors_of(data.train) if not collate.own else None
+    tensors = split_tensors(data.train, collate)
     batch = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
         collate.first_batch([data.train[int(i)] for i in index], "train")
     batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
-    shapes = describe(batch, "batch")
-    if data.pairs:
-        shapes = f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}"
+    shapes = (f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}" if data.pairs
+              else describe(batch, "batch"))
     model_name = f"model={s.model.get('_target_')}"
     model.train()
     with torch.no_grad(), silenced():

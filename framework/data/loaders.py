@@ -58,6 +58,12 @@ def prepare(batch, pipeline: BatchPipeline, pairs: bool, generator: torch.Genera
     return pipeline(batch, generator)
 
 
+def split_tensors(dataset, collate: Collate):
+    """The split's (inputs, targets) as whole tensors where batches may be taken from them (tensors_of), unless a
+    collate_fn of the user's must see its samples; None: batches come through a DataLoader."""
+    return tensors_of(dataset) if not collate.own else None
+
+
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
     """NHWC layout for a batch of images (4-D floats); any other tensor as it is."""
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
@@ -141,7 +147,7 @@ def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int
     augmented."""
     share = torch.arange(rank, len(dataset), world)
     batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
-    tensors = tensors_of(dataset) if not collate.own else None
+    tensors = split_tensors(dataset, collate)
     if tensors is not None:
         x, y = (to_device(take(t, share), device) for t in tensors)
         for chunk in torch.arange(len(share), device=device).tensor_split(batches):
@@ -159,7 +165,7 @@ def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipel
     """The in-memory path when the training split offers its tensors, dataset.in_memory is on (the default) and no
     collate_fn of the user's must see its samples; the DataLoader path otherwise."""
     collate = data.collate["train"]
-    tensors = tensors_of(data.train) if not collate.own else None
+    tensors = split_tensors(data.train, collate)
     common = (pipeline, device, micro_batch, rank, world, seed)
     if tensors is not None and in_memory:
         return InMemoryLoader(*tensors, *common)

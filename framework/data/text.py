@@ -44,7 +44,8 @@ class CharText(Dataset):
         require("dataset.test_fraction", test_fraction, between(0.0, 1.0, high_open=True))
         text = read_text(path)
         self.vocab = sorted(set(text))
-        ids = torch.tensor(Vocabulary(self.vocab).encode(text), dtype=torch.long)
+        self.vocabulary = Vocabulary(self.vocab)
+        ids = torch.tensor(self.vocabulary.encode(text), dtype=torch.long)
         cut = int(len(ids) * (1 - test_fraction))
         part = ids[:cut] if train else ids[cut:]
         blocks = (len(part) - 1) // block_size
@@ -58,7 +59,7 @@ class CharText(Dataset):
         self.in_shape = (block_size,)
 
     def decode(self, ids) -> str:
-        return Vocabulary(self.vocab).decode(ids)
+        return self.vocabulary.decode(ids)
 
     def tensors(self):
         return self.x, self.y

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from framework.data.batches import batch_size, describe, float_outputs, leaves
+from framework.data.build import is_pair
 from framework.training.metrics import per_sample_losses, scored_positions
 
 
@@ -40,7 +41,7 @@ class Supervised:
         self.count_tokens = count_tokens  # a token is a target element the loss scores (not its ignore_index)
 
     def __call__(self, model, batch, loss) -> StepOutput:
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        if not is_pair(batch):
             raise ValueError(f"{type(self).__name__} takes batches of (inputs, targets), not "
                              f"{describe(batch, 'batch')}")
         inputs, targets = batch
