@@ -104,11 +104,15 @@ def test_a_run_resumed_mid_epoch_evaluates_on_the_same_clock_with_the_same_ema(t
     assert any(not torch.equal(ema[k], last[k]) for k in last), "the average is not the weights"
 
 
-def test_ema_weights_from_ddp_evaluate_with_eval_py(tmp_path):
-    """The loop's last evaluation scored the average (evaluate_with_ema) on 2 ddp ranks; eval.py on weights/ema.pt
-    in one process gets the same accuracy."""
+@pytest.mark.parametrize("strategy", ["ddp", "dp", "horovod"])
+def test_ema_weights_evaluate_with_eval_py(tmp_path, strategy):
+    """The loop's last evaluation scored the average (evaluate_with_ema) on 2 ddp or horovod ranks, or dp's one
+    process (README: EMA with single, dp, ddp and horovod); eval.py on weights/ema.pt in one process gets the same
+    accuracy."""
+    if strategy == "horovod":
+        pytest.importorskip("horovod.torch", reason="the horovod extra (make test builds it)")
     (tmp_path / "train").mkdir()
-    check_ok(run_train(["strategy=ddp", *ONE_EPOCH, "trainer.eval_every_n_steps=null", "callbacks=ema",
+    check_ok(run_train([f"strategy={strategy}", *ONE_EPOCH, "trainer.eval_every_n_steps=null", "callbacks=ema",
                         "callbacks.ema.decay=0.9", "callbacks.ema.evaluate_with_ema=true"], tmp_path / "train"))
     run_dir, result = _only_run(tmp_path / "train")
     out = check_ok(_eval(tmp_path / "eval", [f"ckpt_path={run_dir / 'weights' / 'ema.pt'}", "strategy=single"]))
