@@ -146,8 +146,9 @@ def test_deepspeed_compiles_through_its_engine_and_recomputes_blocks(tmp_path):
     assert_users_keys_and_eval_loads(result["run_dir"], tmp_path)
 
 
-def test_one_process_trains_compiled_and_recomputed_blocks(tmp_path):
-    result, [probe], losses = probed(tmp_path, ["strategy=single", *BOTH])
+@pytest.mark.parametrize("strategy", ["single", "dp"])  # dp on the CPU: one replica, the module itself
+def test_one_process_trains_compiled_and_recomputed_blocks(tmp_path, strategy):
+    result, [probe], losses = probed(tmp_path, [f"strategy={strategy}", *BOTH])
     assert probe["compiled"] == [""] and set(BLOCKS) <= set(probe["recomputed"])
     assert result["steps"] == 6 and losses[-1] < losses[0], losses
     assert_users_keys_and_eval_loads(result["run_dir"], tmp_path)
