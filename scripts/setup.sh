@@ -31,7 +31,10 @@ have=$(cat "$stamp" 2>/dev/null || true)
 if [ "$have" != "$hash all" ] && [ "$have" != "$hash $mode" ]; then
     echo "setup: installing dependencies into $venv (torch is large: about a minute from a local wheel)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
+    # compat: the checkout itself goes on the import path, so Hydra's plugin scan (pkgutil over the hydra_plugins
+    # namespace) finds hydra_plugins/hydra_dist_sweepers; setuptools' default editable finder hides it from pkgutil
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --config-settings editable_mode=compat \
+        -e ".$extras" 2>&1 | grep -v "^WARNING: Location" || true
     "$venv/bin/python" -c "import torch, torchvision, hydra, tensorboard" \
         || { echo "setup: dependency install failed (see pip output above)" >&2; exit 1; }
     echo "$hash $mode" > "$stamp"

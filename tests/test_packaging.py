@@ -31,6 +31,8 @@ def installed(tmp_path_factory) -> Path:
         scripts = z.read(entry_points).decode()
     assert {f"framework/conf/{f}" for f in CONF_FILES} <= names, "every conf yaml ships in the wheel"
     assert "framework/cli.py" in names and "framework/training/trainer.py" in names
+    assert "hydra_plugins/hydra_dist_sweepers/resumable_optuna.py" in names  # Hydra finds plugins only there
+    assert "hydra_plugins/__init__.py" not in names  # a namespace shared with every other Hydra plugin
     assert "hydra-dist = framework.cli:main" in scripts and "hydra-dist-devices = framework.devices:main" in scripts
     assert "hydra-dist-sample = framework.cli:sample_main" in scripts
     target = work / "site"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,5 +91,17 @@ def claim_slot(sweep_dir: Path, n_jobs: int) -> Slot:
     # loky names its own start method in this worker; processes spawned from here (ddp's workers) would be told
     # to use it and fail with "cannot find context for 'loky'".
     multiprocessing.set_start_method("spawn", force=True)
+    _keep_worker_for_the_sweep()
     _claimed.append(slot)
     return slot
+
+
+def _keep_worker_for_the_sweep() -> None:
+    """loky replaces a worker whose memory grew 300 MB since its first task, taking that for a leak. A sweep's jobs
+    differ in size (a job reported finished in 50 ms, then one that trains; LeNet, then ResNet), and a replaced
+    worker costs its slot a fresh interpreter and every import (4 s here) while the slot stands idle. Each job's
+    memory goes with its run. loky offers no setting for this; it reads this module constant after every task."""
+    from joblib.externals.loky import process_executor  # the joblib launcher's own package, there when it runs
+
+    if hasattr(process_executor, "_MAX_MEMORY_LEAK_SIZE"):
+        process_executor._MAX_MEMORY_LEAK_SIZE = sys.maxsize
