@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 
 from framework.errors import ConfigError
 
+SLOT_DIR = ".job_slots"
 _claimed: list["Slot"] = []  # this process's slot, once claimed (a joblib worker process runs many jobs)
 
 
@@ -69,6 +71,8 @@ def _lock_lowest_free(folder: Path, slots: int) -> int:
         fd = os.open(folder / f"slot-{k}.lock", os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())  # who holds it: interrupt_slot_holders
             return k  # the descriptor stays open: the slot is ours until this process exits
         except BlockingIOError:
             os.close(fd)
@@ -81,7 +85,7 @@ def claim_slot(sweep_dir: Path, n_jobs: int) -> Slot:
         return _claimed[0]
     slots = parallel_jobs(n_jobs)
     gpus, cores = visible_gpus(), sorted(os.sched_getaffinity(0))
-    slot = share(_lock_lowest_free(sweep_dir / ".job_slots", slots), slots, gpus, cores)
+    slot = share(_lock_lowest_free(sweep_dir / SLOT_DIR, slots), slots, gpus, cores)
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpus)
     os.sched_setaffinity(0, slot.cores)
@@ -105,3 +109,33 @@ def _keep_worker_for_the_sweep() -> None:
 
     if hasattr(process_executor, "_MAX_MEMORY_LEAK_SIZE"):
         process_executor._MAX_MEMORY_LEAK_SIZE = sys.maxsize
+
+
+def slot_holders(sweep_dir: Path) -> list[int]:
+    """The pids of the live processes holding a slot of this sweep (a slot stays locked while its process lives)."""
+    holders = []
+    for path in sorted((sweep_dir / SLOT_DIR).glob("slot-*.lock")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # got it: nobody holds this slot now
+        except BlockingIOError:
+            text = os.read(fd, 32).decode().strip()
+            if text.isdigit():
+                holders.append(int(text))
+        finally:
+            os.close(fd)
+    return holders
+
+
+def interrupt_slot_holders(sweep_dir: Path) -> list[int]:
+    """Ctrl-C for the jobs running in this sweep's slots, where the terminal's did not reach them (processes in
+    another process group: each stops as on Ctrl-C, keeping a checkpoint of the step it was at). Returns the pids."""
+    told = []
+    for pid in slot_holders(sweep_dir):
+        try:
+            if os.getpgid(pid) != os.getpgrp():
+                os.kill(pid, signal.SIGINT)
+                told.append(pid)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+    return told

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import signal
 import warnings
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -28,7 +27,7 @@ from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_p
 from omegaconf import OmegaConf
 from optuna.trial import Trial, TrialState
 
-from framework.launch.job_slots import parallel_jobs
+from framework.launch.job_slots import interrupt_slot_holders, parallel_jobs
 
 from ._trial_record import TrialRecord, frozen_trial, is_finished
 
@@ -140,11 +139,13 @@ class FreeSlotStudy(OptunaSweeperImpl):
                     for future in finished:
                         outcome.tell(running.pop(future), future.result())
             except KeyboardInterrupt:
-                # A terminal's Ctrl-C reached the running jobs too: each saves its checkpoint, says how to resume
-                # and ends; their trials stay RUNNING in the record, so the sweep run again runs them again.
+                # The running jobs stop as on Ctrl-C (a joblib worker in a process group of its own is told here),
+                # each keeping a checkpoint of the step it was at; their trials stay RUNNING in the record, so the
+                # sweep run again runs them again. Ctrl-C again leaves at once.
+                interrupt_slot_holders(Path(str(self.config.hydra.sweep.dir)))
                 log.info("Ctrl-C: waiting for the running trials to save their checkpoints (Ctrl-C again: leave now)")
                 wait(running)
-                raise SystemExit(128 + signal.SIGINT) from None
+                raise
 
     def _save_best(self, study: optuna.Study, directions: list[str]) -> None:
         """optimization_results.yaml in the sweep folder, as hydra-optuna-sweeper writes it."""
