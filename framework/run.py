@@ -22,6 +22,7 @@ from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.launch.job_slots import claim_slot
 from framework.process.environment import env_rank, launched_externally, launcher_name
+from framework.process.pool_worker import follow_the_driver
 from framework.follower import follow
 from framework.launch.outer import publish_to_followers
 from framework.strategies import choose_strategy
@@ -41,6 +42,8 @@ def run(cfg: DictConfig) -> float | None:
     optimize); None for a failed job of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if _in_job_pool(hydra_cfg):
+        follow_the_driver()  # Ctrl-C and the driver's death stop this job through the driver (pool_worker.py)
     adopt_scheduler_ranks()  # submitit runs this function in every task of a job, without our command line
     external = launched_externally()
     if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
@@ -76,9 +79,14 @@ def multirun_refusal() -> str:
             "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
 
 
+def _in_job_pool(hydra_cfg) -> bool:
+    """A job of hydra/launcher=joblib: it runs in a worker process of the driver's pool."""
+    return hydra_cfg.mode == RunMode.MULTIRUN and str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher")
+
+
 def _pin_parallel_job(hydra_cfg) -> None:
     """Under hydra/launcher=joblib, jobs run side by side: give this one its own GPUs and cores."""
-    if hydra_cfg.mode != RunMode.MULTIRUN or not str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+    if not _in_job_pool(hydra_cfg):
         return
     slot = claim_slot(Path(hydra_cfg.sweep.dir), int(hydra_cfg.launcher.n_jobs))
     print(slot.describe(), flush=True)
@@ -161,6 +169,18 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
         command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
+def exit_stopped_sweep(signum: int) -> None:
+    """Ctrl-C reached the driver of a sweep whose jobs run in other processes (joblib's pool, submitit's tasks):
+    its launcher stopped them, each keeping its last complete checkpoint. Says, once, the command that continues the
+    sweep. Anything else (no sweep yet, a single run) goes on as Python's KeyboardInterrupt."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        raise KeyboardInterrupt
+    command = resume_command(Path(HydraConfig.get().sweep.dir).absolute(), sys.argv)
+    print(f"\nstopped by {signal.Signals(signum).name}; the sweep's running jobs are stopped, each keeps its last "
+          f"complete checkpoint.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 
 

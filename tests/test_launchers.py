@@ -8,14 +8,20 @@ import os
 import random
 import socket
 import subprocess
+import shlex
 import shutil
+import signal
 import sys
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, read_scalars, run_dirs, run_train
+from conftest import (REPO, TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, processes_tagged, read_scalars,
+                      run_dirs, run_train)
 from framework.process.slurm import _PORTS
 
 
@@ -143,6 +149,102 @@ def test_joblib_runs_two_ddp_jobs_at_once_each_on_its_own_cores(tmp_path):
     cores = len(os.sched_getaffinity(0))
     if cores >= 2:
         assert f"{cores // 2} CPU core(s)" in out
+
+
+# Jobs of 24 steps on random images, a checkpoint every 4: a stop lands after a job's checkpoint and before its end.
+STOPPABLE_SWEEP = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
+                   "trainer.batch_size=32", "trainer.max_steps=24", "trainer.log_every_n_steps=4",
+                   "trainer.checkpoint_every_n_steps=4"]
+
+
+def _job_state(job: Path) -> str:
+    if (job / "result.json").exists():
+        return "finished"
+    return "stopped" if list((job / "checkpoints").glob("step-*.json")) else "fresh"
+
+
+def _start_sweep(args: list[str], cwd: Path, tag: str) -> tuple[subprocess.Popen, Path]:
+    """The sweep's driver in a session of its own (a terminal's foreground group), its output in files."""
+    out = cwd / "first.out"
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag},
+                            stdout=out.open("w"), stderr=(cwd / "first.err").open("w"))
+    return proc, out
+
+
+def _stop_once_a_job_finished_and_another_checkpointed(proc: subprocess.Popen, cwd: Path, sig: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        states = {_job_state(job) for job in run_dirs(cwd)}
+        if {"finished", "stopped"} <= states:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep ended before it could be stopped"
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # Ctrl-C: the terminal signals its whole foreground process group
+    else:
+        proc.send_signal(sig)
+    proc.wait(timeout=60)
+
+
+def _assert_nothing_left(tag: str, driver: int) -> None:
+    """No process of the run is left (within a few seconds), nor a file of its pool's in /dev/shm or the temp folder."""
+    deadline = time.monotonic() + 10
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_tagged(tag), "processes of the stopped sweep are left running"
+    left = [name for folder in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(folder)
+            for name in os.listdir(folder) if f"-{driver}-" in name or f"_{driver}_" in name]
+    assert not left, left
+
+
+def _resume_args(proc: subprocess.Popen, cwd: Path, args: list[str], sweep_dir: Path) -> list[str]:
+    """After Ctrl-C, the command the driver printed (once); after SIGKILL, the user names the folder."""
+    err = (cwd / "first.err").read_text()
+    if proc.returncode == -signal.SIGKILL:
+        return [*pin_accelerator(args), f"hydra.sweep.dir={sweep_dir}"]
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() + (cwd / "first.out").read_text().splitlines() if "To resume" in line]
+    command = shlex.split(line.removeprefix("To resume: "))
+    assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
+    return command[2:]
+
+
+def _assert_resumed_as_it_was_left(out: str, before: dict[Path, str], results: dict[Path, str], steps: int) -> None:
+    """Finished jobs are reported (not trained again), stopped ones resume from their checkpoint, the rest run."""
+    for job, state in before.items():
+        number = job.name.split("_")[0]
+        if state == "finished":
+            assert f"job {number} finished before in {job}: not trained again" in out
+            assert (job / "result.json").read_text() == results[job]
+        elif state == "stopped":
+            assert f"resumed from {job}/checkpoints/step-" in out
+            assert max(losses_by_step(job)) == steps
+        else:
+            assert f"run folder {job}" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_a_stopped_joblib_sweep_leaves_no_process_and_resumes_into_its_folder(tmp_path, sig):
+    """Ctrl-C reaches the driver only (the pool's workers live in sessions of their own): joblib stops every worker
+    with its processes, the driver says the resume command once and exits 130. After a SIGKILL of the driver its
+    workers end their jobs themselves (framework/process/pool_worker.py)."""
+    args = [*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.seed=1,2,3,4"]
+    tag = uuid.uuid4().hex
+    proc, _ = _start_sweep(args, tmp_path, tag)
+    _stop_once_a_job_finished_and_another_checkpointed(proc, tmp_path, sig)
+    _assert_nothing_left(tag, proc.pid)
+    jobs = run_dirs(tmp_path)
+    sweep_dir = jobs[0].parent
+    before = {job: _job_state(job) for job in jobs}
+    assert {"finished", "stopped"} <= set(before.values()), before
+    results = {job: (job / "result.json").read_text() for job, state in before.items() if state == "finished"}
+    again = _resume_args(proc, tmp_path, args, sweep_dir)
+
+    out = check_ok(run_train(again, tmp_path, timeout=180))
+    _assert_resumed_as_it_was_left(out, before, results, steps=24)
+    assert [(r["job"], r["status"]) for r in _summary_rows(sweep_dir)] == [(str(n), "ok") for n in range(4)]
 
 
 def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp_path):
