@@ -24,9 +24,9 @@ from framework.launch.job_slots import claim_slot
 from framework.process.environment import env_rank, launched_externally, launcher_name
 from framework.process.pool_worker import follow_the_driver
 from framework.follower import follow
-from framework.launch.outer import publish_to_followers
+from framework.launch.outer import publish_to_followers, published
 from framework.strategies import choose_strategy
-from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
+from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task, wait_for_local_jobs
 from framework.preflight import validate
 from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
@@ -55,15 +55,18 @@ def run(cfg: DictConfig) -> float | None:
         publish_to_followers(error=multirun_refusal())
         sys.exit(2)
     try:
-        if hydra_cfg.mode == RunMode.MULTIRUN and not external:  # not under submitit: its other ranks await rank 0
-            done = finished_before(run_dir, cfg)  # a sweep run again into its folder: this job may be done
-            if done is not None:
-                print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
-                      f"says {done['objective']} {objective_value(done):.4f}", flush=True)
-                return objective_value(done)
+        done = finished_before(run_dir, cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None  # a sweep run again
+        if done is not None:  # into its folder, where this job finished
+            print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
+                  f"says {done['objective']} {objective_value(done):.4f}", flush=True)
+            if external:  # submitit's other tasks of this job wait for rank 0's word
+                publish_to_followers(finished=str(run_dir))
+            return objective_value(done)
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg, external)
     except (ConfigError, WorkersFailed) as exc:
+        if external and not published():  # e.g. a finished job of another config: the other tasks end with it
+            publish_to_followers(error=str(exc))
         if hydra_cfg.mode == RunMode.MULTIRUN:  # let the other jobs run; the sweep summary lists this one as failed
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return None
@@ -178,6 +181,7 @@ def exit_stopped_sweep(signum: int) -> None:
     sweep. Anything else (no sweep yet, a single run) goes on as Python's KeyboardInterrupt."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         raise KeyboardInterrupt
+    wait_for_local_jobs()
     command = resume_command(Path(HydraConfig.get().sweep.dir).absolute(), sys.argv)
     print(f"\nstopped by {signal.Signals(signum).name}; the sweep's running jobs are stopped, each keeps its last "
           f"complete checkpoint.\nTo resume: {command}", file=sys.stderr, flush=True)
