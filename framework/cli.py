@@ -79,6 +79,7 @@ def _main() -> None:
         _config_error(composition_error_line(exc), external)
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
         exit_stopped_sweep(signal.SIGINT)
+        raise
     if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
 

@@ -178,9 +178,9 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
 def exit_stopped_sweep(signum: int) -> None:
     """Ctrl-C reached the driver of a sweep whose jobs run in other processes (joblib's pool, submitit's tasks):
     its launcher stopped them, each keeping its last complete checkpoint. Says, once, the command that continues the
-    sweep. Anything else (no sweep yet, a single run) goes on as Python's KeyboardInterrupt."""
+    sweep. Returns when no sweep runs (Ctrl-C while composing, a single run's driver)."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        raise KeyboardInterrupt
+        return
     wait_for_local_jobs()
     command = resume_command(Path(HydraConfig.get().sweep.dir).absolute(), sys.argv)
     print(f"\nstopped by {signal.Signals(signum).name}; the sweep's running jobs are stopped, each keeps its last "
