@@ -238,7 +238,7 @@ def test_a_stopped_joblib_sweep_leaves_no_process_and_resumes_into_its_folder(tm
     with its processes, the driver says the resume command once and exits 130. After a SIGKILL of the driver its
     workers end their jobs themselves (framework/process/pool_worker.py)."""
     args = [*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=single",
-            "trainer.max_steps=24", "trainer.seed=1,2,3,4"]
+            "trainer.max_steps=64", "trainer.seed=1,2,3,4"]  # 60 steps after the first checkpoint: time to stop
     tag = uuid.uuid4().hex
     proc = _stop_sweep(args, tmp_path, sig, tag)
     sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
