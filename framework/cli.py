@@ -21,7 +21,7 @@ from framework.process.clean_exit import exit_now, quick_exit
 from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
 from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
-from framework.run import run
+from framework.run import exit_stopped_sweep, run
 from framework.sample import sample_main as generate
 
 
@@ -77,6 +77,9 @@ def _main() -> None:
         _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         _config_error(composition_error_line(exc), external)
+    except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
+        exit_stopped_sweep(signal.SIGINT)
+        raise
     if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
         exit_now(0)
 

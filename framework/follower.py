@@ -20,13 +20,16 @@ def follow_rank0() -> int:
 
 
 def follow() -> str | None:
-    """Take rank 0's payload, build the strategy it names and train as one rank. Returns the error when rank 0
-    found one (said by rank 0, and again here only where each task has a log of its own: SLURM/submitit)."""
+    """Take rank 0's payload, build the strategy it names and train as one rank (nothing, when rank 0 found the job of
+    a sweep finished before). Returns the error when rank 0 found one (said by rank 0, and again here only where each
+    task has a log of its own: SLURM/submitit)."""
     message = receive_from_rank0()
     if "error" in message:
         if scheduler_name():
             print(f"error: {message['error']}", file=sys.stderr, flush=True)
         return message["error"]
+    if "finished" in message:  # a sweep's job done before, in its folder: rank 0 reports it
+        return None
     payload = message["payload"]
     worker_entry(payload, build_strategy(payload.settings.strategy, payload.settings.trainer), stop=NoStop())
     return None

@@ -22,10 +22,11 @@ from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.launch.job_slots import claim_slot
 from framework.process.environment import env_rank, launched_externally, launcher_name
+from framework.process.pool_worker import follow_the_driver
 from framework.follower import follow
-from framework.launch.outer import publish_to_followers
+from framework.launch.outer import publish_to_followers, published
 from framework.strategies import choose_strategy
-from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task
+from framework.process.slurm import adopt_scheduler_ranks, in_submitit_task, wait_for_local_jobs
 from framework.preflight import validate
 from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
@@ -41,6 +42,8 @@ def run(cfg: DictConfig) -> float | None:
     optimize); None for a failed job of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if _in_job_pool(hydra_cfg):
+        follow_the_driver()  # Ctrl-C and the driver's death stop this job through the driver (pool_worker.py)
     adopt_scheduler_ranks()  # submitit runs this function in every task of a job, without our command line
     external = launched_externally()
     if external and env_rank() != 0:  # a SLURM/submitit task runs this function on every rank
@@ -52,15 +55,18 @@ def run(cfg: DictConfig) -> float | None:
         publish_to_followers(error=multirun_refusal())
         sys.exit(2)
     try:
-        if hydra_cfg.mode == RunMode.MULTIRUN and not external:  # not under submitit: its other ranks await rank 0
-            done = finished_before(run_dir, cfg)  # a sweep run again into its folder: this job may be done
-            if done is not None:
-                print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
-                      f"says {done['objective']} {objective_value(done):.4f}", flush=True)
-                return objective_value(done)
+        done = finished_before(run_dir, cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None  # a sweep run again
+        if done is not None:  # into its folder, where this job finished
+            print(f"job {hydra_cfg.job.num} finished before in {run_dir}: not trained again; its result.json "
+                  f"says {done['objective']} {objective_value(done):.4f}", flush=True)
+            if external:  # submitit's other tasks of this job wait for rank 0's word
+                publish_to_followers(finished=str(run_dir))
+            return objective_value(done)
         _pin_parallel_job(hydra_cfg)
         return _drive(cfg, run_dir, hydra_cfg, external)
     except (ConfigError, WorkersFailed) as exc:
+        if external and not published():  # e.g. a finished job of another config: the other tasks end with it
+            publish_to_followers(error=str(exc))
         if hydra_cfg.mode == RunMode.MULTIRUN:  # let the other jobs run; the sweep summary lists this one as failed
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return None
@@ -76,9 +82,14 @@ def multirun_refusal() -> str:
             "(for sweeps on SLURM: python train.py -m hydra/launcher=slurm ...)")
 
 
+def _in_job_pool(hydra_cfg) -> bool:
+    """A job of hydra/launcher=joblib: it runs in a worker process of the driver's pool."""
+    return hydra_cfg.mode == RunMode.MULTIRUN and str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher")
+
+
 def _pin_parallel_job(hydra_cfg) -> None:
     """Under hydra/launcher=joblib, jobs run side by side: give this one its own GPUs and cores."""
-    if hydra_cfg.mode != RunMode.MULTIRUN or not str(hydra_cfg.launcher.get("_target_", "")).endswith("JoblibLauncher"):
+    if not _in_job_pool(hydra_cfg):
         return
     slot = claim_slot(Path(hydra_cfg.sweep.dir), int(hydra_cfg.launcher.n_jobs))
     print(slot.describe(), flush=True)
@@ -161,6 +172,19 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
         command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
+def exit_stopped_sweep(signum: int) -> None:
+    """Ctrl-C reached the driver of a sweep whose jobs run in other processes (joblib's pool, submitit's tasks):
+    its launcher stopped them, each keeping its last complete checkpoint. Says, once, the command that continues the
+    sweep. Returns when no sweep runs (Ctrl-C while composing, a single run's driver)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    wait_for_local_jobs()
+    command = resume_command(Path(HydraConfig.get().sweep.dir).absolute(), sys.argv)
+    print(f"\nstopped by {signal.Signals(signum).name}; the sweep's running jobs are stopped, each keeps its last "
+          f"complete checkpoint.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 
 

@@ -8,14 +8,20 @@ import os
 import random
 import socket
 import subprocess
+import shlex
 import shutil
+import signal
 import sys
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, read_scalars, run_dirs, run_train
+from conftest import (REPO, TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, processes_tagged, read_scalars,
+                      run_dirs, run_train)
 from framework.process.slurm import _PORTS
 
 
@@ -144,6 +150,135 @@ def test_joblib_runs_two_ddp_jobs_at_once_each_on_its_own_cores(tmp_path):
     if cores >= 2:
         assert f"{cores // 2} CPU core(s)" in out
 
+
+# Tiny jobs on random images, a checkpoint every 4 steps: a sweep is stopped once a job finished and another has a
+# checkpoint, then run again into its folder.
+STOPPABLE_SWEEP = ["-m", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
+                   "trainer.batch_size=32", "trainer.log_every_n_steps=4", "trainer.checkpoint_every_n_steps=4"]
+
+
+def _job_state(job: Path) -> str:
+    if (job / "result.json").exists():
+        return "finished"
+    return "stopped" if list((job / "checkpoints").glob("step-*.json")) else "fresh"
+
+
+def _stopped_early(job: Path) -> bool:
+    """Not finished, with a checkpoint of step 4 or 8 and none later."""
+    steps = [int(p.stem.split("-")[1]) for p in (job / "checkpoints").glob("step-*.json")]
+    return _job_state(job) == "stopped" and max(steps, default=0) <= 8
+
+
+def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None = None) -> subprocess.Popen:
+    """Start the sweep's driver in a session of its own (as a terminal's foreground group), its output in files;
+    once a job finished and another has a checkpoint, stop it: Ctrl-C (SIGINT to the whole group, as a terminal
+    sends it) or SIGKILL of the driver alone. The checkpointed job has one checkpoint (step 4) or two: far enough
+    from its end that it cannot finish before the stop."""
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **(env or {})},
+                            stdout=(cwd / "first.out").open("w"), stderr=(cwd / "first.err").open("w"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        jobs = run_dirs(cwd)
+        if "finished" in map(_job_state, jobs) and any(map(_stopped_early, jobs)):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep ended before it could be stopped"
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    proc.wait(timeout=60)
+    return proc
+
+
+def _assert_nothing_left(tag: str, driver: int) -> None:
+    """No process of the run is left (within a few seconds), nor a file of its pool's in /dev/shm or the temp folder."""
+    deadline = time.monotonic() + 10
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_tagged(tag), "processes of the stopped sweep are left running"
+    left = [name for folder in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(folder)
+            for name in os.listdir(folder) if f"-{driver}-" in name or f"_{driver}_" in name]
+    assert not left, left
+
+
+def _resume_args(proc: subprocess.Popen, cwd: Path, args: list[str], sweep_dir: Path) -> list[str]:
+    """After Ctrl-C, the command the driver printed (once); after SIGKILL, the user names the folder."""
+    if proc.returncode == -signal.SIGKILL:
+        return [*pin_accelerator(args), f"hydra.sweep.dir={sweep_dir}"]
+    err = (cwd / "first.err").read_text()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    [line] = [line for line in err.splitlines() + (cwd / "first.out").read_text().splitlines() if "To resume" in line]
+    command = shlex.split(line.removeprefix("To resume: "))
+    assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
+    return command[2:]
+
+
+def _assert_resumed_as_it_was_left(out: str, before: dict[Path, str], results: dict[Path, str]) -> None:
+    """Finished jobs are reported (not trained again), stopped ones resume from their checkpoint and train to their
+    last step, the rest run."""
+    for job, state in before.items():
+        if state == "finished":
+            assert f"job {job.name.split('_')[0]} finished before in {job}: not trained again" in out
+            assert (job / "result.json").read_text() == results[job]
+        elif state == "stopped":
+            assert f"resumed from {job}/checkpoints/step-" in out
+            max_steps = yaml.safe_load((job / "resolved_config.yaml").read_text())["trainer"]["max_steps"]
+            assert max(losses_by_step(job)) == max_steps
+        else:
+            assert f"run folder {job}" in out
+
+
+def _stopped_state(tmp_path: Path, proc: subprocess.Popen, tag: str) -> tuple[Path, dict, dict]:
+    """After the stop: nothing left running; the sweep folder, each job's state, the finished jobs' result.json."""
+    _assert_nothing_left(tag, proc.pid)
+    jobs = run_dirs(tmp_path)
+    before = {job: _job_state(job) for job in jobs}
+    assert {"finished", "stopped"} <= set(before.values()), before
+    results = {job: (job / "result.json").read_text() for job, state in before.items() if state == "finished"}
+    return jobs[0].parent, before, results
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_a_stopped_joblib_sweep_leaves_no_process_and_resumes_into_its_folder(tmp_path, sig):
+    """Ctrl-C reaches the driver only (the pool's workers live in sessions of their own): joblib stops every worker
+    with its processes, the driver says the resume command once and exits 130. After a SIGKILL of the driver its
+    workers end their jobs themselves (framework/process/pool_worker.py)."""
+    args = [*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=single",
+            "trainer.max_steps=64", "trainer.seed=1,2,3,4"]
+    tag = uuid.uuid4().hex
+    proc = _stop_sweep(args, tmp_path, sig, tag)
+    sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
+    again = _resume_args(proc, tmp_path, args, sweep_dir)
+    assert "Traceback" not in (tmp_path / "first.err").read_text()
+
+    out = check_ok(run_train(again, tmp_path, timeout=180))
+    _assert_resumed_as_it_was_left(out, before, results)
+    assert [(r["job"], r["status"]) for r in _summary_rows(sweep_dir)] == [(str(n), "ok") for n in range(4)]
+
+
+def test_a_stopped_submitit_sweep_stops_its_tasks_and_resumes_into_its_folder(tmp_path):
+    """Ctrl-C of a sweep of 2-task ddp jobs under submitit_local: every job's tasks end before the driver, which says
+    the resume command once. Run again, rank 0 of the finished job tells its other task there is nothing to do (it
+    waited for rank 0's payload before, so finished jobs trained again), the stopped job resumes."""
+    args = [*STOPPABLE_SWEEP, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
+            "trainer.max_steps=8,64"]
+    tag = uuid.uuid4().hex
+    # submitit's tasks are fresh interpreters (python -m submitit.core._submit): this checkout's code, not an
+    # installed copy's
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag, env)
+    sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
+    first_logs = set((sweep_dir / ".submitit").rglob("*_log.*"))
+
+    again = check_ok(run_train(_resume_args(proc, tmp_path, args, sweep_dir), tmp_path, timeout=180, env=env))
+    logs = {p: p.read_text() for p in set((sweep_dir / ".submitit").rglob("*_log.*")) - first_logs}
+    _assert_resumed_as_it_was_left("".join(text for p, text in logs.items() if p.name.endswith("_0_log.out")),
+                                   before, results)
+    assert not any("error" in text or "Traceback" in text for text in logs.values()), logs
+    assert [(r["job"], r["status"]) for r in _summary_rows(sweep_dir)] == [("0", "ok"), ("1", "ok")]
+    assert "sweep summary" in again
 
 def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp_path):
     # The preset's study (TPE, seed 42), narrowed to one parameter: grad_accum=3 does not divide batch 64, so

@@ -68,16 +68,18 @@ def _channel():
     return _HorovodChannel() if outer_launcher() == HOROVOD else _TorchChannel()
 
 
-def publish_to_followers(payload=None, error: str | None = None) -> None:
-    """Rank 0: the payload for the other ranks, or the config error that ends them."""
+def publish_to_followers(payload=None, error: str | None = None, finished: str | None = None) -> None:
+    """Rank 0: the payload for the other ranks, the config error that ends them, or the run folder of a sweep's job
+    that finished there before (nothing to do: they return)."""
+    message = {"error": error} if error is not None else {"finished": finished} if finished else {"payload": payload}
     try:
         channel = _channel()
         _published.append(True)
-        channel.publish({"error": error} if error is not None else {"payload": payload})
-        if error is not None:
+        channel.publish(message)
+        if "payload" not in message:  # rank 0 returns now, and may host the store that dies with it
             channel.wait_until_received()
     except Exception as exc:  # the others then time out on their own; the error was said already
-        if error is None:
+        if "payload" in message:
             raise
         print(f"warning: the other ranks could not be told ({exc})", file=sys.stderr, flush=True)
 
@@ -87,5 +89,5 @@ def published() -> bool:
 
 
 def receive_from_rank0() -> dict:
-    """Ranks > 0: rank 0's message, {"payload": ...} or {"error": ...} (waiting for it)."""
+    """Ranks > 0: rank 0's message, {"payload": ...}, {"error": ...} or {"finished": <run folder>} (waiting for it)."""
     return _channel().receive()

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import random
+import time
+from pathlib import Path
 
 # Every task of a job computes the same port from the job id, without talking to the others (as submitit's
 # TorchDistributedEnvironment does); different jobs, e.g. the jobs of an array on one node, get different ports.
 _PORTS = (20000, 60000)
+LOCAL_CONTROLLER = b"submitit.local._local"  # the module submitit_local runs per job, which starts its tasks
 
 
 def _scheduler_job():
@@ -63,3 +66,24 @@ def in_submitit_task() -> bool:
 def scheduler_name() -> str | None:
     """'slurm' or 'local' (submitit_local) once adopt_scheduler_ranks() mapped this task to a rank."""
     return os.environ.get("HYDRA_DIST_SCHEDULER_RANKS")
+
+
+def wait_for_local_jobs(timeout: float = 10.0) -> None:
+    """A submitit_local sweep's driver, stopped by Ctrl-C: each job's controller (its child, which the terminal's
+    SIGINT reached too) stops its tasks (SIGINT, then SIGKILL a second later) and exits; wait for that, so that
+    nothing of the sweep outlives the command."""
+    deadline = time.monotonic() + timeout
+    while _local_controllers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _local_controllers() -> list[int]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == os.getpid() and LOCAL_CONTROLLER in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+    return found
