@@ -18,7 +18,8 @@ from framework.evaluate import eval_main as evaluate
 from framework.follower import follow_rank0
 from framework.launch.outer import publish_to_followers, published
 from framework.process.clean_exit import exit_now, quick_exit
-from framework.process.environment import env_rank, launched_externally, take_local_rank_argument
+from framework.process.environment import (env_rank, import_path_for_children, launched_externally,
+                                           take_local_rank_argument)
 from framework.process.slurm import adopt_scheduler_ranks
 from framework.paths import CONF_DIR
 from framework.run import exit_stopped_sweep, run
@@ -74,7 +75,8 @@ def _main() -> None:
             code = 128 + signal.SIGINT
         exit_now(code)  # see framework/process/clean_exit.py
     try:
-        _run_app(train_app)
+        with import_path_for_children():  # a sweep's submitit tasks are fresh interpreters: they run this code too
+            _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         _config_error(composition_error_line(exc), external)
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)

@@ -72,9 +72,9 @@ def run(cfg: DictConfig) -> float | None:
             return None
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
-        _exit_interrupted(signal.SIGINT, run_dir, hydra_cfg)
+        return _exit_interrupted(signal.SIGINT, run_dir, hydra_cfg)
     except Interrupted as exc:
-        _exit_interrupted(exc.signum, run_dir, hydra_cfg)
+        return _exit_interrupted(exc.signum, run_dir, hydra_cfg)
 
 
 def multirun_refusal() -> str:
@@ -163,6 +163,7 @@ def _report(result: RunResult, run_dir: Path, hydra_cfg) -> float:
 
 
 def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
+    """Says what stopped and what is kept, then exits 128 + signum (a joblib pool's job returns instead)."""
     name = signal.Signals(signum).name
     checkpoint = newest_valid(run_dir / CHECKPOINT_DIR, warn=lambda m: None)
     command = shlex.join(["python", "train.py", *_config_options(hydra_cfg), *_kept_overrides(hydra_cfg),
@@ -171,6 +172,11 @@ def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
             else "no checkpoint had been written yet, so a resumed run starts over")
     if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
         command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
+    if _in_job_pool(hydra_cfg):
+        # A pool worker's job, stopped by its driver (the resumable Optuna sweeper), which says the command once.
+        # It returns: an exception out of one job makes joblib kill every worker, cutting the others' stops short.
+        print(f"\nstopped by {name}; all workers are stopped; {kept}.", file=sys.stderr, flush=True)
+        return None
     print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 

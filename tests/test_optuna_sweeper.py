@@ -111,7 +111,8 @@ def test_ctrl_c_with_two_trials_running_side_by_side_stops_both_and_the_sweep_re
     assert proc.returncode == 128 + signal.SIGINT, out
     sweep_dir = run_dirs(tmp_path)[0].parent
     assert [(e["job"], e["state"]) for e in record_lines(sweep_dir)] == [(0, "RUNNING"), (1, "RUNNING")]
-    [command] = {line.removeprefix("To resume: ") for line in out.splitlines() if line.startswith("To resume: ")}
+    assert out.count("stopped by SIGINT; all workers are stopped; the last complete checkpoint is ") == 2
+    [command] = [line.removeprefix("To resume: ") for line in out.splitlines() if line.startswith("To resume: ")]
 
     proc = run_train(shlex.split(command)[2:], tmp_path, timeout=300)
     out = check_ok(proc) + proc.stderr

@@ -62,3 +62,6 @@ class ClaimRunFolder(Callback):
                 config.hydra.overrides.hydra.append(f"hydra.sweep.dir={claimed}")
             with read_write(config.hydra.sweep):
                 config.hydra.sweep.dir = str(claimed)
+            # HydraConfig holds a copy: without this the driver's ${now:...} would resolve again, to a later second
+            # (what a stopped joblib sweep's resume command reads)
+            HydraConfig.instance().set_config(config)

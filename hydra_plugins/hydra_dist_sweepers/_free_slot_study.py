@@ -49,14 +49,16 @@ class FreeSlotStudy(OptunaSweeperImpl):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         record = TrialRecord(sweep_dir)
         past = record.last_by_job()
+        # Optuna 2.x calls add_trial, create_trial and enqueue_trial "experimental" (stable since 3.0)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        if past:  # a seeded sampler would draw the first run's parameters again for the new trials
+            self.sampler.reseed_rng()
         study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=self.sampler,
                                     directions=directions, load_if_exists=True)
         finished = [entry for entry in past.values() if is_finished(entry)]
         if self.storage is None:  # a new study in memory: give it what the sweep's earlier trials found
-            with warnings.catch_warnings():  # add_trial is "experimental" in Optuna 2.x, stable since 3.0
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                for entry in finished:
-                    study.add_trial(frozen_trial(entry))
+            for entry in finished:
+                study.add_trial(frozen_trial(entry))
         stopped = [(number, entry) for number, entry in past.items() if not is_finished(entry)]
         new = max(0, self.n_trials - len(finished) - len(stopped))
         slots = self._slots()
