@@ -89,6 +89,21 @@ def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None =
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str]:
+    """Start a sweep of jobs that log every step and checkpoint every 2; once the first job is done and the second
+    is past step 3 (its step-2 checkpoint written), send sig to the driver. Returns the ended process and stderr."""
+    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finished = 0
+    for line in proc.stdout:
+        finished += line.startswith("done:")
+        if finished == 1 and " step 3/" in line:
+            break
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc, err
+
+
 def check_ok(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout

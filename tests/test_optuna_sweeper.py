@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import TRAIN, check_ok, losses_by_step, pin_accelerator, run_dirs, run_train
+from conftest import TRAIN, check_ok, losses_by_step, pin_accelerator, run_dirs, run_train, stop_in_second_job
 
 RECORD = "optuna_trials.jsonl"
 
@@ -35,15 +35,7 @@ def summary_rows(sweep_dir) -> list[dict]:
 def test_an_optuna_sweep_stopped_in_a_trial_continues_its_study_to_n_trials(tmp_path, sig):
     args = study_args("hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=0", "optimizer.lr=interval(0.01,0.1)",
                       "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=2")
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    finished = 0
-    for line in proc.stdout:
-        finished += line.startswith("done:")
-        if finished == 1 and " step 3/" in line:  # trial 1 is training, its step-2 checkpoint written
-            break
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    proc, err = stop_in_second_job(args, tmp_path, sig)
     job0, job1 = run_dirs(tmp_path)
     sweep_dir = job0.parent
     assert [(e["job"], e["state"]) for e in record_lines(sweep_dir)] == [(0, "RUNNING"), (0, "COMPLETE"), (1, "RUNNING")]

@@ -2,17 +2,15 @@
 seed sweep's mean ± sd per config (table, csv and TensorBoard's HParams)."""
 import csv
 import json
-import os
 import shlex
 import signal
 import statistics
-import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, read_scalars, run_dirs, run_train
+from conftest import (TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, read_scalars, run_dirs, run_train,
+                      stop_in_second_job)
 from framework.errors import ConfigError
 from framework.results.result_file import write_result
 from framework.results.sweep_resume import finished_before
@@ -160,15 +158,7 @@ def test_a_stopped_sweep_run_again_into_its_folder_reports_finished_jobs_and_res
     args = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
             "trainer.batch_size=32", "trainer.max_steps=8", "trainer.log_every_n_steps=1",
             "trainer.checkpoint_every_n_steps=2", "trainer.seed=1,2,3"]
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    finished = 0
-    for line in proc.stdout:
-        finished += line.startswith("done:")
-        if finished == 1 and " step 3/" in line:  # job 1 is training, its step-2 checkpoint written
-            break
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    proc, err = stop_in_second_job(args, tmp_path, sig)
     job0, job1 = run_dirs(tmp_path)
     sweep_dir = job0.parent
     if sig == signal.SIGINT:
