@@ -163,17 +163,18 @@ def _job_state(job: Path) -> str:
     return "stopped" if list((job / "checkpoints").glob("step-*.json")) else "fresh"
 
 
-def _stopped_early(job: Path) -> bool:
-    """Not finished, with checkpoints from the first half of a 64-step job only (a job started beside the one that
-    finished is near step 8 then; a quiet machine gets there in a fraction of a second)."""
+def _stopped_early(job: Path, by_step: int) -> bool:
+    """Not finished, with checkpoints up to by_step only (the first half of the long job: a job started beside the
+    one that finished is near that one's end then, and the window must last longer than a poll on a busy machine)."""
     steps = [int(p.stem.split("-")[1]) for p in (job / "checkpoints").glob("step-*.json")]
-    return _job_state(job) == "stopped" and max(steps, default=0) <= 32
+    return _job_state(job) == "stopped" and max(steps, default=0) <= by_step
 
 
-def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None = None) -> subprocess.Popen:
+def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None = None,
+                stop_by_step: int = 32) -> subprocess.Popen:
     """Start the sweep's driver in a session of its own (as a terminal's foreground group), its output in files;
     once a job finished and another has a checkpoint, stop it: Ctrl-C (SIGINT to the whole group, as a terminal
-    sends it) or SIGKILL of the driver alone. The checkpointed job is in the first half of its 64 steps: far enough
+    sends it) or SIGKILL of the driver alone. The checkpointed job is in the first half of its steps: far enough
     from its end that it cannot finish before the stop."""
     proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **(env or {})},
@@ -181,7 +182,7 @@ def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         jobs = run_dirs(cwd)
-        if "finished" in map(_job_state, jobs) and any(map(_stopped_early, jobs)):
+        if "finished" in map(_job_state, jobs) and any(_stopped_early(job, stop_by_step) for job in jobs):
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the sweep ended before it could be stopped"
@@ -264,10 +265,10 @@ def test_a_stopped_submitit_sweep_stops_its_tasks_and_resumes_into_its_folder(tm
     the resume command once. Run again, rank 0 of the finished job tells its other task there is nothing to do (it
     waited for rank 0's payload before, so finished jobs trained again), the stopped job resumes."""
     args = [*STOPPABLE_SWEEP, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
-            "trainer.max_steps=8,64"]
+            "trainer.max_steps=8,96"]  # 96 steps: 3 epochs of 32
     tag = uuid.uuid4().hex
     env = {}
-    proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag, env)
+    proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag, env, stop_by_step=48)
     sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
     first_logs = set((sweep_dir / ".submitit").rglob("*_log.*"))
 
