@@ -164,20 +164,21 @@ def _report(result: RunResult, run_dir: Path, hydra_cfg) -> float:
 
 def _exit_interrupted(signum: int, run_dir: Path, hydra_cfg) -> None:
     """Says what stopped and what is kept, then exits 128 + signum (a joblib pool's job returns instead)."""
-    name = signal.Signals(signum).name
     checkpoint = newest_valid(run_dir / CHECKPOINT_DIR, warn=lambda m: None)
-    command = shlex.join(["python", "train.py", *_config_options(hydra_cfg), *_kept_overrides(hydra_cfg),
-                          f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
     kept = (f"the last complete checkpoint is {checkpoint.path} (step {checkpoint.step})" if checkpoint
             else "no checkpoint had been written yet, so a resumed run starts over")
-    if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
-        command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
+    stopped = f"\nstopped by {signal.Signals(signum).name}; all workers are stopped; {kept}."
     if _in_job_pool(hydra_cfg):
         # A pool worker's job, stopped by its driver (the resumable Optuna sweeper), which says the command once.
         # It returns: an exception out of one job makes joblib kill every worker, cutting the others' stops short.
-        print(f"\nstopped by {name}; all workers are stopped; {kept}.", file=sys.stderr, flush=True)
+        print(stopped, file=sys.stderr, flush=True)
         return None
-    print(f"\nstopped by {name}; all workers are stopped; {kept}.\nTo resume: {command}", file=sys.stderr, flush=True)
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # finished jobs are reported, this one resumes, the rest run
+        command = resume_command(Path(hydra_cfg.sweep.dir).absolute(), sys.argv)
+    else:
+        command = shlex.join(["python", "train.py", *_config_options(hydra_cfg), *_kept_overrides(hydra_cfg),
+                              f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
+    print(f"{stopped}\nTo resume: {command}", file=sys.stderr, flush=True)
     sys.exit(128 + signum)
 
 
