@@ -127,15 +127,12 @@ def slot_holders(sweep_dir: Path) -> list[int]:
     return holders
 
 
-def interrupt_slot_holders(sweep_dir: Path) -> list[int]:
-    """Ctrl-C for the jobs running in this sweep's slots, where the terminal's did not reach them (processes in
-    another process group: each stops as on Ctrl-C, keeping a checkpoint of the step it was at). Returns the pids."""
-    told = []
+def interrupt_slot_holders(sweep_dir: Path) -> None:
+    """Ctrl-C for the jobs running in this sweep's slots, which the terminal's does not reach (each pool worker lives
+    in a session of its own: framework/process/pool_worker.py); each stops as on Ctrl-C, with a checkpoint of the
+    step it was at."""
     for pid in slot_holders(sweep_dir):
         try:
-            if os.getpgid(pid) != os.getpgrp():
-                os.kill(pid, signal.SIGINT)
-                told.append(pid)
+            os.kill(pid, signal.SIGINT)
         except ProcessLookupError:  # ended meanwhile
             pass
-    return told
