@@ -66,15 +66,15 @@ def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task
     model = apply_speedups(task.model, task.channels_last, group.device, move=not strategy.moves_model_itself,
                            checkpointed=modules.recomputed if t.activation_checkpointing else (),
                            compiled=modules.compiled if t.compile else ())
-    workers = group.world_size * len(group.devices)  # processes x the GPUs each drives (dp's replicas)
+    workers = group.dp_size * len(group.devices)  # data-parallel processes x the GPUs each drives (dp's replicas)
     return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers), group)
 
 
 def test_batches(task: Task, group: ProcessGroup, num_workers: int):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
-    return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.rank,
-                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs)
+    return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.dp_rank,
+                                group.dp_size, num_workers, task.data.collate["test"], task.data.pairs)
 
 
 def example_input(data: Data) -> object:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from framework.assemble import Task, build_task
+from framework.assemble import Task, build_task, example_input
 from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
@@ -40,6 +40,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     _objective(s, task.metrics)
     _batch_split(s, strategy, len(task.data.train))
     dry_run(s, task)
+    strategy.check_forward(task.model, example_input(task.data))
     checkpoint = _resume(s, strategy, run_dir, task.data)
     _checkpoint_room(s, run_dir, task.model)
     return checkpoint

@@ -80,7 +80,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
     try:
         seed_everything(t.seed)
         task = build_task(s, group.device, strategy.channels_last_refusal)
-        data, micro_batch = task.data, t.batch_size // (group.world_size * t.grad_accum)
+        data, micro_batch = task.data, t.batch_size // (group.dp_size * t.grad_accum)
         # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
         flops = count_flops(task.model, example_input(data), micro_batch) if group.is_main else None
         wrapped = parallelize(s, strategy, group, task)
@@ -88,7 +88,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.rank, group.world_size)
+                                    group.device, micro_batch, group.dp_rank, group.dp_size)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
@@ -103,7 +103,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
             start = trainer.resume(checkpoint)
         say(f"training {s.model_name} on {s.dataset.display_name} with strategy={strategy.name}: "
             f"{group.world_size} process(es) on {group.device.type}, global batch {t.batch_size} = "
-            f"{group.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, {trainer.total_steps} steps")
+            f"{group.dp_size} x {micro_batch} per {'process' if group.dp_size == group.world_size else 'data-parallel rank'}"
+            f" x {t.grad_accum} accumulation, {trainer.total_steps} steps")
         dump = (lambda: dump_nccl_flight_recorder(group.rank)) if strategy.trainer.cuda else None
         with watch_for_stalls(t.stall_timeout, telemetry.heartbeat, run_dir, group.rank, group.world_size, say,
                               checkpointer.last_saved, before_exit=dump):
@@ -122,7 +123,8 @@ def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batc
     t = s.trainer
     clock = wait_clock(wrapped, group)
     memory = [torch.device("cuda", i) for i in group.cuda_devices]
-    meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock)
+    meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock,
+                          share=group.dp_size / group.world_size)
     devices = per_gpu(group, wrapped, micro_batch, flops, t.precision, has_convolutions(task.model),
                       t.straggler_threshold, t.straggler_intervals, t.straggler_min_gap_ms, say)
     return LoopTelemetry(meter, devices, Heartbeat(), clock)

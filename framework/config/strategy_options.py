@@ -92,6 +92,59 @@ class FSDPOptions(ElasticOptions):
         return None if self.shard_modules == "auto" else list(self.shard_modules)
 
 
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")  # torch.distributed.pipelining's schedules, by their names there
+
+
+@dataclass
+class MeshOptions(ElasticOptions):
+    """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/model_parallel/): the presets tp and pp
+    differ only in their defaults. The degrees' product is the number of workers (with nproc_per_node=null on the CPU,
+    that many gloo workers start)."""
+
+    _target_: str = "framework.strategies.model_parallel.strategy.MeshStrategy"
+    name: str = "mesh"
+    dp_replicate: int = rule(1, at_least(1))  # data-parallel replicas, each holding the whole (sharded) model
+    dp_shard: int = rule(1, at_least(1))  # data-parallel ranks FSDP2 shards parameters and optimizer state over
+    tp: int = rule(1, at_least(1))  # tensor parallel: each layer of the plan split over this many ranks
+    pp: int = rule(1, at_least(1))  # pipeline parallel: the model cut into stages on this many ranks
+    # tensor parallel: module-name pattern -> style (colwise, rowwise, sequence, ...), written in a strategy YAML of
+    # yours (examples/my_project/conf/strategy/tp_plan.yaml); empty: the model's own tensor_parallel_plan (the
+    # built-in GPT has one)
+    plan: Dict[str, str] = field(default_factory=dict)
+    # instead of a plan: {_target_: a function (model, mesh, **the other keys) that parallelizes the model over the
+    # tp mesh in place}; empty: none
+    parallelize: Dict[str, Any] = field(default_factory=dict)
+    sequence_parallel: bool = False  # the built-in plan's sequence-parallel variant (norms and residuals sharded)
+    # pipeline parallel
+    schedule: str = rule("1F1B", one_of(*SCHEDULES, allowed=", ".join(SCHEDULES)))
+    microbatches: Optional[int] = rule(None, at_least(1))  # per optimizer micro-batch; null: 2 x pp
+    stages_per_rank: Optional[int] = rule(None, at_least(1))  # virtual stages; null: 2 for Interleaved1F1B, else 1
+    split_points: Optional[List[str]] = None  # module names where a stage begins; null: the blocks cut evenly
+    reshard_after_forward: bool = True  # FSDP2 over the dp axes: free gathered parameters after forward
+
+    def check(self) -> None:
+        super().check()
+        if self.plan and self.parallelize:
+            raise SettingError("plan", self.plan, message="{key}.plan and {key}.parallelize are not allowed together: "
+                               "give a plan (module-name pattern -> style) or a parallelize function, not both")
+        if self.parallelize and "_target_" not in self.parallelize:
+            raise SettingError("parallelize", self.parallelize, "{_target_: a function (model, mesh)}, or none ({})")
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp, "pp": self.pp}
+
+    @property
+    def virtual_stages(self) -> int:
+        if self.stages_per_rank is not None:
+            return self.stages_per_rank
+        return 2 if self.schedule == "Interleaved1F1B" else 1
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.pp
+
+
 @dataclass
 class DeepSpeedOptions(ElasticOptions):
     _target_: str = "framework.strategies.deepspeed.DeepSpeedStrategy"

@@ -15,18 +15,23 @@ from framework.errors import ConfigError
 
 
 class CausalSelfAttention(nn.Module):
+    """Queries, keys and values are separate projections, and the heads are counted from their width: under tensor
+    parallel each rank's q, k and v hold whole heads of their own (n_head / tp), and proj joins them back."""
+
     def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
         super().__init__()
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.q = nn.Linear(n_embd, n_embd, bias=bias)
+        self.k = nn.Linear(n_embd, n_embd, bias=bias)
+        self.v = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.n_head, self.dropout = n_head, dropout
+        self.head_size, self.dropout = n_embd // n_head, dropout
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        b, t, _ = x.shape
+        q, k, v = (z(x).view(b, t, -1, self.head_size).transpose(1, 2) for z in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        return self.resid_dropout(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
 class Block(nn.Module):
@@ -44,6 +49,22 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # Tensor parallel (strategy=tp; framework/strategies/model_parallel/tensor_parallel.py has the styles): q, k, v and
+    # the MLP's first layer split by output (each rank its own heads and hidden units), proj and the MLP's second
+    # layer by input, so a block's two all-reduces are its only communication. Embeddings, norms and the tied head
+    # stay whole on every rank (small for a character vocabulary).
+    tensor_parallel_plan = {"blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise",
+                            "blocks.*.attn.proj": "rowwise", "blocks.*.mlp.0": "colwise", "blocks.*.mlp.2": "rowwise"}
+    # strategy.sequence_parallel=true: between the blocks' layers the residual stream is split along the sequence
+    # (norms run on 1/tp of the positions; all-reduces become reduce-scatter + all-gather)
+    sequence_parallel_plan = {
+        "blocks.0": "shard_sequence", "blocks.*.ln_1": "sequence", "blocks.*.ln_2": "sequence",
+        "blocks.*.attn": "gather_sequence", "blocks.*.mlp": "gather_sequence",
+        "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise",
+        "blocks.*.attn.proj": "rowwise_to_sequence", "blocks.*.mlp.0": "colwise",
+        "blocks.*.mlp.2": "rowwise_to_sequence",
+        "ln_f": "sequence", "head": "gather_sequence"}
+
     def __init__(self, in_shape, num_classes: int, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
                  dropout: float = 0.0, bias: bool = False):
         super().__init__()
@@ -61,10 +82,16 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.head = nn.Linear(n_embd, num_classes, bias=False)
         self.head.weight = self.wte.weight  # weight tying
+        self.n_head = n_head
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
             if name.endswith(("proj.weight", "mlp.2.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    def tp_divisible(self, sequence_parallel: bool) -> dict[str, int]:
+        """Counts tensor parallel splits, by the key that sets each: every rank takes whole heads (and, split along
+        the sequence, whole positions)."""
+        return {"model.n_head": self.n_head, **({"dataset.block_size": self.block_size} if sequence_parallel else {})}
 
     @staticmethod
     def _init_weights(module):
@@ -76,11 +103,17 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        x = self.drop(self.wte(idx) + self.wpe(torch.arange(t, device=idx.device)))
+        # A pipeline stage holds some of the modules; those of other stages are None (docs/model-parallel.md): the
+        # first stage takes token ids, the others the hidden states of the one before.
+        x = idx
+        if self.wte is not None:
+            x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)))
         for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+            if block is not None:
+                x = block(x)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return self.head(x) if self.head is not None else x
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

@@ -6,8 +6,8 @@
     parallelize() what the loop trains: the model in the engine's wrapper, its optimizer, the precision that runs
                   backward and the step, the checkpoint IO (a Wrapped, framework/training/engine.py)
 
-and what the driver asks before any worker starts: validate(), check_model(model), save_settings(run_dir),
-checkpoint_format. A strategy is built from its own typed options (`Options`, a dataclass in
+and what the driver asks before any worker starts: validate(), check_model(model), check_forward(model, example),
+save_settings(run_dir), checkpoint_format. A strategy is built from its own typed options (`Options`, a dataclass in
 framework/config/strategy_options.py or the user's package) and the few trainer settings an engine must agree with
 (EngineSettings: precision, batch, accumulation, clipping, compile, cuda). join() and parallelize() are abstract:
 a strategy that forgets one cannot be built, and so is a process group that forgets a collective.
@@ -59,6 +59,10 @@ class Strategy(ABC):
 
     def check_model(self, model: nn.Module) -> None:
         """Raise ConfigError when this strategy's options do not fit the model (built once in the driver)."""
+
+    def check_forward(self, model: nn.Module, example) -> None:
+        """Raise ConfigError when the model's forward cannot run the way this engine runs it (pipeline stages), given
+        `example`, a batch of one real input as the model takes it (in the driver, after the dry run)."""
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """The blocks trainer.activation_checkpointing recomputes one at a time (framework/models/blocks.py), and

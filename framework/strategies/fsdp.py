@@ -8,10 +8,8 @@ import contextlib
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -23,6 +21,7 @@ from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_units import tied_parameters, without_tied
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
+from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
 from framework.training.speedups import SpeedupModules
@@ -148,24 +147,16 @@ class DcpCheckpoints(CheckpointIO):
         super().__init__(rank, world_size, cuda_devices)
         self.cpu_offload = cpu_offload
 
-    @staticmethod
-    def _state(model: nn.Module, optimizer) -> dict:
-        """This rank's shards of model and optimizer state (DTensors), keyed by parameter name."""
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        return {"model": model_state, "optimizer": optimizer_state}
-
     def full_model_state(self, module: nn.Module) -> dict | None:
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_main else None
 
     def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
-        dcp.save(self._state(model, optimizer), checkpoint_id=str(folder / tag))
+        save_sharded(sharded_state(model, optimizer), folder / tag)
 
     def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
         """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""
-        state = self._state(model, optimizer)
-        dcp.load(state, checkpoint_id=str(folder / tag))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        load_sharded(model, optimizer, folder / tag)
 
     def restore_file(self, state: dict, module: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
         """A single-file checkpoint holds the full model and a plain optimizer state dict (parameters by index, in

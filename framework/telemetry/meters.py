@@ -2,6 +2,10 @@
 
 A slot is one GPU's share (a ddp rank, or a dp replica). At a log boundary every process
 contributes one row per slot; rows are gathered in rank order, so row r is `rank{r}` in TensorBoard.
+
+Model parallel peers (tensor, pipeline) train the same samples together: each counts its `share` of them (1 / the
+peers), so the rows add up to the samples trained, each rank's FLOP/s is its own share of the model's, and the loss
+(a mean over the same samples on every peer) is unchanged.
 """
 from __future__ import annotations
 
@@ -13,15 +17,17 @@ from dataclasses import dataclass
 import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-           "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens")
+           "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens",
+           "comm_seconds")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
- MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS) = range(len(COLUMNS))
+ MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS, COMM_SECONDS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
     def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device],
-                 wait_clock=None):
+                 wait_clock=None, share: float = 1.0):
         self.slot_sizes = slot_sizes
+        self.share = share  # of each sample this process counts (model parallel peers share their samples)
         self.device = device
         self.memory_devices = memory_devices
         # framework/telemetry/wait_clock.py (one wait per process) or replica_clock.py (dp: one per replica, and each replica's
@@ -49,16 +55,16 @@ class IntervalMeter:
 
     def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
         if len(self.slot_sizes) == 1:
-            self.loss_sum += per_sample_loss.detach().sum()
+            self.loss_sum += per_sample_loss.detach().sum() * self.share
         else:
             self.loss_sum += torch.stack([c.sum() for c in per_sample_loss.detach().split(self.slot_sizes)])
-        self.samples += per_sample_loss.numel()
+        self.samples += per_sample_loss.numel() * self.share
 
     def add_tokens(self, count) -> None:
         """A micro-batch's tokens (a number or a tensor on the device: no sync), shared by its slots by their size
         (dp: the step sees the whole process's batch)."""
         self.counts_tokens = True
-        self.tokens += self.token_shares * count
+        self.tokens += self.token_shares * (count * self.share)
 
     def add_data_time(self, seconds: float) -> None:
         self.data_seconds += seconds
@@ -89,6 +95,9 @@ class IntervalMeter:
         phases = self.wait_clock.phases(n) if self.wait_clock else None
         rows[:, FORWARD_SECONDS] = torch.as_tensor(phases["forward"], dtype=torch.float64) if phases else math.nan
         rows[:, BACKWARD_SECONDS] = torch.as_tensor(phases["backward"], dtype=torch.float64) if phases else math.nan
+        # pipeline parallel: the time its stage spent receiving (framework/telemetry/pipeline_clock.py)
+        comm = getattr(self.wait_clock, "comm", None)
+        rows[:, COMM_SECONDS] = comm(n) if comm else math.nan
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -127,6 +136,8 @@ class IntervalSummary:
     # where the step counts tokens (StepOutput.tokens): each slot's tokens per second; else empty
     per_slot_tokens_per_sec: list[float] = dataclasses.field(default_factory=list)
     tokens: float = math.nan
+    # pipeline parallel: each stage's communication per optimizer step (busy is then its compute); NaN elsewhere
+    per_slot_comm_ms: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def tokens_per_sec(self) -> float:
@@ -142,8 +153,8 @@ class IntervalSummary:
         samples = rows[:, SAMPLES]
         seconds = rows[:, SECONDS].clamp_min(1e-12)
         steps = int(rows[0, STEPS])
-        wait = rows[:, WAIT_SECONDS]
-        busy = (seconds - wait.nan_to_num(0.0)).clamp_min(1e-12)
+        wait, comm = rows[:, WAIT_SECONDS], rows[:, COMM_SECONDS]
+        busy = (seconds - wait.nan_to_num(0.0) - comm.nan_to_num(0.0)).clamp_min(1e-12)
         return IntervalSummary(
             steps=steps,
             samples=float(samples.sum()),
@@ -164,4 +175,5 @@ class IntervalSummary:
             per_slot_backward_ms=(rows[:, BACKWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
             per_slot_tokens_per_sec=(rows[:, TOKENS] / seconds).tolist() if not rows[:, TOKENS].isnan().any() else [],
             tokens=float(rows[:, TOKENS].sum()),
+            per_slot_comm_ms=(comm * 1000 / max(1, steps)).tolist(),
         )

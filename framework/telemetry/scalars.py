@@ -2,6 +2,8 @@
 logger alike: TensorBoard, MLflow and CSV log the same names."""
 from __future__ import annotations
 
+import math
+
 from framework.telemetry.meters import IntervalSummary
 
 
@@ -29,8 +31,11 @@ def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | N
         scalars[f"time/busy_ms/rank{r}"] = busy
         if wait == wait:  # NaN: this strategy cannot see its waits
             scalars[f"time/wait_ms/rank{r}"] = wait
+        comm = s.per_slot_comm_ms[r] if s.per_slot_comm_ms else math.nan
+        if comm == comm:  # pipeline parallel only
+            scalars[f"time/comm_ms/rank{r}"] = comm
         forward, backward = s.per_slot_forward_ms[r], s.per_slot_backward_ms[r]
-        if forward == forward:  # dp replicas only
+        if forward == forward:  # dp replicas, pipeline stages
             scalars[f"time/forward_ms/rank{r}"] = forward
             scalars[f"time/backward_ms/rank{r}"] = backward
         if busy > 0:

@@ -9,7 +9,9 @@ gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU th
 nvidia-ml-py is installed; read at log boundaries only), and the
 run's hyperparameters with its final metrics for the HParams tab; model/summary (Text tab): parameters per module. The x axis is the optimizer step.
 Per GPU (framework/telemetry/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
-the strategy measures it), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU),
+the strategy measures it; pipeline parallel: the stage's bubble), time/comm_ms/rank{r} (pipeline parallel: the
+stage's communication), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU; pipeline
+parallel: each stage's compute),
 throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
 (GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text.
 The Custom Scalars tab shows one chart per per-rank metric with every rank as its own line (PER_RANK_CHARTS).
@@ -30,8 +32,9 @@ PER_RANK_CHARTS = {
     "time": [
         ("busy ms per step per rank", r"^time/busy_ms/rank\d+$"),
         ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
-        ("forward ms per step per dp replica (on its GPU)", r"^time/forward_ms/rank\d+$"),
-        ("backward ms per step per dp replica (on its GPU)", r"^time/backward_ms/rank\d+$"),
+        ("communication ms per step per pipeline stage", r"^time/comm_ms/rank\d+$"),
+        ("forward ms per step per dp replica or pipeline stage", r"^time/forward_ms/rank\d+$"),
+        ("backward ms per step per dp replica or pipeline stage", r"^time/backward_ms/rank\d+$"),
         ("straggler busy ratio (rank's busy time / median)", r"^stragglers/busy_ratio/rank\d+$"),
     ],
     "throughput": [

@@ -13,6 +13,7 @@ from torch import nn
 
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import restore_progress
+from framework.training.dcp import load_sharded
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class CheckpointFormat:
     reshards: bool = True  # its checkpoints load into another world size (False: the driver refuses that)
 
 
-FILE = CheckpointFormat("file", ("file",))
+FILE = CheckpointFormat("file", ("file", "dcp"))  # reads a sharded engine's DCP checkpoint too, every rank all of it
 
 
 class CheckpointIO:
@@ -70,5 +71,7 @@ class CheckpointIO:
         raise NotImplementedError(f"{self.format.name} checkpoints are single files")
 
     def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Every rank (sharded formats): load model and optimizer shards from folder/tag."""
-        raise NotImplementedError(f"{self.format.name} checkpoints are single files")
+        """Every rank: model and optimizer from a sharded (DCP) checkpoint folder/tag (framework/training/dcp.py; fsdp
+        and the mesh engines write them); here each rank loads every parameter whole, into the module inside its
+        engine's wrapper (DDP, DataParallel)."""
+        load_sharded(getattr(model, "module", model), optimizer, folder / tag)

@@ -4,6 +4,7 @@ protocols the loop asks for (isinstance), never base methods that do nothing."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ContextManager, Protocol, runtime_checkable
@@ -12,7 +13,9 @@ import torch
 from torch import nn
 
 from framework.training.checkpoint_io import CheckpointIO
+from framework.training.metrics import per_sample_losses
 from framework.training.precision import Precision
+from framework.training.step import StepOutput
 
 
 class ProcessGroup(ABC):
@@ -24,6 +27,9 @@ class ProcessGroup(ABC):
                  devices: list[torch.device] | None = None):
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
         self.devices = list(devices or [device])  # every device this process trains on (dp: one per replica)
+        # This rank's place among the data-parallel ranks, which the data is sharded over: every rank, except where
+        # model parallel peers (tensor, pipeline) share one shard of the data (framework/strategies/model_parallel/)
+        self.dp_rank, self.dp_size = rank, world_size
 
     @property
     def is_main(self) -> bool:
@@ -116,6 +122,36 @@ class SlotSplit(Protocol):
     share; per-slot meters are TensorBoard's rank{r})."""
 
     def slot_sizes(self, micro_batch: int) -> list[int]: ...
+
+
+@runtime_checkable
+class OwnsForwardBackward(Protocol):
+    """An engine that runs forward and backward together (pipeline parallel: its schedule interleaves the forwards
+    and backwards of micro-batches across stages): one micro-batch of the loop through step(model, batch, loss), its
+    per-sample losses' mean / divide_by backpropagated. Returns the step's output with the per-sample losses (on every
+    rank, also those that never see the loss)."""
+
+    def forward_backward(self, step, batch, loss, divide_by: int) -> StepOutput: ...
+
+
+@runtime_checkable
+class OwnClock(Protocol):
+    """An engine that times its own waits (pipeline parallel: each stage's compute, bubble and communication), for
+    the meters (framework/training/instrument.py)."""
+
+    def wait_clock(self): ...
+
+
+def forward_backward(wrapped: Wrapped, step, batch, loss, divide_by: int) -> StepOutput:
+    """One micro-batch: forward through the step under the engine's autocast, backward of the mean per-sample loss /
+    divide_by; the step's output with its per-sample losses."""
+    if isinstance(wrapped, OwnsForwardBackward):
+        return wrapped.forward_backward(step, batch, loss, divide_by)
+    with wrapped.precision.autocast():
+        out = step(wrapped.model, batch, loss)
+    per_sample = per_sample_losses(out.loss, out.samples)
+    wrapped.precision.backward(per_sample.mean() / divide_by)
+    return dataclasses.replace(out, loss=per_sample)
 
 
 def gradient_sync(wrapped: Wrapped, on: bool) -> ContextManager:

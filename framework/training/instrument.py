@@ -9,12 +9,14 @@ from torch import nn
 from framework.telemetry.per_gpu import PerGpu, local_slots
 from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done, stop_after, timed_allreduce
-from framework.training.engine import ProcessGroup, SlotSplit, Wrapped, slot_sizes
+from framework.training.engine import OwnClock, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
 
 def wait_clock(wrapped: Wrapped, group: ProcessGroup):
     """The clock for this engine, its hooks attached (before the first forward); None where none fits."""
     model, optimizer = wrapped.model, wrapped.optimizer
+    if isinstance(wrapped, OwnClock):  # pipeline parallel: each stage's compute, bubble and communication
+        return wrapped.wait_clock()
     if isinstance(wrapped, SlotSplit):  # dp: every replica's forward and backward on its own GPU
         clock = ReplicaClock(group.devices)
         model.register_forward_pre_hook(lambda *_: clock.begin_micro_batch())  # before the replicas' own hooks

@@ -19,7 +19,7 @@ from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
 from framework.training.checkpointing import Checkpointer
-from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
+from framework.training.engine import ProcessGroup, Wrapped, forward_backward, gradient_sync
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import LrSchedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
@@ -269,11 +269,8 @@ class Trainer:
         losses, tokens = [], []
         for micro, batch in zip(range(k), batches):
             with gradient_sync(w, on=micro == k - 1):
-                with w.precision.autocast():
-                    out = self.data.step(w.model, batch, self.data.loss)
-                per_sample = per_sample_losses(out.loss, out.samples)
-                w.precision.backward(per_sample.mean() / k)
-            losses.append(per_sample.detach())
+                out = forward_backward(w, self.data.step, batch, self.data.loss, k)
+            losses.append(out.loss.detach())
             tokens.append(out.tokens)
         self.telemetry.backward_done()
         self.lr_schedule.apply(w.optimizer, step)

@@ -1,0 +1,98 @@
+"""The mesh engine's checkpoints: DCP shards (framework/training/dcp.py, fsdp's layout) of the pieces this rank holds,
+keyed by the whole model's names, so any mesh (or a single-file engine) reads them: DCP gives each reader the slices
+its own sharding needs. A tied copy's optimizer state is written under the parameter's first name, as one process
+writes it (both pipeline holders write the same values, and DCP keeps one). weights/*.pt: the whole model, gathered
+one parameter at a time and sent from each stage's first rank to rank 0."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from framework.checkpoints.position import Position
+from framework.strategies.fsdp import DCP, DcpCheckpoints
+from framework.training.dcp import load_sharded, save_sharded, sharded_state
+
+
+class MeshCheckpoints(DcpCheckpoints):
+    format = DCP
+
+    def __init__(self, rank: int, world_size: int, cuda_devices: list[int], module: nn.Module, whole: "WholeModel",
+                 canonical: dict[str, str], gathers: bool):
+        super().__init__(rank, world_size, cuda_devices, cpu_offload=False)
+        self.module = module  # the pieces this rank holds, under the whole model's names
+        self.whole = whole
+        # a name this rank holds a tied copy under -> the name checkpoints use for it (where they differ)
+        self.renamed = {held: name for held, name in canonical.items() if held != name}
+        self.gathers = gathers  # this rank's stage slice sends the whole stage to rank 0 (dp and tp coordinate 0)
+
+    def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        state = sharded_state(self.module, optimizer)
+        save_sharded({"model": state["model"], "optimizer": self._to_saved(state["optimizer"])}, folder / tag)
+
+    def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        load_sharded(self.module, optimizer, folder / tag, self._to_saved, self._from_saved)
+
+    def _to_saved(self, optimizer_state: dict) -> dict:
+        return {_renamed(key, self.renamed): value for key, value in optimizer_state.items()}
+
+    def _from_saved(self, optimizer_state: dict) -> dict:
+        back = {name: held for held, name in self.renamed.items()}
+        return {_renamed(key, back): value for key, value in optimizer_state.items()}
+
+    def full_model_state(self, module: nn.Module) -> dict | None:
+        """Every rank: each tensor made whole within its stage (a collective over tensor and data-parallel peers),
+        kept in CPU memory by the stage's first rank, gathered to rank 0."""
+        mine = {}
+        for name, tensor in self.module.state_dict().items():
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if self.gathers:
+                mine[name] = whole.detach().cpu()
+        if self.world_size == 1:
+            stages = [mine]
+        else:
+            stages = [None] * self.world_size if self.is_main else None
+            dist.gather_object(mine if self.gathers else None, stages, dst=0)
+        if not self.is_main:
+            return None
+        merged = {name: t for stage in stages if stage for name, t in stage.items()}
+        return {key: merged[key] for key in self.whole.state_keys if key in merged}
+
+    def restore_file(self, state: dict, module: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
+        """A single-file checkpoint (single, ddp): the whole model's state and its optimizer's by parameter index;
+        each rank takes what it holds, shards made by set_state_dict."""
+        held = set(self.module.state_dict())
+        names = self.whole.parameter_names
+        back = {name: held_name for held_name, name in self.renamed.items()}
+        saved = state["optimizer"]
+        by_name = {"state": {back.get(names[i], names[i]): s for i, s in saved["state"].items()
+                             if back.get(names[i], names[i]) in held},
+                   "param_groups": [{**g, "params": [back.get(names[i], names[i]) for i in g["params"]
+                                                     if back.get(names[i], names[i]) in held]}
+                                    for g in saved["param_groups"]]}
+        model_state = {key: value for key, value in state["model"].items() if key in held}
+        set_state_dict(self.module, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
+                       options=StateDictOptions(full_state_dict=True))
+        return self.progress(state)
+
+
+class WholeModel:
+    """What the whole model's state looks like, read before it is cut into stages: its state dict's keys in order
+    and its parameters' names in parameters() order (a single-file checkpoint's optimizer counts by that order)."""
+
+    def __init__(self, model: nn.Module):
+        self.state_keys = list(model.state_dict())
+        self.parameter_names = [name for name, _ in model.named_parameters()]
+
+
+def _renamed(key: str, names: dict[str, str]) -> str:
+    """A flattened optimizer key ('state.head.weight.exp_avg', 'param_groups.head.weight.lr') with its parameter
+    name replaced where `names` has it."""
+    kind, _, rest = key.partition(".")
+    for old, new in names.items():
+        if rest.startswith(old + "."):
+            return f"{kind}.{new}{rest[len(old):]}"
+    return key

@@ -1,0 +1,158 @@
+"""Pipeline stages cut by module name, as torchtitan cuts them: a model is a sequence of pieces (the root's children
+in the order they were registered, entries of a ModuleList or ModuleDict taken one by one), a split point names the
+piece a stage begins with, and a stage is the model itself with every other stage's pieces set to None, so its
+parameters keep the whole model's names (what makes a checkpoint resume on another mesh). The contract a model keeps
+(docs/model-parallel.md): its forward runs its pieces in that order, skips a piece that is None, and passes one tensor
+from one stage to the next. Checked in the driver by running each stage's forward on meta tensors."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from framework.data.batches import leaves, tree_map
+from framework.errors import ConfigError
+from framework.models.blocks import has_forward
+from framework.telemetry.flops import silenced
+
+CONTRACT = ("a model pipeline parallel cuts runs its modules in the order they are registered, skips a module that is "
+            "None (the pieces other stages hold), and passes one tensor from stage to stage; docs/model-parallel.md")
+
+
+def pieces(model: nn.Module) -> list[str]:
+    """The names of the model's pieces, in order: the root's children, entries of containers (ModuleList,
+    ModuleDict: modules without a forward of their own) one by one."""
+    found = []
+
+    def walk(module: nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            if has_forward(child):
+                found.append(full)
+            else:
+                walk(child, full + ".")
+
+    walk(model, "")
+    return found
+
+
+def blocks(model: nn.Module) -> list[str]:
+    """The model's blocks: the pieces of its largest container (torchtitan's layers; the GPT's blocks)."""
+    by_parent: dict[str, list[str]] = {}
+    for name in pieces(model):
+        if "." in name:
+            by_parent.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    return max(by_parent.values(), key=len, default=[])
+
+
+def stage_pieces(model: nn.Module, stages: int, split_points: list[str] | None) -> list[list[str]]:
+    """Each stage's pieces, in order. split_points: the pieces stages 1.. begin with; None: the blocks shared as
+    evenly as they go (earlier stages take one more), what comes before them in the first stage, after them in the
+    last. ConfigError for split points that are not pieces, out of order, or too few or many."""
+    names = pieces(model)
+    if split_points is None:
+        split_points = _even_split(model, names, stages)
+    elif len(split_points) != stages - 1:
+        raise ConfigError(f"strategy.split_points={list(split_points)} is not allowed: {stages} stages need "
+                          f"{stages - 1} split point(s) (where stages 2..{stages} begin)")
+    starts = []
+    for point in split_points:
+        if point not in names:
+            shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+            raise ConfigError(f"strategy.split_points: {point!r} is not allowed for {type(model).__name__}: a split "
+                              f"point names a piece of the model where a stage begins ({shown})")
+        starts.append(names.index(point))
+    if starts != sorted(set(starts)) or (starts and starts[0] == 0):
+        raise ConfigError(f"strategy.split_points={list(split_points)} is not allowed: they must follow the model's "
+                          f"order ({', '.join(names)}), each after the one before, none at its first piece")
+    bounds = [0, *starts, len(names)]
+    return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _even_split(model: nn.Module, names: list[str], stages: int) -> list[str]:
+    found = blocks(model)
+    if len(found) < stages:
+        raise ConfigError(f"strategy.pp x strategy.stages_per_rank = {stages} stages is not allowed for "
+                          f"{type(model).__name__}: it has {len(found)} blocks to share out (a ModuleList or "
+                          "ModuleDict's entries); use fewer stages, or strategy.split_points")
+    per, extra = divmod(len(found), stages)
+    sizes = [per + (1 if i < extra else 0) for i in range(stages)]
+    return [found[sum(sizes[:i])] for i in range(1, stages)]
+
+
+def stage_of_rank(stage: int, pp: int) -> int:
+    """The pipeline rank that holds a stage: stage s on rank s % pp (Interleaved1F1B's loop over the ranks)."""
+    return stage % pp
+
+
+def cut(model: nn.Module, keep: set[str]) -> nn.Module:
+    """In place: every piece not in keep set to None (the parameters of those kept keep their names)."""
+    for name in pieces(model):
+        if name not in keep:
+            parent, _, child = name.rpartition(".")
+            (model.get_submodule(parent) if parent else model).register_module(child, None)
+    return model
+
+
+def view(model: nn.Module, keep: set[str]) -> nn.Module:
+    """A new root (and containers) holding the same kept pieces, parameters and buffers as model, the others None:
+    one stage of several this rank holds, sharing its modules with the rank's model."""
+    memo = {}
+    for name in pieces(model):
+        piece = model.get_submodule(name)
+        memo[id(piece)] = piece if name in keep else None
+    for tensor in [*model.parameters(), *model.buffers()]:  # any outside the pieces (root-level) stays shared too
+        memo.setdefault(id(tensor), tensor)
+    return copy.deepcopy(model, memo)
+
+
+def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -> None:
+    """Each stage's forward on meta tensors, the first given `example` (a batch of the real input), every later
+    one the tensor the stage before returned; the last must return what the whole model does. ConfigError (one
+    line, with the contract) where that fails."""
+    x = tree_map(lambda t: torch.empty_like(t, device="meta"), example)
+    with torch.no_grad(), silenced():
+        try:
+            expected = functional_call(model, _on_meta(model), (x,))
+        except Exception:  # the whole model cannot run on meta tensors: the real batch through the model decides
+            return
+        for index, names in enumerate(stages):
+            stage = view(model, set(names))
+            try:
+                x = functional_call(stage, _on_meta(stage), (x,))
+            except Exception as exc:
+                raise ConfigError(_refusal(model, key, index, stages, f"{type(exc).__name__}: {_first(exc)}")) from None
+            if index < len(stages) - 1 and not (torch.is_tensor(x) and x.is_floating_point()):
+                raise ConfigError(_refusal(model, key, index, stages, f"it returns {_describe(x)}, not one tensor of "
+                                                                      "floats"))
+    if _shapes(x) != _shapes(expected):
+        raise ConfigError(_refusal(model, key, len(stages) - 1, stages, f"the last stage returns {_describe(x)}, the "
+                                                                        f"whole model {_describe(expected)}"))
+
+
+def _on_meta(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters and buffers as meta tensors of their shapes (a tied one under one of its names)."""
+    return {name: torch.empty_like(t, device="meta") for name, t in [*module.named_parameters(),
+                                                                     *module.named_buffers()]}
+
+
+def _refusal(model, key: str, index: int, stages: list[list[str]], what: str) -> str:
+    held = ", ".join(stages[index])
+    return (f"{key} is not allowed for {type(model).__name__}: its forward does not run as pipeline stages (stage "
+            f"{index + 1} of {len(stages)}, holding {held}: {what}); {CONTRACT}")
+
+
+def _shapes(x) -> list:
+    return [(tuple(t.shape), t.dtype) for t in leaves(x)]
+
+
+def _describe(x) -> str:
+    shapes = [f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in leaves(x)]
+    return ", ".join(shapes) or type(x).__name__
+
+
+def _first(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,202 @@
+"""Pipeline parallel in the one loop: the loop's micro-batch, cut into strategy.microbatches pipeline micro-batches,
+goes through a torch.distributed.pipelining schedule (GPipe, 1F1B, Interleaved1F1B), which runs the stages' forwards
+and backwards; on the last stage the run's own step turns each micro-batch's output into per-sample losses (the step
+is handed a stand-in model that returns the pipeline's output), whose mean is what backward starts from. Every rank
+then gets the per-sample losses (the loss is reported on every rank). Evaluation's batches vary in size, which the
+schedule's fixed buffers do not take, so it runs the stages one after another, forward only, and every rank gets the
+outputs."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from framework.data.batches import batch_size, tree_map
+from framework.data.build import is_pair
+from framework.strategies.model_parallel import p2p
+from framework.telemetry.pipeline_clock import Link, PipelineClock
+from framework.training.metrics import per_sample_losses
+from framework.training.step import StepOutput
+
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage whose compute and received messages the clock counts."""
+
+    def __init__(self, *args, clock: PipelineClock, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = clock
+
+    def forward_one_chunk(self, *args, **kwargs):
+        with self.clock.span("forward"):
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args, **kwargs):
+        with self.clock.span("backward"):
+            return super().backward_one_chunk(*args, **kwargs)
+
+    def backward_weight_one_chunk(self, *args, **kwargs):
+        with self.clock.span("backward"):
+            return super().backward_weight_one_chunk(*args, **kwargs)
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
+        ops = super().get_fwd_recv_ops(fwd_chunk_id)
+        self.clock.received_from("previous", [op.tensor for op in ops])
+        return ops
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        ops = super().get_bwd_recv_ops(bwd_chunk_id)
+        self.clock.received_from("next", [op.tensor for op in ops])
+        return ops
+
+
+class StandIn:
+    """What the step calls as the model on the last stage: the pipeline's output for this micro-batch's inputs."""
+
+    def __init__(self, inputs, output):
+        self.inputs, self.output, self.calls = inputs, output, 0
+
+    def __call__(self, inputs):
+        self.calls += 1
+        if inputs is not self.inputs or self.calls > 1:
+            raise RuntimeError("under pipeline parallel the step must call the model once, on the batch's inputs (the "
+                               "first stage runs on them); this step called it otherwise (docs/model-parallel.md)")
+        return self.output
+
+
+def inputs_of(batch):
+    """What the first stage runs on: the inputs of (inputs, targets), or the batch when samples are inputs only."""
+    return batch[0] if is_pair(batch) else batch
+
+
+class PipelineRunner:
+    def __init__(self, stages: dict[int, nn.Module], num_stages: int, schedule: str, microbatches: int,
+                 pp_rank: int, pp: int, pp_group, device: torch.device, precision):
+        self.stage_modules, self.num_stages = stages, num_stages
+        self.pp_rank, self.pp, self.group, self.device, self.precision = pp_rank, pp, pp_group, device, precision
+        self.microbatches = microbatches
+        self.clock = PipelineClock(device)
+        self.stages = [TimedStage(module, index, num_stages, device, group=pp_group, clock=self.clock)
+                       for index, module in sorted(stages.items())]
+        self.holds_last = num_stages - 1 in stages
+        kind = SCHEDULES[schedule]
+        # scale_grads=False: the loss handed back is already each micro-batch's share of the step's mean
+        self.schedule = kind(self.stages if kind is ScheduleInterleaved1F1B else self.stages[0],
+                             n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False)
+        self.current = None
+        self.indices = [torch.tensor(i) for i in range(microbatches)]  # each micro-batch's "target": its index
+        self.counts_tokens: bool | None = None  # whether the step counts tokens (known after the first step)
+
+    # ---- training -------------------------------------------------------------------------------------------
+    def forward_backward(self, step, batch, loss, divide_by: int) -> StepOutput:
+        m = self.microbatches
+        chunks = split(batch, m)
+        self.current = {"step": step, "loss": loss, "chunks": chunks, "scale": divide_by * m, "losses": [None] * m,
+                        "tokens": [None] * m}
+        with self.clock.span("schedule"), self.precision.autocast():
+            self.schedule.step(arg_mbs=[(inputs_of(c),) for c in chunks], kwarg_mbs=[{} for _ in chunks],
+                               target_mbs=self.indices)
+        losses, tokens = self._shared_losses(batch_size(batch))
+        self.current = None
+        return StepOutput(losses, None, None, len(losses), tokens)
+
+    def _loss(self, output, target: torch.Tensor) -> torch.Tensor:
+        """The schedule's loss_fn on the last stage, for one pipeline micro-batch (its target is its index, a CPU
+        tensor: reading it costs no device sync)."""
+        c = self.current
+        index = int(target)
+        chunk = c["chunks"][index]
+        with self.clock.span("forward"):
+            out = c["step"](StandIn(inputs_of(chunk), output), chunk, c["loss"])
+            per_sample = per_sample_losses(out.loss, out.samples)
+        c["losses"][index], c["tokens"][index] = per_sample.detach(), out.tokens
+        return per_sample.mean() / c["scale"]
+
+    def _shared_losses(self, samples: int) -> tuple[torch.Tensor, object]:
+        """The last stage's per-sample losses and token count, on every pipeline rank (one broadcast, no sync)."""
+        c = self.current
+        if self.holds_last:
+            counted = [t for t in c["tokens"] if t is not None]
+            tokens = sum(torch.as_tensor(t, dtype=torch.float64, device=self.device) for t in counted) if counted \
+                else torch.zeros((), dtype=torch.float64, device=self.device)
+            losses = torch.cat(c["losses"])
+            packed = torch.cat([losses.double(), tokens.reshape(1)])
+        else:
+            packed = torch.empty(samples + 1, dtype=torch.float64, device=self.device)
+            losses = None
+        if self.counts_tokens is None:  # once: whether the step counts tokens, which only the last stage sees
+            flag = [bool(counted) if self.holds_last else None]
+            dist.broadcast_object_list(flag, group=self.group, group_src=self.pp - 1,
+                                       device=self.device if self.device.type == "cuda" else None)
+            self.counts_tokens = flag[0]
+        dist.broadcast(packed, group=self.group, group_src=self.pp - 1)
+        if losses is None:
+            losses = packed[:-1].float()
+        return losses, (packed[-1] if self.counts_tokens else None)
+
+    # ---- evaluation -------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, inputs):
+        """Forward only, one stage after another (no schedule): the last stage's output on every pipeline rank."""
+        x = inputs
+        with self.precision.autocast():
+            for index in range(self.num_stages):
+                owner = index % self.pp
+                if owner != self.pp_rank:
+                    continue
+                previous = (index - 1) % self.pp
+                if index > 0 and previous != self.pp_rank:
+                    x = p2p.recv(previous, self.group, self.device)
+                x = self.stage_modules[index](x)
+                following = (index + 1) % self.pp
+                if index < self.num_stages - 1 and following != self.pp_rank:
+                    p2p.send(x, following, self.group, self.device)
+        return p2p.broadcast(x if self.holds_last else None, self.pp - 1, self.group, self.device)
+
+    # ---- the clock's links ------------------------------------------------------------------------------------
+    def measure_links(self, sizes=(1 << 12, 1 << 22), rounds: int = 3) -> None:
+        """Every pipeline rank, once: latency and bandwidth of each link between neighbouring stages (a ping-pong of
+        two message sizes), for the clock's communication time."""
+        pairs = [(a, a + 1) for a in range(self.pp - 1)]
+        if self.num_stages > self.pp:  # Interleaved1F1B: the last rank passes on to the first again
+            pairs.append((self.pp - 1, 0))
+        links = {}
+        for a, b in pairs:
+            if self.pp_rank in (a, b):
+                peer = b if self.pp_rank == a else a
+                times = [_ping_pong(self.pp_rank == a, peer, size, rounds, self.group, self.device) for size in sizes]
+                per_byte = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
+                link = Link(max(0.0, times[0] - per_byte * sizes[0]), per_byte)
+                if self.pp_rank == a:
+                    links["next"] = link
+                if self.pp_rank == b:
+                    links["previous"] = link
+            dist.barrier(group=self.group)
+        self.clock.links = links
+
+
+def _ping_pong(first: bool, peer: int, size: int, rounds: int, group, device: torch.device) -> float:
+    """Seconds one message of `size` bytes takes one way (the best of `rounds` round trips, halved)."""
+    buffer = torch.zeros(size // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(rounds + 1):  # the first round warms the connection up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for send in ((True, False) if first else (False, True)):
+            (dist.send if send else dist.recv)(buffer, group=group, **({"group_dst": peer} if send else
+                                                                      {"group_src": peer}))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best / 2
+
+
+def split(batch, m: int) -> list:
+    """The batch cut into m equal pipeline micro-batches along its first dimension (every tensor of the nesting)."""
+    step = batch_size(batch) // m
+    return [tree_map(lambda t, i=i: t[i * step:(i + 1) * step], batch) for i in range(m)]

@@ -1,0 +1,218 @@
+"""The mesh engine (strategy=tp, strategy=pp): workers start and join like ddp's, build one DeviceMesh of the degrees
+dp_replicate x dp_shard x tp x pp, and parallelize() makes of the model, in torchtitan's order: the pipeline stages
+this rank holds (the other stages' pieces dropped), tensor parallel by the plan, activation checkpointing and compile
+(the blocks, from framework/assemble.py's speed-ups, which wrap lazily: they take effect around the parallelized
+blocks), FSDP2 over the data-parallel axes (bf16 by its MixedPrecisionPolicy). The loop runs as for any engine: a
+Wrapped whose precision clips over the whole mesh, whose checkpoints are DCP under the whole model's names, and, for
+pipeline parallel, which runs forward and backward itself (OwnsForwardBackward) and times its stages (OwnClock)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from framework.config.strategy_options import MeshOptions
+from framework.errors import ConfigError
+from framework.models.blocks import auto_units, innermost_first
+from framework.process.environment import launched_externally
+from framework.strategies.ddp import ElasticStrategy
+from framework.strategies.fsdp import DCP
+from framework.strategies.fsdp_units import without_tied
+from framework.strategies.model_parallel.checkpoints import MeshCheckpoints, WholeModel
+from framework.strategies.model_parallel.group import MeshGroup
+from framework.strategies.model_parallel.pipeline_cut import blocks, check_stages, cut, pieces, stage_pieces, view
+from framework.strategies.model_parallel.pipeline_run import PipelineRunner
+from framework.strategies.model_parallel.precision import MeshPrecision
+from framework.strategies.model_parallel.shape import MeshShape
+from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
+from framework.strategies.model_parallel.tied import TiedGradients, find_ties
+from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.speedups import SpeedupModules
+
+
+class MeshStrategy(ElasticStrategy):
+    Options = MeshOptions
+    options: MeshOptions
+    channels_last_refusal = ("fully_shard and DTensor shard contiguous parameters, and channels_last conv weights "
+                             "are not")
+    moves_model_itself = True  # a pipeline rank puts only its own stages on its device
+    _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
+
+    def __init__(self, options: MeshOptions, trainer):
+        if options.nproc_per_node is None and not trainer.cuda and not launched_externally():
+            # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
+            workers = self._shape(options).workers
+            options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
+        super().__init__(options, trainer, DCP)
+
+    @staticmethod
+    def _shape(o: MeshOptions) -> MeshShape:
+        return MeshShape(pp=o.pp, dp_replicate=o.dp_replicate, dp_shard=o.dp_shard, tp=o.tp)
+
+    @property
+    def shape(self) -> MeshShape:
+        return self._shape(self.options)
+
+    # ---- the driver -----------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        super().validate()
+        o, t, shape = self.options, self.trainer, self.shape
+        workers = self.launcher.processes()
+        if shape.workers != workers:
+            product = " x ".join(f"strategy.{k}={v}" for k, v in o.degrees.items() if v > 1) or "strategy.tp=1"
+            raise ConfigError(f"{product} = {shape.workers} worker(s) is not allowed with {workers} worker(s): the "
+                              f"degrees' product must be the number of workers; set the degrees so (dp_replicate x "
+                              f"dp_shard x tp x pp = {workers}), or strategy.nproc_per_node={shape.workers}")
+        if t.precision == "fp16":
+            raise ConfigError(f"trainer.precision=fp16 is not allowed with strategy={self.name}: fp16 needs a loss "
+                              "scaler for DTensor gradients across the mesh, which torch.amp.GradScaler is not; use "
+                              "bf16 (no loss scaling needed) or fp32")
+        if o.tp == 1:
+            for key, value in (("plan", o.plan), ("parallelize", o.parallelize)):
+                if value:
+                    raise ConfigError(f"strategy.{key} is not allowed with strategy.tp=1: it says how tensor parallel "
+                                      "splits the model; set strategy.tp (> 1) or leave it out")
+            if o.sequence_parallel:
+                raise ConfigError("strategy.sequence_parallel=true is not allowed with strategy.tp=1: it splits "
+                                  "the sequence over the tensor-parallel ranks; set strategy.tp (> 1)")
+        self._validate_pipeline()
+
+    def _validate_pipeline(self) -> None:
+        o, t = self.options, self.trainer
+        if o.pp == 1:
+            for key in ("split_points", "microbatches", "stages_per_rank"):
+                if getattr(o, key) is not None:
+                    raise ConfigError(f"strategy.{key}={getattr(o, key)} is not allowed with strategy.pp=1: it says "
+                                      "how pipeline parallel runs; set strategy.pp (> 1) or leave it out")
+            return
+        v, m = o.virtual_stages, o.pipeline_microbatches
+        if o.schedule == "Interleaved1F1B" and v < 2:
+            raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule=Interleaved1F1B: "
+                              "it interleaves several stages per rank; use 2 or more (or strategy.schedule=1F1B)")
+        if o.schedule != "Interleaved1F1B" and v > 1:
+            raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule={o.schedule}: "
+                              "it runs one stage per rank; use 1, or strategy.schedule=Interleaved1F1B")
+        micro_batch = t.batch_size // (self.shape.dp_size * t.grad_accum)
+        if micro_batch % m:
+            raise ConfigError(f"strategy.microbatches={m} is not allowed with a micro-batch of {micro_batch} "
+                              f"(trainer.batch_size={t.batch_size} / ({self.shape.dp_size} data-parallel rank(s) x "
+                              f"trainer.grad_accum={t.grad_accum})): each pipeline micro-batch must be as large as the "
+                              f"others; use a number of microbatches that divides {micro_batch}")
+        if o.schedule == "1F1B" and m < o.pp:
+            raise ConfigError(f"strategy.microbatches={m} is not allowed with strategy.schedule=1F1B and "
+                              f"strategy.pp={o.pp}: 1F1B needs at least as many microbatches as stages")
+        rounds = max(1, m // o.pp)
+        if o.schedule == "Interleaved1F1B" and m % rounds:
+            raise ConfigError(f"strategy.microbatches={m} is not allowed with strategy.schedule=Interleaved1F1B and "
+                              f"strategy.pp={o.pp}: it runs rounds of microbatches / pp ({rounds}) that must divide "
+                              f"the microbatches; use a multiple of {o.pp}")
+
+    def check_model(self, model: nn.Module) -> None:
+        o = self.options
+        if o.tp > 1:
+            check_plan(model, o)
+        if o.pp > 1:
+            stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
+
+    def check_forward(self, model: nn.Module, example) -> None:
+        o = self.options
+        if o.pp > 1:
+            key = f"strategy.split_points={list(o.split_points)}" if o.split_points else f"strategy.pp={o.pp}"
+            check_stages(model, stage_pieces(model, o.pp * o.virtual_stages, o.split_points), example, key)
+
+    def speedup_modules(self, model: nn.Module) -> SpeedupModules:
+        """The blocks, recomputed and compiled one by one (on a pipeline rank, those of its own stages)."""
+        units = [model.get_submodule(name) for name in blocks(model)] or auto_units(model)
+        return SpeedupModules(recomputed=units, compiled=units)
+
+    # ---- the workers ----------------------------------------------------------------------------------------
+    def join(self) -> ProcessGroup:
+        return MeshGroup.join_mesh(self.backend, self.trainer.cuda, self.options.timeout, self.shape)
+
+    def parallelize(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
+        o, shape, coords = self.options, self.shape, group.coords
+        whole = WholeModel(model)
+        stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points) if o.pp > 1 else [pieces(model)]
+        mine = [s for s in range(len(stages)) if s % o.pp == coords["pp"]]
+        ties = find_ties(model, {p: s % o.pp for s, names in enumerate(stages) for p in names}) if o.pp > 1 else []
+        if o.pp > 1:
+            cut(model, {p for s in mine for p in stages[s]})
+        model.to(group.device)
+        parts = {s: model if len(mine) == 1 else view(model, set(stages[s])) for s in mine}
+        if o.tp > 1:
+            for part in parts.values():
+                apply_tensor_parallel(part, o, group.axis("tp"))
+        if shape.sharded:
+            self._fully_shard(parts.values(), group)
+        params = list(model.parameters())
+        pp_group = group.axis("pp").get_group() if o.pp > 1 else None
+        tied = TiedGradients(ties, model, shape, group.rank, pp_group)
+        precision = MeshPrecision(self.trainer.precision, group.device, params, shape.sharded, tied, pp_group)
+        gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
+        io = MeshCheckpoints(group.rank, group.world_size, group.cuda_devices, model, whole, tied.canonical, gathers)
+        optimizer = make_optimizer(params)
+        if o.pp == 1:
+            return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded)
+        runner = PipelineRunner(parts, len(stages), o.schedule, o.pipeline_microbatches, coords["pp"], o.pp, pp_group,
+                                group.device, precision)
+        runner.measure_links()
+        pipeline = Pipeline(runner)
+        return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
+
+    def _fully_shard(self, parts, group: MeshGroup) -> None:
+        """FSDP2 over the data-parallel axes, each block a unit (tied parameters left to the root), then each part's
+        root; pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
+        torchtitan does: resharding would gather them again for every micro-batch)."""
+        compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
+        reshard = self.options.reshard_after_forward and self.options.pp == 1
+        options = dict(mesh=group.dp_mesh(), reshard_after_forward=reshard, mp_policy=policy)
+        for part in parts:
+            for unit in innermost_first(part, without_tied(part, auto_units(part))):
+                fully_shard(unit, **options)
+            fully_shard(part, **options)
+
+
+class MeshWrapped(Wrapped):
+    """Tensor parallel and FSDP2 (no pipeline). GradientSync where FSDP2 runs: an accumulation's non-final
+    micro-batches keep their gradients unreduced."""
+
+    def __init__(self, *args, fsdp: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fsdp = fsdp
+
+    def gradient_sync(self, on: bool):
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(on)
+        return contextlib.nullcontext()
+
+
+class Pipeline(nn.Module):
+    """This rank's stages as one module: what the loop trains (train()/eval() reach every stage) and evaluates (its
+    forward: the forward-only pass, the outputs on every rank). Training steps go through the schedule."""
+
+    def __init__(self, runner: PipelineRunner):
+        super().__init__()
+        self.stages = nn.ModuleList(module for _, module in sorted(runner.stage_modules.items()))
+        self.runner = runner
+
+    def forward(self, inputs):
+        return self.runner.forward(inputs)
+
+
+class PipelineWrapped(Wrapped):
+    """OwnsForwardBackward (the schedule runs the micro-batch's forwards and backwards) and OwnClock (each stage's
+    compute, bubble and communication)."""
+
+    def __init__(self, *args, runner: PipelineRunner, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runner = runner
+
+    def forward_backward(self, step, batch, loss, divide_by: int):
+        return self.runner.forward_backward(step, batch, loss, divide_by)
+
+    def wait_clock(self):
+        return self.runner.clock

@@ -1,0 +1,135 @@
+"""Tensor parallel: a plan names modules by pattern ('blocks.*.mlp.0', one '*' per name part, as parallelize_module
+matches) and gives each a style, torch's DTensor ParallelStyles under short names. A model may carry its own plan
+(`tensor_parallel_plan`, and `sequence_parallel_plan` for strategy.sequence_parallel; the built-in GPT does), the
+user may give one in YAML (strategy.plan), or a function (strategy.parallelize: {_target_: ...}) that parallelizes
+the model over the tp mesh itself (as Fabric's parallelize_fn). Everything a plan can get wrong is refused in the
+driver, on the model built there: a style that does not exist, a pattern that matches no module, a style on a module
+it cannot split, a dimension or head count that tp does not divide."""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from hydra.utils import get_method
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from framework.config.strategy_options import MeshOptions
+from framework.errors import ConfigError
+
+# style name -> (what it does, the ParallelStyle). Sequence styles keep the residual stream split along dim 1.
+STYLES = {
+    "colwise": ("split the output features (nn.Linear, nn.Embedding)", lambda: ColwiseParallel()),
+    "rowwise": ("split the input features, all-reduce the output (nn.Linear, nn.Embedding)", lambda: RowwiseParallel()),
+    "sequence": ("run on this rank's share of the sequence (a norm, dropout)", lambda: SequenceParallel()),
+    "colwise_from_sequence": ("colwise, gathering a sequence-split input first",
+                              lambda: ColwiseParallel(input_layouts=Shard(1))),
+    "rowwise_to_sequence": ("rowwise, reduce-scattering the output along the sequence",
+                            lambda: RowwiseParallel(output_layouts=Shard(1))),
+    "gather_sequence": ("the module's input gathered from sequence shards",
+                        lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                   use_local_output=True)),
+    "shard_sequence": ("the module's input split along the sequence",
+                       lambda: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)),
+}
+SPLITS_OUTPUT = ("colwise", "colwise_from_sequence")
+SPLITS_INPUT = ("rowwise", "rowwise_to_sequence")
+
+
+def plan_of(model: nn.Module, options: MeshOptions) -> dict[str, str] | None:
+    """The plan this run applies: strategy.plan, else the model's own (None with strategy.parallelize)."""
+    if options.parallelize:
+        return None
+    if options.plan:
+        if options.sequence_parallel:
+            raise ConfigError("strategy.sequence_parallel=true is not allowed with strategy.plan: it picks the model's "
+                              "own sequence_parallel_plan; write the sequence styles into strategy.plan instead")
+        return dict(options.plan)
+    attribute = "sequence_parallel_plan" if options.sequence_parallel else "tensor_parallel_plan"
+    plan = getattr(model, attribute, None)
+    if not plan:
+        key = "strategy.sequence_parallel=true" if options.sequence_parallel else f"strategy.tp={options.tp}"
+        raise ConfigError(f"{key} is not allowed for {type(model).__name__}: it has no {attribute}; give "
+                          "strategy.plan (module-name pattern -> colwise, rowwise, ...: docs/model-parallel.md) or "
+                          "strategy.parallelize={_target_: your function (model, mesh)}")
+    return dict(plan)
+
+
+def matches(pattern: str, name: str) -> bool:
+    """parallelize_module's matching: part by part, '*' within one part."""
+    parts, names = pattern.split("."), name.split(".")
+    return len(parts) == len(names) and all(fnmatchcase(n, p) for p, n in zip(parts, names))
+
+
+def resolve(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """Module name -> style, for every module a pattern matches (in the plan's order)."""
+    names = [name for name, _ in model.named_modules() if name]
+    resolved = {}
+    for pattern, style in plan.items():
+        for name in names:
+            if matches(pattern, name):
+                resolved[name] = style
+    return resolved
+
+
+def check_plan(model: nn.Module, options: MeshOptions) -> None:
+    """ConfigError (one line: key, value, what is allowed) for a plan or function this model cannot take with tp."""
+    tp = options.tp
+    if options.parallelize:
+        target = options.parallelize["_target_"]
+        try:
+            function = get_method(str(target))
+        except Exception as exc:  # hydra wraps the import error; its first line says what failed
+            raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it cannot be imported "
+                              f"({str(exc).splitlines()[0]}); is its package on PYTHONPATH?") from None
+        if not callable(function):
+            raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it is not a function "
+                              "(model, mesh)")
+        return
+    plan = plan_of(model, options)
+    for pattern, style in plan.items():
+        if style not in STYLES:
+            raise ConfigError(f"strategy.plan.{pattern}={style!r} is not allowed: expected one of {', '.join(STYLES)}")
+        if not resolve(model, {pattern: style}):
+            sample = ", ".join(name for name, _ in list(model.named_modules())[1:9])
+            raise ConfigError(f"strategy.plan: pattern {pattern!r} is not allowed for {type(model).__name__}: it "
+                              f"matches no module (names such as {sample}; '*' stands for one part of a name)")
+    for name, style in resolve(model, plan).items():
+        _check_divisible(name, model.get_submodule(name), style, tp)
+    declared = model.tp_divisible(options.sequence_parallel) if hasattr(model, "tp_divisible") else {}
+    for key, count in declared.items():
+        if count % tp:
+            raise ConfigError(f"strategy.tp={tp} is not allowed with {key}={count}: tensor parallel gives each rank "
+                              f"{key} / tp of them; use a tp that divides {count}")
+
+
+def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
+    if style not in SPLITS_OUTPUT + SPLITS_INPUT:
+        return
+    if isinstance(module, nn.Linear):
+        size, what = (module.out_features, "out_features") if style in SPLITS_OUTPUT else (module.in_features,
+                                                                                              "in_features")
+    elif isinstance(module, nn.Embedding):
+        size, what = (module.embedding_dim, "embedding_dim") if style in SPLITS_OUTPUT else (module.num_embeddings,
+                                                                                             "num_embeddings")
+    else:
+        raise ConfigError(f"strategy.plan: {name}={style} is not allowed: {name} is a {type(module).__name__}, and "
+                          f"{style} splits nn.Linear or nn.Embedding; give it another style or leave it out")
+    if size % tp:
+        raise ConfigError(f"strategy.tp={tp} is not allowed with {name}={style}: its {what} ({size}) does not divide "
+                          f"by {tp}; use a tp that divides {size}")
+
+
+def apply_tensor_parallel(model: nn.Module, options: MeshOptions, tp_mesh: DeviceMesh) -> None:
+    """The plan (or the user's function) applied in place: the matched modules' parameters become DTensors on the
+    tp mesh. Modules of other pipeline stages (None here) are not matched."""
+    if options.parallelize:
+        node = dict(options.parallelize)
+        function = get_method(str(node.pop("_target_")))
+        function(model, tp_mesh, **node)
+        return
+    styles = {name: STYLES[style][1]() for name, style in resolve(model, plan_of(model, options)).items()}
+    parallelize_module(model, tp_mesh, styles)
