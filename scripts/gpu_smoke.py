@@ -34,6 +34,14 @@ COMMON = ["trainer.accelerator=gpu", "trainer.epochs=1", "trainer.batch_size=64"
           f"dataset.train_size={STEPS * 64}", "dataset.test_size=512", "trainer.progress_bar=false"]
 
 
+# Tensor and pipeline parallel need a model that has a plan and can be cut (the built-in GPT), on a text the script
+# writes itself (dict-devil may be missing on a GPU machine): experiment=char_lm on words in a fixed order.
+MESH_COMMON = ["experiment=char_lm", "model.n_layer=4", "model.n_embd=128", "model.n_head=4", "dataset.block_size=64",
+               "trainer.accelerator=gpu", "trainer.epochs=1", "trainer.batch_size=64", "trainer.log_every_n_steps=1",
+               "trainer.checkpoint_every_n_steps=4", f"trainer.max_steps={STEPS}", "lr_schedule=constant",
+               "dataset.max_test_samples=64", "trainer.progress_bar=false"]
+
+
 class CellTimeout(Exception):
     pass
 
@@ -57,6 +65,25 @@ def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "deepspeed z3": (["strategy=deepspeed", "strategy.zero_stage=3"], PRECISIONS),
         "horovod": (["strategy=horovod"], PRECISIONS),
     }
+
+
+def mesh_strategies(gpus: int) -> dict[str, tuple[list[str] | None, tuple[str, ...]]]:
+    """strategy=tp and strategy=pp over 2 GPUs (nccl, one rank per GPU; fp16 is refused by design), and FSDP2 x tp on
+    4; None: this machine has too few GPUs."""
+    two = ["strategy.nproc_per_node=2"] if gpus >= 2 else None
+    return {
+        "tp (tp=2)": (two and ["strategy=tp", "strategy.tp=2", *two], ("fp32", "bf16")),
+        "pp (pp=2, 1F1B)": (two and ["strategy=pp", "strategy.pp=2", "strategy.schedule=1F1B", *two], ("fp32", "bf16")),
+        "tp x dp_shard (2 x 2)": (["strategy=tp", "strategy.tp=2", "strategy.dp_shard=2", "strategy.nproc_per_node=4"]
+                                  if gpus >= 4 else None, ("fp32", "bf16")),
+    }
+
+
+def write_text(path: Path) -> Path:
+    """About 200 KB of words in a fixed order: enough 64-character blocks for 16 steps of 64, and learnable."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
+    path.write_text(" ".join(words[(i * 7) % len(words)] for i in range(30000)))
+    return path
 
 
 def missing_engine(name: str) -> str | None:
@@ -111,17 +138,17 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars("loss/train")}
 
 
-def cell(strategy_args: list[str], precision: str, work: Path) -> str:
+def cell(strategy_args: list[str], precision: str, work: Path, common: list[str] = COMMON) -> str:
     try:
-        return checked_cell(strategy_args, precision, work)
+        return checked_cell(strategy_args, precision, work, common)
     except CellTimeout:
         return f"timeout: a run took over {CELL_TIMEOUT_S} s; stopped with all its processes"
     except LeftProcesses:
         return "failed: a run ended and left processes of its own running (stopped now)"
 
 
-def checked_cell(strategy_args: list[str], precision: str, work: Path) -> str:
-    args = [*strategy_args, *COMMON, f"trainer.precision={precision}"]
+def checked_cell(strategy_args: list[str], precision: str, work: Path, common: list[str] = COMMON) -> str:
+    args = [*strategy_args, *common, f"trainer.precision={precision}"]
     work.mkdir(parents=True)
     killed = train([*args, *KILL], work, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get(
         "PYTHONPATH")]))})
@@ -155,18 +182,22 @@ def main() -> int:
     print(f"make test-gpu: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=REPO)
     precisions = [p for p in PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported()]
-    rows = strategies(gpus)
+    meshes = mesh_strategies(gpus)
+    rows = {**strategies(gpus), **meshes}
     table = {}
     # One cell at a time: each measures samples/s and memory per GPU, which cells sharing the GPUs would distort.
     with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-smoke-") as tmp:
+        mesh_common = [*MESH_COMMON, f"dataset.path={write_text(Path(tmp) / 'text.txt')}"]
         for name, (strategy_args, trains_in) in rows.items():
-            skip = missing_engine(name)
+            skip = missing_engine(name) or (None if strategy_args is not None else
+                                            f"skipped: needs {4 if 'dp_shard' in name else 2} GPUs")
             for precision in precisions:
-                work = Path(tmp) / f"{name.replace(' ', '_')}-{precision}"
+                work = Path(tmp) / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}-{precision}"
                 if precision not in trains_in:
                     table[name, precision] = "-"
                 else:
-                    table[name, precision] = skip or cell(strategy_args, precision, work)
+                    table[name, precision] = skip or cell(strategy_args, precision, work,
+                                                          mesh_common if name in meshes else COMMON)
                 print(f"  {name} {precision}: {table[name, precision]}", flush=True)
     width = max(len(v) for v in table.values())
     print(f"\n| strategy | {' | '.join(p.ljust(width) for p in precisions)} |")

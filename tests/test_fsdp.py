@@ -1,7 +1,7 @@
 """strategy=fsdp (FSDP2, fully_shard) with 2 gloo workers: trains like one process (with and without accumulation
 and clipping), holds about half of ddp's optimizer state per rank, checkpoints through torch.distributed.checkpoint
 (one shard per rank, committed by the manifest), resumes its own checkpoints at the same or another world size,
-resumes a ddp checkpoint, and refuses bad settings in the driver. Real train.py processes."""
+resumes a ddp checkpoint and is resumed by ddp, and refuses bad settings in the driver. Real train.py processes."""
 import json
 import sys
 
@@ -120,10 +120,23 @@ def test_resumes_a_ddp_checkpoint(runs, tmp_path):
     assert_same_losses(expected, got, range(17, STEPS + 1), ("ddp", "fsdp"))
 
 
-def test_ddp_refuses_an_fsdp_checkpoint_in_the_driver(runs, tmp_path):
-    proc = _run(tmp_path, ["strategy=ddp", *ADAM, *COMMON, f"trainer.resume={runs['fsdp']}"], timeout=120)
+def test_ddp_resumes_an_fsdp_checkpoint(runs, tmp_path):
+    """A single-file engine reads DCP shards too (framework/training/dcp.py): each ddp rank loads the whole model and
+    optimizer state, and continues fsdp's curve."""
+    checkpoint = runs["fsdp"] / "checkpoints" / "step-00000016"
+    run_dir, out = _train(tmp_path, ["strategy=ddp", "strategy.nproc_per_node=2", *ADAM, *COMMON,
+                                     f"trainer.resume={checkpoint}"])
+    assert "(step 16, " in out
+    expected, got = losses_by_step(runs["fsdp"]), losses_by_step(run_dir)
+    assert sorted(got) == list(range(17, STEPS + 1))
+    assert_same_losses(expected, got, range(17, STEPS + 1), ("fsdp", "ddp"))
+
+
+def test_deepspeed_refuses_an_fsdp_checkpoint_in_the_driver(runs, tmp_path):
+    pytest.importorskip("deepspeed")
+    proc = _run(tmp_path, ["strategy=deepspeed", *ADAM, *COMMON, f"trainer.resume={runs['fsdp']}"], timeout=120)
     assert proc.returncode != 0
-    assert "has format dcp, and strategy=ddp reads file" in proc.stderr, proc.stderr
+    assert "has format dcp, and strategy=deepspeed reads" in proc.stderr, proc.stderr
     assert not list(tmp_path.rglob("checkpoints")), "refused before any worker started"
 
 

@@ -33,3 +33,22 @@ def test_every_strategy_row_names_the_precisions_it_trains_in():
         assert rows["fsdp"][1] == ("fp32", "bf16") and rows["fsdp cpu_offload"][1] == ("bf16",)
         assert "strategy.cpu_offload=true" in rows["fsdp cpu_offload"][0]
         assert ("strategy.nproc_per_node=1" in rows["fsdp"][0]) == (gpus == 1)
+
+
+def test_the_mesh_cells_need_two_gpus_and_their_runs_pass_the_driver(tmp_path):
+    """tp and pp cells: skipped below 2 GPUs (nccl takes one rank per GPU); their runs, on the text the script
+    writes itself (no dataset from the network), pass every check of the driver (here with CPU workers, where the
+    accelerator is the only difference)."""
+    from conftest import driver_says
+
+    smoke = _smoke()
+    assert all(args is None for args, _ in smoke.mesh_strategies(1).values())
+    rows = smoke.mesh_strategies(4)
+    text = smoke.write_text(tmp_path / "text.txt")
+    common = [a for a in smoke.MESH_COMMON if a != "trainer.accelerator=gpu"]
+    for name, (args, precisions) in rows.items():
+        assert "fp16" not in precisions
+        for precision in precisions:
+            line = driver_says([*args, *common, f"dataset.path={text}", f"trainer.precision={precision}",
+                                "trainer.accelerator=cpu"], tmp_path / name)
+            assert line == "", (name, precision, line)

@@ -193,3 +193,13 @@ def test_plan_patterns_match_one_name_part_per_star():
     model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
     resolved = resolve(model, GPT.tensor_parallel_plan)
     assert len(resolved) == 2 * 6 and resolved["blocks.1.attn.proj"] == "rowwise"
+
+
+def test_the_mesh_recomputes_and_compiles_the_blocks():
+    """trainer.activation_checkpointing and trainer.compile act on the blocks (on a pipeline rank, those it holds)."""
+    from conftest import strategy_for
+    from framework.models.gpt import GPT
+
+    model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
+    modules = strategy_for("strategy=pp").speedup_modules(model)
+    assert modules.recomputed == modules.compiled == list(model.blocks)

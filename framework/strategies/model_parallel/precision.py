@@ -27,8 +27,18 @@ class MeshPrecision(Precision):
         return contextlib.nullcontext() if self.fsdp else super().autocast()
 
     def optimizer_step(self, model, optimizer, max_norm, skip_nonfinite: bool) -> bool:
+        self._reduce_partial_gradients()
         self.tied.sync()
         return super().optimizer_step(model, optimizer, max_norm, skip_nonfinite)
+
+    def _reduce_partial_gradients(self) -> None:
+        """A parameter replicated over the tp ranks that runs on a share of the sequence (a sequence-parallel norm)
+        gets a Partial gradient, each rank its share's sum: reduced here to the parameter's own layout, so the step,
+        the clipping norm and the optimizer state (which checkpoints cannot hold as Partial) see the whole of it."""
+        for p in self.params:
+            g = p.grad
+            if isinstance(g, DTensor) and any(placement.is_partial() for placement in g.placements):
+                p.grad = g.redistribute(g.device_mesh, p.placements)
 
     def clip_grad_norm(self, model, optimizer, max_norm: float | None) -> torch.Tensor:
         groups = self._grad_groups()
