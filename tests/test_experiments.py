@@ -78,7 +78,7 @@ def claimed_strategies(preset: str) -> list[str]:
 
 # Few steps of each preset on this machine (MNIST and CIFAR-10 as random data of their shape).
 SMALL_RUNS = {
-    "char_lm": ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "dataset.block_size=32",
+    "char_lm": ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "dataset.block_size=32",  # pp: 2 blocks
                 "trainer.max_steps=6", "trainer.log_every_n_steps=2", "trainer.batch_size=32"],
     "d2l_lenet_data_parallel": [*TINY, *SMALL],
     "dp_tutorial": [],

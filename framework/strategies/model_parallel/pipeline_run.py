@@ -97,10 +97,12 @@ class PipelineRunner:
         chunks = split(batch, m)
         self.current = {"step": step, "loss": loss, "chunks": chunks, "scale": divide_by * m, "losses": [None] * m,
                         "tokens": [None] * m}
-        with self.clock.span("schedule"), self.precision.autocast():
-            self.schedule.step(arg_mbs=[(inputs_of(c),) for c in chunks], kwarg_mbs=[{} for _ in chunks],
-                               target_mbs=self.indices)
-        losses, tokens = self._shared_losses(batch_size(batch))
+        with self.clock.span("schedule"):
+            with self.precision.autocast():
+                self.schedule.step(arg_mbs=[(inputs_of(c),) for c in chunks], kwarg_mbs=[{} for _ in chunks],
+                                   target_mbs=self.indices)
+            # the stages meet here: a stage done early waits for the drain of the others, inside its span
+            losses, tokens = self._shared_losses(batch_size(batch))
         self.current = None
         return StepOutput(losses, None, None, len(losses), tokens)
 
@@ -117,7 +119,8 @@ class PipelineRunner:
         return per_sample.mean() / c["scale"]
 
     def _shared_losses(self, samples: int) -> tuple[torch.Tensor, object]:
-        """The last stage's per-sample losses and token count, on every pipeline rank (one broadcast, no sync)."""
+        """The last stage's per-sample losses and token count, on every pipeline rank: an all-reduce (the others add
+        zeros) rather than a broadcast, so that every stage waits until the last one is done (no host sync)."""
         c = self.current
         if self.holds_last:
             counted = [t for t in c["tokens"] if t is not None]
@@ -126,14 +129,14 @@ class PipelineRunner:
             losses = torch.cat(c["losses"])
             packed = torch.cat([losses.double(), tokens.reshape(1)])
         else:
-            packed = torch.empty(samples + 1, dtype=torch.float64, device=self.device)
+            packed = torch.zeros(samples + 1, dtype=torch.float64, device=self.device)
             losses = None
         if self.counts_tokens is None:  # once: whether the step counts tokens, which only the last stage sees
             flag = [bool(counted) if self.holds_last else None]
             dist.broadcast_object_list(flag, group=self.group, group_src=self.pp - 1,
                                        device=self.device if self.device.type == "cuda" else None)
             self.counts_tokens = flag[0]
-        dist.broadcast(packed, group=self.group, group_src=self.pp - 1)
+        dist.all_reduce(packed, group=self.group)
         if losses is None:
             losses = packed[:-1].float()
         return losses, (packed[-1] if self.counts_tokens else None)
