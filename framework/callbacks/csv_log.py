@@ -34,7 +34,7 @@ class CSVLog(Callback):
         if report is None or self.writer is None:
             return
         cuda = trainer.group.device.type == "cuda"
-        self._write(report_scalars(report, trainer.lr(), cuda), step)
+        self._write(report_scalars(report, trainer.lrs(), cuda), step)
         if trainer.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
             self.file.flush()
 

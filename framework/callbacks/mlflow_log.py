@@ -64,7 +64,7 @@ class MLflowLog(Callback):
         if report is None or self.run_id is None:
             return
         cuda = trainer.group.device.type == "cuda"
-        self._log(report_scalars(report, trainer.lr(), cuda), step)
+        self._log(report_scalars(report, trainer.lrs(), cuda), step)
 
     def on_evaluation_end(self, trainer, step: int, result) -> None:
         if result is not None and self.run_id is not None:

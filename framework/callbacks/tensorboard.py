@@ -24,7 +24,7 @@ class TensorBoardLog(Callback):
     def on_log(self, trainer, step: int, report) -> None:
         if report is None or self.writer is None:
             return
-        self.writer.log_interval(step, report.summary, trainer.lr())
+        self.writer.log_interval(step, report.summary, trainer.lrs())
         self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
                                 [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
         if trainer.checkpoint_due:

@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.config.strategy_options import DDPOptions
+from framework.config.targets import current
 from framework.config.typed import typed
 from framework.errors import ConfigError
 from framework.paths import CONF_DIR
@@ -59,6 +60,7 @@ def strategy_class(options) -> type[Strategy]:
     if not target:
         raise ConfigError(f"{GROUP}._target_ is missing: a strategy config names its class with _target_ "
                           "(e.g. _target_: framework.strategies.ddp.DDPStrategy)")
+    current().check_name(str(target), GROUP)  # the allowlist in force (framework/config/targets.py), before import
     try:
         cls = get_class(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed

@@ -21,8 +21,9 @@ from framework.telemetry.stall import Heartbeat
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
 from framework.training.interrupts import Interrupted
-from framework.training.lr_schedule import LrSchedule
+from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
+from framework.training.param_groups import group_lrs
 
 
 class TrainingStopped(RuntimeError):
@@ -138,8 +139,7 @@ class Trainer:
         planned = options.epochs * self.steps_per_epoch
         self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.lr_schedule = LrSchedule(lr_schedule, self.total_steps)
-        self.lr_schedule.attach(wrapped.optimizer)
+        self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps, self.higher_is_better)
         caveat = getattr(telemetry.clock, "caveat", None)
         if caveat and len(telemetry.meter.slot_sizes) > 1 and self.is_main:
             self.say(f"note: {caveat}")
@@ -160,6 +160,10 @@ class Trainer:
     def lr(self) -> float:
         return float(self.wrapped.optimizer.param_groups[0]["lr"])
 
+    def lrs(self) -> dict[str, float]:
+        """Every param group's lr by its name (optimizer.param_groups; one group: `default`)."""
+        return group_lrs(self.wrapped.optimizer)
+
     def request_stop(self, reason: str) -> None:
         """End the run after the current evaluation (call it on every rank, with the same decision)."""
         self.stop_requested = reason
@@ -179,9 +183,10 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def resume(self, checkpoint) -> Position:
         """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
-        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
+        position, totals, callbacks, lr_schedule = self.checkpointer.resume(checkpoint, self.wrapped)
         if totals:
             self.totals = RunTotals(**totals)
+        self.lr_schedule.load_state_dict(lr_schedule)
         self.callbacks.load_state_dict(callbacks)
         return position
 
@@ -233,7 +238,8 @@ class Trainer:
                 if self.checkpoint_due:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
                     path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
-                                                  asdict(self.totals), self.callbacks.state_dict())
+                                                  asdict(self.totals), self.callbacks.state_dict(),
+                                                  self.lr_schedule.state_dict())
                     self.callbacks.on_checkpoint_saved(self, step, path)
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
@@ -330,6 +336,7 @@ class Trainer:
                 stack.enter_context(context())
             result = evaluate(self.group, self.wrapped, self.data,
                               on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
+        self.lr_schedule.evaluated(self.objective_value(result))  # every rank: the same result, the same decision
         if self.is_main:
             self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
         self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
