@@ -237,3 +237,54 @@ def needs_gpus(count: int = 1):
 
 
 needs_gpu = needs_gpus(1)
+
+
+# ---- which tests start processes: marked `slow` (the in-process rest runs again against Hydra 1.4: make test-hydra14)
+# Read from the source: a test is a process test when it, a fixture it uses, or a helper of the tests they call
+# (transitively) names one of these. A test may also say so itself (@pytest.mark.slow).
+_STARTS_PROCESSES = {"run_train", "subprocess", "Popen", "spawn", "runpytest_subprocess"}
+_starts: dict = {}
+
+
+def _names_in(function) -> set[str]:
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _starts_processes(function) -> bool:
+    """Whether a test-side function (of tests/) names a process starter, itself or through the test helpers it calls."""
+    function = getattr(function, "__wrapped__", function)
+    key = getattr(function, "__code__", function)
+    if key in _starts:
+        return _starts[key]
+    _starts[key] = False  # a helper that recurses into itself
+    names = _names_in(function)
+    found = bool(names & _STARTS_PROCESSES)
+    scope = getattr(function, "__globals__", {})
+    for name in names - _STARTS_PROCESSES:
+        helper = scope.get(name)
+        if found:
+            break
+        if callable(helper) and Path(getattr(getattr(helper, "__code__", None), "co_filename", "/")).parent == REPO / "tests":
+            found = _starts_processes(helper)
+    _starts[key] = found
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is not None or not hasattr(item, "function"):
+            continue
+        fixtures = getattr(item, "_fixtureinfo", None)
+        definitions = [d for defs in (fixtures.name2fixturedefs.values() if fixtures else ()) for d in defs]
+        functions = [item.function, *(d.func for d in definitions
+                                      if Path(getattr(d.func, "__code__", None).co_filename if hasattr(d.func, "__code__") else "/").parent == REPO / "tests")]
+        if any(_starts_processes(f) for f in functions):
+            item.add_marker(pytest.mark.slow)

@@ -12,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
+from framework.config.hydra_versions import version_base
 from framework.config.strategy_options import DDPOptions
 from framework.config.targets import current
 from framework.config.typed import typed
@@ -98,7 +99,7 @@ def _config_search_path():
     if GlobalHydra.instance().is_initialized():
         yield GlobalHydra.instance()
         return
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
         yield GlobalHydra.instance()
 
 
