@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, check_ok, driver_says, pin_accelerator, read_scalars, run_dirs, run_train
+from framework.config.targets import TargetAllowlist, allowing
 
 EXAMPLE = REPO / "examples" / "my_project"
 FAST = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=adam",
@@ -142,7 +143,8 @@ def test_one_dataset_target_taking_train_builds_both_splits(project, tmp_path, m
 
     monkeypatch.syspath_prepend(str(project))
     options = typed(DatasetConfig, {"_target_": "mypkg.data.Blobs", "size": 384}, "dataset", open_keys=True)
-    splits = build_splits(options)
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        splits = build_splits(options)
     assert len(splits["train"]) == len(splits["test"]) == 384
     assert not torch.equal(splits["train"].x, splits["test"].x)  # Blobs(train=True) and Blobs(train=False)
     assert torch.equal(splits["test"].x, type(splits["test"])(train=False, size=384).x)
@@ -160,7 +162,8 @@ def test_a_collate_fn_per_split_goes_over_the_shared_one(project, tmp_path, monk
     options = typed(DatasetConfig, {
         "train": {"_target_": "mypkg.tagging.Tagging", "collate_fn": {**pad, "pad_token": 31}},
         "test": {"_target_": "mypkg.tagging.Tagging", "train": False, "size": 64}, "collate_fn": pad}, "dataset")
-    data = build_data(options)
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        data = build_data(options)
     assert data.collate["train"].fn.pad_token == 31 and data.collate["test"].fn.pad_token == 0
     assert data.in_shape is None and data.pairs and data.example[0].shape[0] == 1
     args = ["strategy=ddp", "experiment=task_tagging", "~dataset.collate_fn",

@@ -72,9 +72,15 @@ class LrScheduleConfig(Checked):
     warmup_fraction: float = rule(0.1, between(0.0, 1.0, high_open=True))
     start_factor: float = rule(0.1, between(0.0, 1.0))
     final_factor: float = rule(0.0, between(0.0, 1.0))
-    scheduler: Optional[Dict[str, Any]] = None  # name=torch: {_target_: torch.optim.lr_scheduler.StepLR, ...}
+    # name=torch: {_target_: torch.optim.lr_scheduler.StepLR, ...}; typed Any: an override's dict replaces null
+    # (OmegaConf 2.3 cannot merge one into a null Dict node)
+    scheduler: Any = None
 
     def check(self) -> None:
+        if self.scheduler is not None and not isinstance(self.scheduler, dict):
+            raise SettingError("scheduler", self.scheduler, message=(
+                f"{{key}}.scheduler={self.scheduler!r} is not allowed: expected a torch.optim.lr_scheduler class by "
+                "_target_, e.g. {key}.scheduler={_target_:torch.optim.lr_scheduler.ExponentialLR,gamma:0.99}"))
         if self.name == "torch" and not (self.scheduler and self.scheduler.get("_target_")):
             raise SettingError("scheduler", self.scheduler, message=(
                 "{key}.scheduler is missing: lr_schedule=torch names a torch.optim.lr_scheduler class by _target_, "
