@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
+from framework.config.hydra_versions import version_base
 
 pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's own pinning in a pytest of its own
 
@@ -186,7 +187,7 @@ def composed(*overrides: str, hydra: bool = False):
     """conf/ composed with Hydra's compose API, as the driver composes it."""
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
 
@@ -206,7 +207,7 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
 
     extra = [config_dir_override(str(config_dir))] if config_dir else []
     try:
-        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
             cfg = compose("config", overrides=[*pin_accelerator(list(overrides)), *extra])
             prepare(cfg, external=False, run_dir=run_dir)
     except HydraException as exc:

@@ -17,6 +17,7 @@ from torch import nn
 
 from conftest import REPO, composed, driver_says
 from framework.checkpoints.weights import read_weights, write_weights
+from framework.config.hydra_versions import version_base
 from framework.config.optimizer import LrScheduleConfig, SGDConfig
 from framework.config.targets import TargetAllowlist, allowing, current
 from framework.errors import ConfigError
@@ -425,7 +426,7 @@ def _eval(ckpt, tmp_path, *overrides):
     out = tmp_path / f"eval{len(list(tmp_path.glob('eval*')))}"
     out.mkdir()
     given = [f"ckpt_path={ckpt}", "strategy=single", "trainer.accelerator=cpu", *overrides]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
         cfg = compose("eval", overrides=given)
     return _evaluate(cfg, out, given)
 

@@ -136,7 +136,7 @@ def test_two_groups_and_a_torch_scheduler_under_every_engine(references, engine)
     assert sorted(logged) == list(range(1, STEPS + 1))
     for step in logged:
         assert logged[step] == pytest.approx(expected[step], rel=1e-6), f"step {step}"
-    assert len(set(map(tuple, logged.values()))) > 2, "the scheduler moved the lr"
+    assert len(set(map(tuple, logged.values()))) > 1, "the scheduler moved the lr"
 
 
 @pytest.mark.parametrize("engine", [e for e, (_, _, rank) in ENGINES.items() if rank is not None])

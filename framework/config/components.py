@@ -35,6 +35,10 @@ def build_component(node, key: str, **kwargs) -> Any:
             raise ConfigError(f"{key}._target_={target} is not allowed: it cannot be imported ({cause}); "
                               "is its package on PYTHONPATH?") from None
         raise ConfigError(f"{key}._target_={target} failed to build: {type(cause).__name__}: {cause}") from None
+    except ConfigError:  # the component's own refusal (Hydra >= 1.4 does not wrap what the target raises)
+        raise
+    except Exception as exc:  # Hydra >= 1.4: the target's own error, unwrapped
+        raise ConfigError(f"{key}._target_={target} failed to build: {type(exc).__name__}: {exc}") from None
 
 
 def parameters_of(target: str, key: str = "") -> dict[str, inspect.Parameter]:

@@ -5,12 +5,19 @@ in-process tests against 1.4 too), in one place.
                   and its defaults are 1.3's, so it is left out there
     whitelist     1.4 checks every `_target_` Hydra itself builds (hydra.callbacks, logging handlers) against an
                   execution whitelist given to @hydra.main; 1.5 will require one. Ours: the framework's Hydra
-                  callbacks. The components are built through framework/config/targets.py, with their own list."""
+                  callbacks. The components are built through framework/config/targets.py, with their own list.
+    resolvers     OmegaConf 2.4 (Hydra 1.4's) renames register_new_resolver to register_resolver, a name 2.3 still
+                  gives its old, deprecated API"""
 from __future__ import annotations
 
+from typing import Callable
+
 import hydra
+import omegaconf
+from omegaconf import OmegaConf
 
 VERSION = tuple(int(part) for part in hydra.__version__.split(".")[:2])
+OMEGACONF = tuple(int(part) for part in omegaconf.__version__.split(".")[:2])
 HYDRA_CALLBACKS = ("framework.results.*",)  # conf/hydra/default.yaml, conf/logger/*.yaml: hydra.callbacks
 
 
@@ -22,3 +29,9 @@ def version_base() -> dict:
 def main_options() -> dict:
     """@hydra.main's keyword arguments besides the config path and name."""
     return {**version_base(), **({"execution_whitelist": list(HYDRA_CALLBACKS)} if VERSION >= (1, 4) else {})}
+
+
+def register_resolver(name: str, resolver: Callable) -> None:
+    """An OmegaConf resolver, `${name:...}`, registered again if it was (a module imported anew)."""
+    register = OmegaConf.register_resolver if OMEGACONF >= (2, 4) else OmegaConf.register_new_resolver
+    register(name, resolver, replace=True)
