@@ -120,16 +120,16 @@ class TargetAllowlist:
 
     def resolved_refusal(self, key: str, target: Any) -> str | None:
         """After the name passed: why what it resolves to may not be built (an allowed name that is an alias of
-        something else, e.g. torch.os.system). An exact entry is trusted as named; one that does not import is left
-        to the builder, which says so."""
-        if not isinstance(target, str) or target in self.exact:
+        something else, e.g. torch.os.system). A name the allowlist gives exactly is trusted as named (as Hydra 1.4
+        trusts an exact whitelist entry); one that does not import is left to the builder, which says so."""
+        if not isinstance(target, str) or target in self.exact or target in self.allowed:
             return None
         try:
             resolved = get_object(target)
         except Exception:
             return None
         identity = _identity(resolved)
-        if identity is None or self.allows(identity):
+        if identity is not None and self.allows(identity):
             return None
         return self._line(key, target, f" (it is {identity})")
 
@@ -166,13 +166,14 @@ class TargetAllowlist:
 
 
 def _identity(obj: Any) -> str | None:
-    """module.qualname of a class or function (a bound or C method by its owner's module), None when it has none."""
+    """module.qualname of a class or function (a C method by its owner's module); an object that is neither (a
+    functools.partial, any callable instance) by its class's."""
     obj = inspect.unwrap(obj) if callable(obj) else obj
     module = getattr(obj, "__module__", None)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if not isinstance(module, str) or not isinstance(name, str):
-        return None
-    return f"{module}.{name}"
+    if isinstance(module, str) and isinstance(name, str):
+        return f"{module}.{name}"
+    return None if isinstance(obj, type) else _identity(type(obj))
 
 
 _CURRENT: ContextVar[TargetAllowlist] = ContextVar("hydra_dist_allowed_targets", default=TargetAllowlist())
