@@ -52,15 +52,15 @@ def _forget_user_packages():
 
 
 def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str]:
-    """A run's overrides with trainer.accelerator added unless they name one: cpu in a CPU test, gpu in a test marked
-    gpu. The suite passes on machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU
-    timings, exact float sums) says so, and a GPU test that forgets to ask for the GPU would run on the CPU."""
-    if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
-        return list(args)
-    accelerator = accelerator or _accelerator[0]
-    pinned = [f"trainer.accelerator={accelerator}"]
+    """A run's overrides with trainer.accelerator added unless they name one (cpu in a CPU test, gpu in a test marked
+    gpu), and dataset=synthetic in a run on the GPU that names no data. The suite passes on machines with any number
+    of GPUs only if a test that assumes CPU workers (gloo, CPU timings, exact float sums) says so, and a GPU test that
+    forgets to ask for the GPU would run on the CPU."""
+    named = [a.split("=", 1)[1] for a in args if a.startswith(("trainer.accelerator=", "++trainer.accelerator="))]
+    accelerator = named[-1] if named else accelerator or _accelerator[0]
+    pinned = [] if named else [f"trainer.accelerator={accelerator}"]
     # A GPU machine may have neither network nor Debian's Fashion-MNIST: GPU runs that name no data train on random
-    # images of its shape (an evaluation, ckpt_path=..., takes its run's data)
+    # images of its shape (an evaluation, ckpt_path=..., takes its run's data), whoever asked for the GPU
     if accelerator == "gpu" and not any(a.startswith(("dataset=", "experiment=", "ckpt_path=")) for a in args):
         pinned.append("dataset=synthetic")
     # right after the first override: Hydra's argument parser takes the overrides as one run of positional
