@@ -2,7 +2,9 @@
 event files back with TensorBoard's own reader."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +88,23 @@ def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None =
     args, env = with_faults(args, env, faults)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     cmd = (launcher or [sys.executable]) + [str(TRAIN), *pin_accelerator(args)]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return run_in_own_session(cmd, cwd, full_env, timeout)
+
+
+def run_in_own_session(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, timeout=...), but in a process group of its own that is killed whole when the command runs
+    past its time (subprocess.TimeoutExpired as before) or the test is interrupted: killing only the driver would
+    leave the elastic agent's workers holding their GPUs for the next test (as scripts/gpu_smoke.py does)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str]:

@@ -237,7 +237,7 @@ def test_memory_peaks_are_per_interval_so_evaluation_does_not_leak_into_training
 def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
     from framework.strategies.dp import DataParallelStrategy
 
-    if not torch.cuda.is_bf16_supported():
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
 
     strategy = strategy_for("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16",

@@ -195,7 +195,7 @@ def _fsdp_on_every_gpu():
 def test_fsdp_trains_on_every_gpu_with_nccl_and_resumes_after_a_kill(tmp_path, precision):
     import torch
 
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+    if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
     args = [*_fsdp_on_every_gpu(), *(a for a in COMMON if not a.startswith(("trainer.batch_size=", "dataset.max_train"))),
             f"trainer.precision={precision}"]

@@ -69,7 +69,8 @@ def test_horovod_is_built_with_nccl_where_a_gpu_is_visible(tmp_path, gpu_cc, ncc
         env.pop(name, None)
     proc = subprocess.run(["bash", str(HOROVOD), str(venv)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    built = dict(line.split("=", 1) for line in (venv / "bin" / "pip-wheel.env").read_text().splitlines() if "=" in line)
+    lines = (venv / "bin" / "pip-wheel.env").read_text().splitlines()
+    built = dict(line.split("=", 1) for line in lines if "=" in line)
     assert built["HOROVOD_BUILD_CUDA_CC_LIST"] == (gpu_cc or "80") and built["HYDRA_DIST_CXX_STD"] == "20"
     if nccl:
         assert built.get("HOROVOD_GPU_OPERATIONS") == "NCCL", proc.stdout
@@ -77,3 +78,23 @@ def test_horovod_is_built_with_nccl_where_a_gpu_is_visible(tmp_path, gpu_cc, ncc
         assert "(cuda-nccl-cc90, C++20)" in proc.stdout
     else:  # no GPU to build NCCL operations for (HYDRA_DIST_HOROVOD_NCCL=1 asks for them anyway)
         assert "HOROVOD_GPU_OPERATIONS" not in built and "(cuda, C++20)" in proc.stdout
+
+
+def test_make_test_gpu_sets_up_no_engine_and_reaches_no_network(tmp_path):
+    """On a GPU machine with a runtime-only CUDA (no nvcc) and no internet, `make setup` stops at horovod's build:
+    `make test-gpu` sets up only what the GPU tests need. With the venv installed, that asks pip, the engine scripts
+    and apt nothing (a stub python that refuses every call, a stub apt-get that records any)."""
+    steps = subprocess.run(["make", "-n", "test-gpu"], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+    assert steps.split("\n")[:2] == ["bash scripts/setup.sh gpu-tests", ".venv/bin/python scripts/gpu_smoke.py"]
+    venv = tmp_path / "venv"
+    _stub(venv / "bin" / "python", "#!/bin/sh\necho \"stub python: called: $*\" >&2\nexit 3\n")
+    digest = subprocess.run("cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1", shell=True, cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    (venv / ".hydra-dist-installed").write_text(f"{digest} all\n")  # installed before, as `make setup` leaves it
+    tools = tmp_path / "tools"
+    _stub(tools / "apt-get", f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'apt-calls'}\n")
+    env = {**os.environ, "HYDRA_DIST_VENV": str(venv), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "gpu-tests"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "stub python" not in proc.stderr, proc.stdout + proc.stderr
+    assert not (tmp_path / "apt-calls").exists()
