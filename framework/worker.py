@@ -88,7 +88,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.rank, group.world_size)
+                                    group.device, micro_batch, group.rank, group.world_size, say)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
