@@ -10,18 +10,18 @@ class LossHistory(Callback):
         self.file_name = file_name
         self.rows = []
 
-    def on_log(self, trainer, step, report):
+    def on_log(self, state, step, report):
         if report is not None:
             self.rows.append({"step": step, "kind": "train", "loss": report.summary.loss,
                               "samples_per_sec": report.summary.samples_per_sec})
 
-    def on_evaluation_end(self, trainer, step, result):
+    def on_evaluation_end(self, state, step, result):
         if result is not None:
             self.rows.append({"step": step, "kind": "test", "loss": result.loss, "samples_per_sec": ""})
 
-    def on_fit_end(self, trainer):
-        if trainer.is_main:
-            with open(trainer.run_dir / self.file_name, "w", newline="") as f:
+    def on_fit_end(self, state):
+        if state.is_main:
+            with open(state.run_dir / self.file_name, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=["step", "kind", "loss", "samples_per_sec"])
                 writer.writeheader()
                 writer.writerows(self.rows)
