@@ -107,8 +107,8 @@ def test_a_run_resumed_mid_epoch_evaluates_on_the_same_clock_with_the_same_ema(t
 @pytest.mark.parametrize("strategy", ["ddp", "dp", "horovod"])
 def test_ema_weights_evaluate_with_eval_py(tmp_path, strategy):
     """The loop's last evaluation scored the average (evaluate_with_ema) on 2 ddp or horovod ranks, or dp's one
-    process (README: EMA with single, dp, ddp and horovod); eval.py on weights/ema.pt in one process gets the same
-    accuracy."""
+    process (docs/loop-features.md: EMA with single, dp, ddp and horovod); eval.py on weights/ema.pt in one process
+    gets the same accuracy."""
     if strategy == "horovod":
         pytest.importorskip("horovod.torch", reason="the horovod extra (make test builds it)")
     (tmp_path / "train").mkdir()

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, check_ok, driver_says, losses_by_step, read_scalars, run_dirs, run_train
 from test_torchrun import TORCHRUN
 
-EXAMPLE = REPO / "examples" / "my_project"  # the project README's "Your own model and data" shows
+EXAMPLE = REPO / "examples" / "my_project"  # docs/your-own-code.md, "Your own model and data", shows
 # Extra pieces for the bad-input cases, added to a copy of the example.
 BAD_PIECES = '''
 from mypkg.data import Blobs
