@@ -198,12 +198,16 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
     return run_dir
 
 
-def composed(*overrides: str, hydra: bool = False):
-    """conf/ composed with Hydra's compose API, as the driver composes it."""
+def composed(*overrides: str, hydra: bool = False, config_name: str = "config", config_dir: Path | None = None):
+    """conf/ composed with Hydra's compose API, as the driver composes it (config_name: eval or sample for eval.py's
+    and sample.py's; config_dir: a --config-dir's groups too)."""
     from hydra import compose, initialize_config_dir
 
+    from framework.paths import config_dir_override
+
+    extra = [config_dir_override(str(config_dir))] if config_dir else []
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+        return compose(config_name, overrides=[*overrides, *extra], return_hydra_config=hydra)
 
 
 def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = None) -> str:
