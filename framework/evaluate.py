@@ -30,7 +30,8 @@ from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
 from framework.run import RESOLVED_CONFIG
 from framework.strategies import build_strategy, choose_strategy
-from framework.training.trainer import EvalResult, LoopData, evaluate
+from framework.training.loop_state import EvalResult
+from framework.training.trainer import LoopData, evaluate
 from framework.worker import seed_everything
 
 EVAL_FILE = "eval.json"

@@ -54,7 +54,9 @@ def _machine(s: Settings, strategy: Strategy) -> None:
                           f"{strategy.channels_last_refusal}; use auto or false")
     if t.precision == "fp16" and not strategy.trainer.cuda:
         raise ConfigError("trainer.precision=fp16 is not allowed on the CPU (it needs CUDA's GradScaler); use bf16 or fp32")
-    if t.precision == "bf16" and strategy.trainer.cuda and not torch.cuda.is_bf16_supported():
+    # bf16 the GPU computes itself: torch's default also counts what an older GPU only emulates, slowly
+    cuda = strategy.trainer.cuda
+    if t.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise ConfigError(f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 "
                           "support; use fp16 or fp32")
 

@@ -93,7 +93,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.rank, group.world_size)
+                                    group.device, micro_batch, group.rank, group.world_size, say)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
@@ -134,16 +134,17 @@ def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batc
 
 def _result(s: Settings, strategy: Strategy, group: ProcessGroup, trainer: Trainer, checkpointer: Checkpointer,
             start: Position, micro_batch: int) -> RunResult:
-    t, totals = s.trainer, trainer.totals
+    t, state = s.trainer, trainer.state
+    totals = state.totals
     return RunResult(
         test_metrics=dict(totals.val_metrics), objective=t.objective, test_loss=totals.val_loss,
         train_loss=totals.train_loss, samples_per_sec=totals.samples / totals.seconds if totals.seconds else 0.0,
         per_rank_samples_per_sec=totals.per_slot_samples_per_sec(), per_rank_max_memory_gib=totals.slot_max_mem_gib,
-        train_seconds=totals.seconds, steps=trainer.step, skipped_steps=totals.skipped_steps,
-        epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=group.world_size,
+        train_seconds=totals.seconds, steps=state.step, skipped_steps=totals.skipped_steps,
+        epochs=state.epoch + 1 if state.stop_reason else state.epochs, processes=group.world_size,
         global_batch=t.batch_size, micro_batch=micro_batch, strategy=strategy.name, device=group.device.type,
         resumed_from_step=start.step, checkpoint=str(checkpointer.last_saved() or ""),
-        objective_higher_is_better=trainer.higher_is_better,
+        objective_higher_is_better=state.higher_is_better,
     )
 
 

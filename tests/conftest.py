@@ -2,8 +2,10 @@
 event files back with TensorBoard's own reader."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -54,15 +56,15 @@ def _forget_user_packages():
 
 
 def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str]:
-    """A run's overrides with trainer.accelerator added unless they name one: cpu in a CPU test, gpu in a test marked
-    gpu. The suite passes on machines with any number of GPUs only if a test that assumes CPU workers (gloo, CPU
-    timings, exact float sums) says so, and a GPU test that forgets to ask for the GPU would run on the CPU."""
-    if any(a.startswith(("trainer.accelerator=", "++trainer.accelerator=")) for a in args):
-        return list(args)
-    accelerator = accelerator or _accelerator[0]
-    pinned = [f"trainer.accelerator={accelerator}"]
+    """A run's overrides with trainer.accelerator added unless they name one (cpu in a CPU test, gpu in a test marked
+    gpu), and dataset=synthetic in a run on the GPU that names no data. The suite passes on machines with any number
+    of GPUs only if a test that assumes CPU workers (gloo, CPU timings, exact float sums) says so, and a GPU test that
+    forgets to ask for the GPU would run on the CPU."""
+    named = [a.split("=", 1)[1] for a in args if a.startswith(("trainer.accelerator=", "++trainer.accelerator="))]
+    accelerator = named[-1] if named else accelerator or _accelerator[0]
+    pinned = [] if named else [f"trainer.accelerator={accelerator}"]
     # A GPU machine may have neither network nor Debian's Fashion-MNIST: GPU runs that name no data train on random
-    # images of its shape (an evaluation, ckpt_path=..., takes its run's data)
+    # images of its shape (an evaluation, ckpt_path=..., takes its run's data), whoever asked for the GPU
     if accelerator == "gpu" and not any(a.startswith(("dataset=", "experiment=", "ckpt_path=")) for a in args):
         pinned.append("dataset=synthetic")
     # right after the first override: Hydra's argument parser takes the overrides as one run of positional
@@ -88,7 +90,23 @@ def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None =
     args, env = with_faults(args, env, faults)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     cmd = (launcher or [sys.executable]) + [str(TRAIN), *pin_accelerator(args)]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return run_in_own_session(cmd, cwd, full_env, timeout)
+
+
+def run_in_own_session(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, timeout=...), but in a process group of its own that is killed whole when the command runs
+    past its time (subprocess.TimeoutExpired as before) or the test is interrupted: killing only the driver would
+    leave the elastic agent's workers holding their GPUs for the next test (as scripts/gpu_smoke.py does)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str]:
@@ -183,12 +201,16 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
     return run_dir
 
 
-def composed(*overrides: str, hydra: bool = False):
-    """conf/ composed with Hydra's compose API, as the driver composes it."""
+def composed(*overrides: str, hydra: bool = False, config_name: str = "config", config_dir: Path | None = None):
+    """conf/ composed with Hydra's compose API, as the driver composes it (config_name: eval or sample for eval.py's
+    and sample.py's; config_dir: a --config-dir's groups too)."""
     from hydra import compose, initialize_config_dir
 
+    from framework.paths import config_dir_override
+
+    extra = [config_dir_override(str(config_dir))] if config_dir else []
     with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra)
+        return compose(config_name, overrides=[*overrides, *extra], return_hydra_config=hydra)
 
 
 def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = None) -> str:

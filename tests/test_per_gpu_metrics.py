@@ -407,8 +407,10 @@ def test_busy_wait_tflops_and_mfu_on_one_gpu(tmp_path):
 def test_dp_replica_times_on_the_gpu_come_from_cuda_events(tmp_path):
     """One GPU: nn.DataParallel does not replicate, so the user's own parameters carry the backward hook (removed
     again every step); forward and backward are read from CUDA events on the replica's stream."""
+    precision = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"  # the replica's autocast
     check_ok(run_train(["strategy=dp", "strategy.device_ids=[0]", "trainer.accelerator=gpu", *TINY,
-                        "trainer.max_steps=16", "trainer.log_every_n_steps=8", "trainer.precision=bf16"], tmp_path))
+                        "trainer.max_steps=16", "trainer.log_every_n_steps=8", f"trainer.precision={precision}"],
+                       tmp_path))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     step_ms = [v for _, v in scalars["time/step_ms"]]

@@ -70,7 +70,7 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
                 raise ConfigError(
                     f"dataset.{which} is missing or has no _target_: a dataset config names either `train:` and "
                     "`test:` Datasets with _target_, or one Dataset with _target_ (and val_fraction, unless it "
-                    "takes `train`) (see README, Your own model and data)")
+                    "takes `train`) (see docs/your-own-code.md)")
             splits[which] = _as_dataset({k: v for k, v in node.items() if k != COLLATE_KEY}, f"dataset.{which}")
     for which, dataset in splits.items():
         limit = getattr(cfg, f"max_{which}_samples") or len(dataset)
@@ -324,7 +324,7 @@ def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool
         if needs_targets:
             raise ConfigError(f"{not_pairs}; step={needs_targets} needs (inputs, targets): for inputs only (an "
                               "autoencoder, a self-supervised objective) name a step of your own that takes the batch "
-                              "as it is (step._target_=..., see README, Data without targets)")
+                              "as it is (step._target_=..., see docs/your-own-code.md, Data without targets)")
     in_shape = _in_shape(cfg, splits, check, collated)  # (samples of different shapes: one line, before collating)
     if check:
         for which, dataset in splits.items():

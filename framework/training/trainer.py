@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -19,55 +18,15 @@ from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
 from framework.training.checkpointing import Checkpointer
+from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
 from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
-from framework.training.param_groups import group_lrs
 
 
 class TrainingStopped(RuntimeError):
     """The run stopped on purpose (a NaN/inf loss); the message says why and what is kept."""
-
-
-@dataclass
-class RunTotals:
-    """Rank 0's running totals over every logged interval (checkpointed, so a resumed run keeps them)."""
-
-    samples: float = 0.0
-    seconds: float = 0.0
-    slot_samples: list[float] = field(default_factory=list)
-    slot_seconds: list[float] = field(default_factory=list)
-    slot_max_mem_gib: list[float] = field(default_factory=list)  # the run's peak per GPU (CUDA; 0 on the CPU)
-    train_loss: float = math.nan
-    val_loss: float = math.nan
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    skipped_steps: int = 0
-
-    def add(self, s: IntervalSummary) -> None:
-        self.samples += s.samples
-        self.seconds += s.seconds
-        slots = len(s.per_slot_samples)
-        if len(self.slot_samples) != slots:
-            self.slot_samples, self.slot_seconds = [0.0] * slots, [0.0] * slots
-        if len(self.slot_max_mem_gib) != slots:
-            self.slot_max_mem_gib = [0.0] * slots
-        for i in range(slots):
-            self.slot_samples[i] += s.per_slot_samples[i]
-            self.slot_seconds[i] += s.per_slot_seconds[i]
-            self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
-        self.train_loss = s.loss
-
-    def per_slot_samples_per_sec(self) -> list[float]:
-        return [n / s if s > 0 else 0.0 for n, s in zip(self.slot_samples, self.slot_seconds)]
-
-
-@dataclass
-class EvalResult:
-    """One evaluation on the test split, on rank 0: mean loss and each metric's mean per-sample score."""
-
-    loss: float
-    metrics: dict[str, float]
 
 
 @dataclass
@@ -80,18 +39,6 @@ class LoopData:
     step: object  # framework/training/step.py: step(model, batch, loss) -> StepOutput
     loss: object  # loss(outputs, targets) -> per-sample losses (or per element of a sample), or their mean
     metrics: dict  # name -> a torchmetrics.Metric, or metric(outputs, targets) -> the batch's sum of a per-sample score
-
-
-@dataclass
-class RunInfo:
-    """What callbacks read about the run, beside the loop's own state: its folder, rank 0's console, the
-    hyperparameters the HParams tab shows, what rebuilds the model (weights files), and the stop a signal requests."""
-
-    run_dir: Path
-    say: object  # rank 0's console and train.log (framework/telemetry/progress.py: Console)
-    hparams: dict
-    model_record: dict  # the model's config, in_shape and num_classes
-    stop: object  # framework/training/interrupts.py: .requested, .signum
 
 
 @dataclass
@@ -125,67 +72,29 @@ class Trainer:
                  checkpointer: Checkpointer, callbacks: Callbacks, telemetry: LoopTelemetry, run: RunInfo):
         self.options, self.group, self.wrapped, self.data = options, group, wrapped, data
         self.checkpointer, self.callbacks, self.telemetry, self.run = checkpointer, callbacks, telemetry, run
-        self.is_main = group.is_main
-        self.totals = RunTotals()
-        self.epoch = 0
-        self.step = 0  # optimizer steps done
-        self.stop_requested: str | None = None  # a callback's reason to end after this evaluation (every rank alike)
-        self.checkpoint_due = False  # a checkpoint follows the log boundary in progress
-        # context managers the evaluations run inside, which callbacks add (the EMA swaps its average in)
-        self.evaluation_contexts: list = []
+        self.say = run.say
         self.steps_per_epoch = len(data.train_loader) // options.grad_accum
         if self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
         planned = options.epochs * self.steps_per_epoch
         self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps, self.higher_is_better)
+        objective = options.objective
+        # what every callback gets (framework/training/loop_state.py); the loop moves its step, epoch and totals on
+        self.state = LoopState(options, group, wrapped, run, checkpointer, self.total_steps, self.epochs,
+                               objective != "loss" and higher_is_better(data.metrics[objective]))
+        self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,
+                                             self.state.higher_is_better)
         caveat = getattr(telemetry.clock, "caveat", None)
-        if caveat and len(telemetry.meter.slot_sizes) > 1 and self.is_main:
+        if caveat and len(telemetry.meter.slot_sizes) > 1 and group.is_main:
             self.say(f"note: {caveat}")
-
-    # ---- what callbacks read -----------------------------------------------------------------
-    @property
-    def say(self):
-        return self.run.say
-
-    @property
-    def run_dir(self) -> Path:
-        return self.run.run_dir
-
-    def hparams(self) -> dict:
-        """The run's hyperparameters, as the HParams tab shows them."""
-        return {**self.run.hparams, "processes": self.group.world_size, "epochs": self.epochs}
-
-    def lr(self) -> float:
-        return float(self.wrapped.optimizer.param_groups[0]["lr"])
-
-    def lrs(self) -> dict[str, float]:
-        """Every param group's lr by its name (optimizer.param_groups; one group: `default`)."""
-        return group_lrs(self.wrapped.optimizer)
-
-    def request_stop(self, reason: str) -> None:
-        """End the run after the current evaluation (call it on every rank, with the same decision)."""
-        self.stop_requested = reason
-
-    @property
-    def objective(self) -> str:
-        """What the run optimizes: trainer.objective, a metric's name or loss."""
-        return self.options.objective
-
-    def objective_value(self, result: EvalResult) -> float:
-        return result.loss if self.objective == "loss" else result.metrics[self.objective]
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.objective != "loss" and higher_is_better(self.data.metrics[self.objective])
 
     # ---- the loop ----------------------------------------------------------------------------
     def resume(self, checkpoint) -> Position:
         """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
         position, totals, callbacks, lr_schedule = self.checkpointer.resume(checkpoint, self.wrapped)
         if totals:
-            self.totals = RunTotals(**totals)
+            self.state.totals = RunTotals(**totals)
         self.lr_schedule.load_state_dict(lr_schedule)
         self.callbacks.load_state_dict(callbacks)
         return position
@@ -194,29 +103,29 @@ class Trainer:
         """Train from `start` (framework/checkpoints/position.py: why the data position is counted in samples, and
         how a run on another world size or batch continues the epoch without a sample twice or skipped)."""
         try:
-            self.callbacks.on_fit_start(self)
+            self.callbacks.on_fit_start(self.state)
             self._fit(start)
-            self.callbacks.on_fit_end(self)
+            self.callbacks.on_fit_end(self.state)
         except BaseException as exc:
-            self.callbacks.on_exception(self, exc)
+            self.callbacks.on_exception(self.state, exc)
             raise
-        return self.totals
+        return self.state.totals
 
     def _fit(self, start: Position) -> None:
-        k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
+        k, batch, meter, state = self.options.grad_accum, self.options.batch_size, self.telemetry.meter, self.state
         resumed = resume_point(start, batch, self.steps_per_epoch)
-        step = self.step = resumed.step
-        self.epoch = resumed.epoch
+        step = state.step = resumed.step
+        state.epoch = resumed.epoch
         evaluated_at = None  # the step of the last evaluation: an epoch end on a step evaluation's step adds none
         if step and self._evaluation_step(step):  # resumed from the checkpoint written just before that evaluation
             self._evaluate(step)
             evaluated_at = step
-            if self.stop_requested:
-                self.say(f"stopped at step {step}: {self.stop_requested}")
+            if state.stop_reason:
+                self.say(f"stopped at step {step}: {state.stop_reason}")
                 return
         meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
-            self.epoch = epoch
+            state.epoch = epoch
             first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
             last = min(self.steps_per_epoch, first + self.total_steps - step)
             self.wrapped.model.train()
@@ -225,22 +134,22 @@ class Trainer:
             batches = loader.iterate(first * k)
             for batch_in_epoch in range(first + 1, last + 1):
                 step += 1
-                self.step = step
-                self.callbacks.on_train_step_start(self, step)
+                state.step = step
+                self.callbacks.on_train_step_start(state, step)
                 self._train_step(self.telemetry.batches(batches, step), step)
-                self.callbacks.on_train_step_end(self, step)
+                self.callbacks.on_train_step_end(state, step)
                 epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
                 stopping = self.run.stop.requested  # read once: a signal may land anywhere below
                 evaluating = self._evaluation_step(step)
-                self.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
-                if step % self.options.log_every_n_steps == 0 or self.checkpoint_due or evaluating:
+                state.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
+                if step % self.options.log_every_n_steps == 0 or state.checkpoint_due or evaluating:
                     self._log(step)
-                if self.checkpoint_due:
+                if state.checkpoint_due:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
                     path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
-                                                  asdict(self.totals), self.callbacks.state_dict(),
+                                                  asdict(state.totals), self.callbacks.state_dict(),
                                                   self.lr_schedule.state_dict())
-                    self.callbacks.on_checkpoint_saved(self, step, path)
+                    self.callbacks.on_checkpoint_saved(state, step, path)
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
                 if evaluating:
@@ -248,17 +157,17 @@ class Trainer:
                     evaluated_at = step
                     meter.reset()  # evaluation time is not training time
                     self.wrapped.model.train()
-                    if self.stop_requested:
+                    if state.stop_reason:
                         break
-            self.checkpoint_due = False
+            state.checkpoint_due = False
             if meter.steps:
                 self._log(step)
             epoch_evaluation = (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1
             if epoch_evaluation and evaluated_at != step:
                 self._evaluate(step)
             meter.reset()  # evaluation time is not training time
-            if self.stop_requested:
-                self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
+            if state.stop_reason:
+                self.say(f"stopped after epoch {epoch + 1}, step {step}: {state.stop_reason}")
                 break
 
     def _evaluation_step(self, step: int) -> bool:
@@ -292,7 +201,7 @@ class Trainer:
         optimizer step was skipped."""
         self.telemetry.heartbeat.beat(step, "step_end")
         if not losses:
-            self.totals.skipped_steps += 1
+            self.state.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
         for per_sample in losses:
             self.telemetry.meter.add_micro_batch(per_sample)
@@ -309,11 +218,11 @@ class Trainer:
         meter.reset()
         self._stop_if_nonfinite(rows)
         report = None
-        if self.is_main:
+        if self.group.is_main:
             summary = IntervalSummary.from_rows(rows)
-            self.totals.add(summary)
+            self.state.totals.add(summary)
             report = self.telemetry.per_gpu.report(summary)
-        self.callbacks.on_log(self, step, report)
+        self.callbacks.on_log(self.state, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
         """Every rank sees the same gathered rows, so every rank stops at the same boundary."""
@@ -330,16 +239,17 @@ class Trainer:
         )
 
     def _evaluate(self, step: int) -> None:
-        self.callbacks.on_evaluation_start(self, step)
+        main = self.group.is_main
+        self.callbacks.on_evaluation_start(self.state, step)
         with ExitStack() as stack:
-            for context in self.evaluation_contexts:
+            for context in self.state.evaluation_contexts:
                 stack.enter_context(context())
             result = evaluate(self.group, self.wrapped, self.data,
                               on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
-        self.lr_schedule.evaluated(self.objective_value(result))  # every rank: the same result, the same decision
-        if self.is_main:
-            self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
-        self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
+        self.lr_schedule.evaluated(self.state.objective_value(result))  # every rank: the same result and decision
+        if main:
+            self.state.totals.val_loss, self.state.totals.val_metrics = result.loss, result.metrics
+        self.callbacks.on_evaluation_end(self.state, step, result if main else None)
 
 
 @torch.no_grad()
