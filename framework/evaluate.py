@@ -2,8 +2,8 @@
 model on the test split, with any strategy, the metrics printed and written to eval.json in the evaluation's own
 folder (outputs/evals/...), as lightning-hydra-template's eval.py does.
 
-ckpt_path is a run folder (its weights/best.pt, else weights/last.pt, else its newest checkpoint), a weights file
-(weights/*.pt), or a checkpoint (a .pt, or a sharded checkpoint's folder, which only the strategy that wrote it
+ckpt_path is a run folder (its weights/best.safetensors or .pt, else weights/last.*, else its newest checkpoint), a
+weights file (weights/*.safetensors or *.pt), or a checkpoint (a .pt, or a sharded checkpoint's folder, which only the strategy that wrote it
 reads). The model, dataset, loss, metrics and step are the run's own (its resolved_config.yaml) unless the command
 line names them: `dataset=...` evaluates the run's model on another dataset.
 
