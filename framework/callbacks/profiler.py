@@ -22,7 +22,7 @@ class StepProfiler(Callback):
         self._step = None  # the open `train step N` range
 
     def on_fit_start(self, trainer) -> None:
-        if trainer.is_main and self.first > trainer.total_steps:
+        if trainer.is_main and trainer.total_steps and self.first > trainer.total_steps:
             trainer.say(f"warning: trainer.profile=[{self.first}, {self.last}] starts after this run's last step "
                         f"({trainer.total_steps}): nothing is profiled")
 
