@@ -23,7 +23,7 @@ from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
 from framework.training.metrics import is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
-from framework.training.step import Supervised
+from framework.training.step import ModelLoss, Supervised
 
 
 def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | None:
@@ -96,9 +96,10 @@ def dry_run(s: Settings, task: Task) -> None:
     with torch.no_grad(), silenced():
         if isinstance(step, Supervised):  # say which of the two failed: the model, or the loss on its outputs
             _one_line(lambda: model(batch[0]), f"{model_name} cannot take the dataset's batches ({shapes})")
-        out = _one_line(lambda: step(model, batch, loss),
-                        f"loss={s.loss.get('_target_')} cannot score {model_name}'s outputs on the dataset's targets "
-                        f"({shapes})")
+        failed = (f"step=model_loss: {model_name} cannot take the dataset's batches as keyword arguments ({shapes})"
+                  if isinstance(step, ModelLoss) else f"loss={s.loss.get('_target_')} cannot score {model_name}'s "
+                  f"outputs on the dataset's targets ({shapes})")
+        out = _one_line(lambda: step(model, batch, loss), failed)
         _one_line(lambda: per_sample_losses(out.loss, out.samples), f"loss={s.loss.get('_target_')}")
         for name, metric in metrics.items():
             if getattr(metric, "expects_class_ids", False) and not is_class_ids(out.targets):

@@ -3,7 +3,8 @@
 # the second time.   bash scripts/setup.sh [core|all]
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `all` adds the
-#      test and mlflow extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow)
+#      test, mlflow and hf extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow;
+#      transformers, datasets and timm for the models and data users bring)
 #   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
 #   4. Fashion-MNIST and a public-domain text offline: Debian's dataset-fashion-mnist and dict-devil when apt can
 #      install them; otherwise the first run downloads Fashion-MNIST through torchvision (dataset.download=true).
@@ -14,7 +15,7 @@ python=${PYTHON:-python3}
 mode=${1:-all}
 case "$mode" in
     core) extras="" ;;
-    all) extras="[test,mlflow]" ;;
+    all) extras="[test,mlflow,hf]" ;;
     *) echo "setup: mode '$mode' is not allowed: expected core or all" >&2; exit 2 ;;
 esac
 

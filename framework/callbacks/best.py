@@ -1,6 +1,7 @@
 """The run's best and last weights: after every evaluation that improves trainer.objective (by more than min_delta),
 the checkpoint just committed for that step is kept apart in checkpoints/best/ (resumable, never pruned by the
-rolling ones) and its model's weights are written to weights/best.pt; at the end of training, weights/last.pt.
+rolling ones) and its model's weights are written to weights/best.pt; at the end of training, weights/last.pt. A
+transformers model is also saved in its own format, pretrained/best/ and pretrained/last/ (from_pretrained loads it).
 The best value so far travels in the checkpoints, so a resumed run keeps comparing against it."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from pathlib import Path
 
 from framework.callbacks.base import Callback
+from framework.checkpoints.pretrained import is_pretrained_model, write_pretrained
 from framework.checkpoints.weights import write_weights
 
 
@@ -62,8 +64,11 @@ def write_run_weights(trainer, name: str, state: dict) -> Path | None:
     error a warning, and the run goes on."""
     value = trainer.totals.val_loss if trainer.objective == "loss" else trainer.totals.val_metrics.get(trainer.objective)
     try:
-        return write_weights(trainer.run_dir, name, state, step=trainer.step,
+        path = write_weights(trainer.run_dir, name, state, step=trainer.step,
                              objective={"name": trainer.objective, "value": value}, **trainer.run.model_record)
+        if is_pretrained_model(trainer.wrapped.module):  # a transformers model: its own format too
+            write_pretrained(trainer.run_dir, name, trainer.wrapped.module, state)
+        return path
     except OSError as error:  # a by-product of the checkpoints, which keep the same weights: the run goes on
         trainer.say(f"warning: weights/{name}.pt could not be written in {trainer.run_dir}: {error.strerror or error}; "
                     "the checkpoints hold the same model")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import multiprocessing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -267,8 +268,11 @@ class StreamLoader:
         """(worker, batch, items, state) in this rank's order: its workers in turn (from worker `next` for a
         self-sharded stream resumed), a worker that is done left out; framework-sharded, the first done ends it."""
         reader = Reader(self.dataset, plan, self.collate.fn)
+        # forked from this process (not from the launcher's forkserver template): a dataset that shards itself
+        # reads its rank from torch.distributed, which a forked reader has as this process had it
+        context = "fork" if self.num_workers and "fork" in multiprocessing.get_all_start_methods() else None
         loader = DataLoader(reader, batch_size=None, num_workers=self.num_workers, collate_fn=_as_is,
-                            pin_memory=self.device.type == "cuda")
+                            pin_memory=self.device.type == "cuda", multiprocessing_context=context)
         workers = plan.workers
         pending: dict[int, list] = {w: [] for w in range(workers)}
         done: set[int] = set()
