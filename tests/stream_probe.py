@@ -114,11 +114,6 @@ class Nothing(IterableDataset):
         return iter(())
 
 
-def not_a_dataset(size: int = 3):
-    """A generator: iterable once, neither a map-style Dataset nor an IterableDataset."""
-    return ((torch.zeros(FEATURES + 1), 0) for _ in range(size))
-
-
 def record(kind: str, ids: list[int]) -> None:
     folder = os.environ.get("STREAM_PROBE_DIR")
     if folder:

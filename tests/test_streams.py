@@ -154,13 +154,30 @@ def test_the_driver_accepts_a_stream_and_refuses_what_it_cannot_use(stream_conf,
     assert said == ("dataset.train._target_=stream_probe.Nothing is not allowed: the stream (Nothing) yielded no "
                     "sample; a streaming dataset (an IterableDataset) must yield at least one sample each time it is "
                     "iterated")
-    said = driver_says([*BASE, "dataset.train._target_=stream_probe.not_a_dataset"], tmp_path, stream_conf)
-    assert said == ("dataset.train._target_=stream_probe.not_a_dataset is not allowed: it returned a generator, which "
-                    "is neither a map-style torch Dataset (__len__ and __getitem__ giving (input, target)) nor an IterableDataset "
-                    "(__iter__ yielding them)")
     said = driver_says([*BASE, "lr_schedule=warmup_cosine"], tmp_path, stream_conf)
     assert said.startswith("lr_schedule=warmup_cosine is not allowed without trainer.max_steps: dataset.train is a "
                            "stream")
     assert driver_says([*BASE, "lr_schedule=warmup_cosine", "trainer.max_steps=20"], tmp_path, stream_conf) == ""
     said = driver_says([*BASE, "dataset.train_share=0.5"], tmp_path, stream_conf)
     assert said.startswith("dataset.train_share=0.5 is not allowed: dataset.train is a stream")
+
+
+def test_a_stream_that_shards_itself_is_refused_a_resume_on_another_world_size(tmp_path):
+    from types import SimpleNamespace
+
+    from conftest import strategy_for
+    from framework.checkpoints.store import Checkpoint
+    from framework.errors import ConfigError
+    from framework.preflight import _resume_stream
+
+    settings = SimpleNamespace(trainer=SimpleNamespace(resume="auto"))
+    checkpoint = Checkpoint(tmp_path / "step-00000009", {"world_size": 2})
+    single, ddp = strategy_for("strategy=single"), strategy_for("strategy=ddp", "strategy.nproc_per_node=2")
+    _resume_stream(settings, ddp, checkpoint, UnevenStream(8, 4))  # the same world size
+    _resume_stream(settings, single, checkpoint, CountingStream(8))  # the framework deals it anew
+    with pytest.raises(ConfigError) as refused:
+        _resume_stream(settings, single, checkpoint, UnevenStream(8, 4))
+    assert str(refused.value) == (
+        f"trainer.resume=auto is not allowed with 1 worker(s): checkpoint {tmp_path / 'step-00000009'} stopped "
+        "mid-stream on 2 workers, and dataset.train (UnevenStream) shards itself, so its position is per rank and "
+        "cannot be split anew; use 2 workers, or trainer.resume=none")

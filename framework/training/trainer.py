@@ -241,10 +241,13 @@ class Trainer:
                 last = min(self.steps_per_epoch, last)
             self.wrapped.model.train()
             shares, samples_in_epoch = self._shares(epoch, first, start if epoch == resumed.epoch else None)
+            stream_ended = False  # a stream's epoch ran to its end (not cut by max_steps or a stop)
             for batch_in_epoch in itertools.count(first + 1) if last is None else range(first + 1, last + 1):
                 share = self.telemetry.share(shares, step + 1)
                 if share is None:  # a stream whose epoch had no step left (resumed at its end)
+                    stream_ended = True
                     break
+                stream_ended = share.last
                 step += 1
                 self.step = step
                 samples_in_epoch += share.samples
@@ -273,7 +276,7 @@ class Trainer:
                     if self.stop_requested:
                         break
             self.checkpoint_due = False
-            if self.streaming:
+            if stream_ended:
                 self._stream_epoch_done(epoch, samples_in_epoch, start if epoch == resumed.epoch else None)
             if meter.steps:
                 self._log(step)
