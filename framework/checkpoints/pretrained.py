@@ -11,9 +11,10 @@ PRETRAINED_DIR = "pretrained"
 
 
 def is_pretrained_model(module) -> bool:
-    """A transformers PreTrainedModel (known by what it has, so transformers is never imported for the check)."""
-    return callable(getattr(module, "save_pretrained", None)) and hasattr(module, "config") \
-        and type(module).__module__.startswith("transformers.")
+    """A transformers PreTrainedModel, also once fully_shard has given it a class of its own (known by its classes'
+    names, so transformers is never imported for the check)."""
+    return callable(getattr(module, "save_pretrained", None)) and any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(module).__mro__)
 
 
 def write_pretrained(run_dir: Path, name: str, module, state: dict) -> Path:
