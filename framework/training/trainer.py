@@ -221,7 +221,7 @@ class Trainer:
         return self.totals
 
     def _fit(self, start: Position) -> None:
-        k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
+        batch, meter = self.options.batch_size, self.telemetry.meter
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = self.step = resumed.step
         self.epoch = resumed.epoch
