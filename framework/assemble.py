@@ -78,7 +78,8 @@ def test_batches(task: Task, group: ProcessGroup, num_workers: int):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
     return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.rank,
-                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs)
+                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs,
+                                group.all_reduce_sum, task.data.example)
 
 
 def example_input(data: Data) -> object:

@@ -131,7 +131,10 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
     chosen = {o.lstrip("+").split("=", 1)[0] for o in overrides if "=" in o}
     with open_dict(cfg):
         for group in RUN_GROUPS:
-            if group in chosen or group not in run_cfg:
+            if group in chosen:
+                continue
+            if group not in run_cfg:  # the run left it out (~metrics: a causal LM scored by its loss alone)
+                cfg.pop(group, None)
                 continue
             keys = [o.lstrip("+").removeprefix(f"{group}.") for o in overrides if o.lstrip("+").startswith(f"{group}.")]
             cfg[group] = OmegaConf.merge(run_cfg[group], OmegaConf.from_dotlist(keys))

@@ -15,8 +15,9 @@ from framework.checkpoints.state import signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
-from framework.data.build import Data, is_class_ids
+from framework.data.build import Data, first_samples, is_class_ids
 from framework.data.loaders import BatchPipeline, prepare, split_tensors
+from framework.data.streams import is_stream, shards_itself
 from framework.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
@@ -24,7 +25,7 @@ from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
 from framework.training.param_groups import ParamGroups
-from framework.training.step import Supervised
+from framework.training.step import ModelLoss, Supervised
 
 
 def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | None:
@@ -40,7 +41,8 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     _blocks(s, strategy, task.model)
     _objective(s, task.metrics)
     _optimizer_and_schedule(s, task)
-    _batch_split(s, strategy, len(task.data.train))
+    _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
+    _stream_schedule(s, task.data.train)
     dry_run(s, task)
     checkpoint = _resume(s, strategy, run_dir, task.data)
     _checkpoint_room(s, run_dir, task.model)
@@ -74,8 +76,11 @@ def _optimizer_and_schedule(s: Settings, task: Task) -> None:
     optimizer = build_optimizer(s.optimizer, task.model.parameters(), 1, ParamGroups.of(s.optimizer, task.model))
     if s.lr_schedule.name == "torch":
         t = s.trainer
-        per_epoch = max(len(task.data.train) // t.batch_size, 1)
-        steps = min(t.max_steps, t.epochs * per_epoch) if t.max_steps else t.epochs * per_epoch
+        if is_stream(task.data.train):  # no length: only trainer.max_steps bounds the run
+            steps = t.max_steps or None
+        else:
+            per_epoch = max(len(task.data.train) // t.batch_size, 1)
+            steps = min(t.max_steps, t.epochs * per_epoch) if t.max_steps else t.epochs * per_epoch
         objective_higher = t.objective != "loss" and higher_is_better(task.metrics[t.objective])
         build_lr_schedule(s.lr_schedule, optimizer, steps, objective_higher)
 
@@ -98,11 +103,11 @@ def dry_run(s: Settings, task: Task) -> None:
     a model that cannot take the dataset's input, a loss that cannot score its outputs, a metric that does not fit
     the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
     data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
-    index = torch.arange(min(2, len(data.train)))
     collate = data.collate["train"]
     tensors = split_tensors(data.train, collate)
-    batch = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
-        collate.first_batch([data.train[int(i)] for i in index], "train")
+    batch = (take(tensors[0], torch.arange(min(2, len(data.train)))),
+             take(tensors[1], torch.arange(min(2, len(data.train))))) if tensors is not None else \
+        collate.first_batch(first_samples(data.train, 2), "train")
     batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
     shapes = (f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}" if data.pairs
               else describe(batch, "batch"))
@@ -111,9 +116,10 @@ def dry_run(s: Settings, task: Task) -> None:
     with torch.no_grad(), silenced():
         if isinstance(step, Supervised):  # say which of the two failed: the model, or the loss on its outputs
             _one_line(lambda: model(batch[0]), f"{model_name} cannot take the dataset's batches ({shapes})")
-        out = _one_line(lambda: step(model, batch, loss),
-                        f"loss={s.loss.get('_target_')} cannot score {model_name}'s outputs on the dataset's targets "
-                        f"({shapes})")
+        failed = (f"step=model_loss: {model_name} cannot take the dataset's batches as keyword arguments ({shapes})"
+                  if isinstance(step, ModelLoss) else f"loss={s.loss.get('_target_')} cannot score {model_name}'s "
+                  f"outputs on the dataset's targets ({shapes})")
+        out = _one_line(lambda: step(model, batch, loss), failed)
         _one_line(lambda: per_sample_losses(out.loss, out.samples), f"loss={s.loss.get('_target_')}")
         for name, metric in metrics.items():
             if getattr(metric, "expects_class_ids", False) and not is_class_ids(out.targets):
@@ -168,8 +174,31 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
                           "strategy.zero_stage) that wrote it, or trainer.resume=none")
     _resume_world_size(s, strategy, checkpoint)
-    _resume_position(s, checkpoint, len(data.train))
+    if is_stream(data.train):
+        _resume_stream(s, strategy, checkpoint, data.train)
+    else:
+        _resume_position(s, checkpoint, len(data.train))
     return checkpoint
+
+
+def _resume_stream(s: Settings, strategy: Strategy, checkpoint: Checkpoint, train) -> None:
+    """A stream the framework shards continues on any world size (framework/data/streams.py); one that shards
+    itself keeps a position per rank, which another world size cannot split anew."""
+    saved, now = checkpoint.manifest.get("world_size"), strategy.launcher.processes()
+    if shards_itself(train) and saved not in (None, now):
+        raise ConfigError(f"trainer.resume={s.trainer.resume} is not allowed with {now} worker(s): checkpoint "
+                          f"{checkpoint.path} stopped mid-stream on {saved} workers, and dataset.train "
+                          f"({type(train).__name__}) shards itself, so its position is per rank and cannot be split "
+                          f"anew; use {saved} workers, or trainer.resume=none")
+
+
+def _stream_schedule(s: Settings, train) -> None:
+    """A stream's length is unknown: a schedule over the run's steps needs trainer.max_steps."""
+    # (lr_schedule=torch: the scheduler says itself what it needs, when it is built: _optimizer_and_schedule)
+    if is_stream(train) and not s.trainer.max_steps and s.lr_schedule.name not in ("constant", "torch"):
+        raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
+                          "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
+                          "steps; set trainer.max_steps, or use lr_schedule=constant")
 
 
 def _resume_world_size(s: Settings, strategy: Strategy, checkpoint: Checkpoint) -> None:
@@ -207,7 +236,7 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
                           f"{exc}") from None
 
 
-def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
+def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:
     t = s.trainer
     processes = strategy.launcher.processes()
     if t.batch_size % (processes * t.grad_accum):
@@ -216,7 +245,7 @@ def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
             f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
             f"{processes * t.grad_accum}"
         )
-    if t.batch_size > samples:
+    if samples is not None and t.batch_size > samples:
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed: the training split has only {samples} samples "
             "(dataset.max_train_samples / dataset.train_size); use a batch of at most that"

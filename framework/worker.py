@@ -93,7 +93,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.rank, group.world_size, say)
+                                    group.device, micro_batch, group.rank, group.world_size, say,
+                                    group.all_reduce_sum)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
@@ -107,7 +108,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
             start = trainer.resume(checkpoint)
         say(f"training {s.model_name} on {s.dataset.display_name} with strategy={strategy.name}: "
             f"{group.world_size} process(es) on {group.device.type}, global batch {t.batch_size} = "
-            f"{group.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, {trainer.total_steps} steps")
+            f"{group.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
+            f"{trainer.steps_planned()}")
         dump = (lambda: dump_nccl_flight_recorder(group.rank)) if strategy.trainer.cuda else None
         with watch_for_stalls(t.stall_timeout, telemetry.heartbeat, run_dir, group.rank, group.world_size, say,
                               checkpointer.last_saved, before_exit=dump):

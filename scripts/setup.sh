@@ -3,7 +3,8 @@
 # idempotent, and quick the second time.   bash scripts/setup.sh [core|gpu-tests|all]
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `gpu-tests` and `all` add
-#      the test and mlflow extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow)
+#      the test and mlflow extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow), `all`
+#      the hf extra too (transformers, datasets and timm for the models and data users bring)
 #   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
 #   4. not for `gpu-tests` (they train on dataset=synthetic): Fashion-MNIST and a public-domain text offline, Debian's
 #      dataset-fashion-mnist and dict-devil when apt can install them; otherwise the first run downloads
@@ -17,7 +18,8 @@ python=${PYTHON:-python3}
 mode=${1:-all}
 case "$mode" in
     core) extras="" packages=core ;;
-    gpu-tests|all) extras="[test,mlflow]" packages=all ;;
+    gpu-tests) extras="[test,mlflow]" packages=gpu-tests ;;
+    all) extras="[test,mlflow,hf]" packages=all ;;
     *) echo "setup: mode '$mode' is not allowed: expected core, gpu-tests or all" >&2; exit 2 ;;
 esac
 
@@ -27,11 +29,12 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 # Reinstall only when the dependency list or packaging changed since the last successful install, or when
-# the test extras are asked of a venv set up for `core` (their install serves `core` too).
+# more is asked of a venv than it was set up for (`all` serves every mode, `gpu-tests` serves `core` too).
 stamp="$venv/.hydra-dist-installed"
 hash=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 have=$(cat "$stamp" 2>/dev/null || true)
-if [ "$have" != "$hash all" ] && [ "$have" != "$hash $packages" ]; then
+served() { [ "$have" = "$hash all" ] || [ "$have" = "$hash $packages" ] || { [ "$packages" = core ] && [ "$have" = "$hash gpu-tests" ]; }; }
+if ! served; then
     echo "setup: installing dependencies into $venv (torch is large: about a minute from a local wheel)"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
     # compat: the checkout itself goes on the import path, so Hydra's plugin scan (pkgutil over the hydra_plugins

@@ -247,3 +247,18 @@ def test_tokens_are_metered_on_the_device_and_shared_over_a_processs_slots_by_th
     assert rows[:, TOKENS].tolist() == [9.0, 3.0]
     summary = IntervalSummary.from_rows(rows)
     assert summary.tokens == 12 and len(summary.per_slot_tokens_per_sec) == 2
+
+
+@pytest.mark.slow
+def test_the_example_stream_trains_under_ddp_with_dataloader_workers(project, tmp_path):
+    run_dir, result, losses = _trained(project, tmp_path, ["experiment=task_stream", "strategy=ddp",
+                                                           "trainer.num_workers=2", *FAST])
+    assert result["processes"] == 2 and result["test_acc"] > 0.9 and losses[-1] < 0.5 * losses[0], losses
+    assert (run_dir / "train.log").read_text().count("the stream gave 2048 samples") == 3
+
+
+def test_the_example_hf_experiment_passes_the_driver(project, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(project))
+    pytest.importorskip("transformers", reason="the hf extra")
+    pytest.importorskip("datasets", reason="the hf extra")
+    assert driver_says(["experiment=hf_text_classifier", "strategy=ddp"], tmp_path, config_dir=project / "conf") == ""

@@ -190,7 +190,8 @@ BAD = {
     "not_importable": (["dataset=blobs", "dataset.train._target_=mypkg.data.NoSuchThing"],
                        "dataset.train._target_=mypkg.data.NoSuchThing is not allowed: it cannot be imported"),
     "not_a_dataset": (["dataset=blobs", "dataset.train._target_=mypkg.bad.not_a_dataset"],
-                      "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, not a map-style torch Dataset"),
+                      "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, which is neither a "
+                      "map-style torch Dataset (__len__ and __getitem__ giving (input, target)) nor an IterableDataset"),
     "items_not_pairs": (["dataset=blobs", "dataset.train._target_=mypkg.bad.no_pairs"],
                         "dataset.train[0] is an int, not an (input, target) pair"),
     "labels_out_of_range": (["dataset=blobs", "+dataset.num_classes=3", "+dataset.train.label_offset=1"],

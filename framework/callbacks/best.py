@@ -1,6 +1,7 @@
 """The run's best and last weights: after every evaluation that improves trainer.objective (by more than min_delta),
 the checkpoint just committed for that step is kept apart in checkpoints/best/ (resumable, never pruned by the
-rolling ones) and its model's weights are written to weights/best.pt; at the end of training, weights/last.pt.
+rolling ones) and its model's weights are written to weights/best.pt; at the end of training, weights/last.pt. A
+transformers model is also saved in its own format, pretrained/best/ and pretrained/last/ (from_pretrained loads it).
 The best value so far travels in the checkpoints, so a resumed run keeps comparing against it."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from pathlib import Path
 
 from framework.callbacks.base import Callback, LoopState
+from framework.checkpoints.pretrained import is_pretrained_model, write_pretrained
 from framework.checkpoints.weights import write_weights
 
 
@@ -62,8 +64,11 @@ def write_run_weights(state: LoopState, name: str, weights: dict) -> Path | None
     error a warning, and the run goes on."""
     value = state.totals.val_loss if state.objective == "loss" else state.totals.val_metrics.get(state.objective)
     try:
-        return write_weights(state.run_dir, name, weights, step=state.step,
+        path = write_weights(state.run_dir, name, weights, step=state.step,
                              objective={"name": state.objective, "value": value}, **state.model_record)
+        if is_pretrained_model(state.model):  # a transformers model: its own format too
+            write_pretrained(state.run_dir, name, state.model, weights)
+        return path
     except OSError as error:  # a by-product of the checkpoints, which keep the same weights: the run goes on
         state.say(f"warning: weights/{name}.pt could not be written in {state.run_dir}: {error.strerror or error}; "
                   "the checkpoints hold the same model")

@@ -28,15 +28,15 @@ class ConsoleLog(Callback):
         data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
         epoch = state.epoch + 1
         state.say(
-            f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps} | loss {s.loss:.4f} | "
+            f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | loss {s.loss:.4f} | "
             f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",
             progress=Progress(step, state.total_steps, epoch, state.epochs, s.loss, s.samples_per_sec,
-                              s.samples_per_sec / state.options.batch_size),
+                              s.samples_per_sec / state.options.batch_size) if state.total_steps else None,
         )
 
     def on_evaluation_end(self, state, step: int, result) -> None:
         if result is None:
             return
         shown = "".join(f" | test {metric_label(name)} {value:.4f}" for name, value in result.metrics.items())
-        at = f" step {step}/{state.total_steps}" if state.options.eval_every_n_steps else ""
+        at = f" step {step}/{state.total_steps or '?'}" if state.options.eval_every_n_steps else ""
         state.say(f"epoch {state.epoch + 1}/{state.epochs}{at} test loss {result.loss:.4f}{shown}")

@@ -22,7 +22,7 @@ class StepProfiler(Callback):
         self._step = None  # the open `train step N` range
 
     def on_fit_start(self, state) -> None:
-        if state.is_main and self.first > state.total_steps:
+        if state.is_main and state.total_steps and self.first > state.total_steps:
             state.say(f"warning: trainer.profile=[{self.first}, {self.last}] starts after this run's last step "
                       f"({state.total_steps}): nothing is profiled")
 

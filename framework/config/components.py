@@ -9,6 +9,7 @@ from typing import Any
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 
+from framework.config.extras import missing_extra
 from framework.config.targets import current, instantiate
 from framework.errors import ConfigError
 
@@ -32,6 +33,9 @@ def build_component(node, key: str, **kwargs) -> Any:
         if isinstance(cause, ConfigError):
             raise cause from None
         if "Error locating target" in str(exc):
+            missing = missing_extra(str(target))
+            if missing:
+                raise ConfigError(f"{key}._target_={target} is not allowed here: {missing}") from None
             raise ConfigError(f"{key}._target_={target} is not allowed: it cannot be imported ({cause}); "
                               "is its package on PYTHONPATH?") from None
         raise ConfigError(f"{key}._target_={target} failed to build: {type(cause).__name__}: {cause}") from None

@@ -24,6 +24,7 @@ from framework.data.augment import batch_generator
 from framework.data.batches import batch_size, leaves, take, to_device, tree_map
 from framework.data.build import tensors_of
 from framework.data.collate import DEFAULT, Collate
+from framework.data.streams import StreamLoader, eval_stream, is_stream
 
 
 class BatchPipeline:
@@ -93,7 +94,7 @@ class _Sharded:
     def __iter__(self):
         return self.iterate(0)
 
-    def _prepared(self, batch, index: int):
+    def prepared(self, batch, index: int):
         generator = None
         if self.pipeline.augment is not None:
             generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
@@ -135,7 +136,7 @@ class InMemoryLoader(_Sharded):
                              device=self.home)
         for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
-            yield self._prepared(to_device((take(self.x, idx), take(self.y, idx)), self.device), i)
+            yield self.prepared(to_device((take(self.x, idx), take(self.y, idx)), self.device), i)
 
 
 class DataLoaderLoader(_Sharded):
@@ -159,14 +160,19 @@ class DataLoaderLoader(_Sharded):
 
     def iterate(self, start: int):
         for i, batch in enumerate(itertools.islice(self.loader, start, None), start):
-            yield self._prepared(to_device(batch, self.device), i)
+            yield self.prepared(to_device(batch, self.device), i)
 
 
 def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0,
-                 collate: Collate = DEFAULT, pairs: bool = True):
+                 collate: Collate = DEFAULT, pairs: bool = True, agree=None, filler=None):
     """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
     of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch). Never
-    augmented."""
+    augmented. A streaming test split (framework/data/streams.py) agrees batch by batch through `agree` (the
+    group's all-reduce): a rank out of data gets Fillers (`filler`: a batch of the split's kind) until all are."""
+    if is_stream(dataset):
+        yield from eval_stream(dataset, lambda b: prepare(b, pipeline, pairs), device, batch, rank, world,
+                               num_workers, collate, filler, agree or (lambda t: t))
+        return
     share = torch.arange(rank, len(dataset), world)
     batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
     tensors = split_tensors(dataset, collate)
@@ -183,10 +189,15 @@ def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int
 
 
 def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,
-                       micro_batch: int, rank: int, world: int, say=print):
+                       micro_batch: int, rank: int, world: int, say=print, agree=None):
     """The in-memory path when the training split offers its tensors, dataset.in_memory is on (the default) and no
-    collate_fn of the user's must see its samples; the DataLoader path otherwise."""
+    collate_fn of the user's must see its samples; the DataLoader path otherwise; a stream's (framework/data/
+    streams.py: `agree` is the group's all-reduce, which its ranks agree on each step's samples with)."""
     collate = data.collate["train"]
+    if is_stream(data.train):
+        preparation = _Sharded(pipeline, device, micro_batch, rank, world, seed, data.pairs)
+        return StreamLoader(data.train, preparation, device, micro_batch, rank, world, num_workers, collate,
+                            data.example, agree)
     tensors = split_tensors(data.train, collate)
     common = (pipeline, device, micro_batch, rank, world, seed)
     if tensors is not None and in_memory:

@@ -117,17 +117,18 @@ def torch_optimizer(optimizer) -> torch.optim.Optimizer:
     raise TypeError(f"{type(optimizer).__name__} is not a torch optimizer and wraps none (.optimizer)")
 
 
-def build_lr_schedule(options: LrScheduleConfig, optimizer, total_steps: int, higher_is_better: bool = False):
-    """The run's schedule on the engine's optimizer, for a run of total_steps optimizer steps; higher_is_better: of
-    trainer.objective (ReduceLROnPlateau's mode). ConfigError, naming the key, for a scheduler torch refuses."""
+def build_lr_schedule(options: LrScheduleConfig, optimizer, total_steps: int | None, higher_is_better: bool = False):
+    """The run's schedule on the engine's optimizer, for a run of total_steps optimizer steps (None: unknown, a stream
+    without trainer.max_steps); higher_is_better: of trainer.objective (ReduceLROnPlateau's mode). ConfigError, naming
+    the key, for a scheduler torch refuses."""
     if options.name != "torch":
-        schedule = LrSchedule(options, total_steps)
+        schedule = LrSchedule(options, total_steps or 1)  # unknown: the driver allowed only constant
         schedule.attach(optimizer)
         return schedule
     return TorchSchedule(build_scheduler(options.scheduler, torch_optimizer(optimizer), total_steps, higher_is_better))
 
 
-def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: int, higher_is_better: bool):
+def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: int | None, higher_is_better: bool):
     target = node["_target_"]
     make = build_component({**node, "_partial_": True}, KEY)
     cls = make.func if hasattr(make, "func") else make
@@ -144,15 +145,17 @@ def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: i
                           f"{' '.join(str(exc).split())}") from None
 
 
-def _run_facts(cls: type, given: dict, optimizer: torch.optim.Optimizer, total_steps: int,
+def _run_facts(cls: type, given: dict, optimizer: torch.optim.Optimizer, total_steps: int | None,
                higher_is_better: bool) -> dict:
-    """What the run adds to the scheduler's arguments: OneCycleLR's total_steps (the run's optimizer steps) unless the
-    config gives it or epochs; ReduceLROnPlateau's mode from trainer.objective unless given (a contradicting one is
-    refused); a single absolute lr (max_lr, base_lr, min_lr) as one per group, x the group's lr_scale."""
+    """What the run adds to the scheduler's arguments: OneCycleLR's total_steps (the run's optimizer steps, where the
+    run knows them) unless the config gives it or epochs; ReduceLROnPlateau's mode from trainer.objective unless
+    given (a contradicting one is refused); a single absolute lr (max_lr, base_lr, min_lr) as one per group, x the
+    group's lr_scale."""
     parameters = inspect.signature(cls).parameters
     extra = {}
-    if "total_steps" in parameters and given.get("total_steps") is None and given.get("epochs") is None:
-        extra["total_steps"] = max(int(total_steps), 1)
+    if "total_steps" in parameters and given.get("total_steps") is None and given.get("epochs") is None \
+            and total_steps:
+        extra["total_steps"] = int(total_steps)
     if issubclass(cls, ReduceLROnPlateau):
         wanted = "max" if higher_is_better else "min"
         if "mode" not in given:
