@@ -30,7 +30,7 @@ test-hydra14: setup
 	@grep -qxF "$(HYDRA14_PINS)" $(HYDRA14)/.pins 2>/dev/null || { rm -rf $(HYDRA14) && \
 		$(PY) -m pip install --quiet --disable-pip-version-check --target $(HYDRA14) --no-deps $(HYDRA14_PINS) && \
 		echo "$(HYDRA14_PINS)" > $(HYDRA14)/.pins; }
-	PYTHONPATH=$(HYDRA14) $(PY) -m pytest -m "not slow" -n 2 --dist loadfile \
+	PYTHONPATH=$(CURDIR)/$(HYDRA14) $(PY) -m pytest -m "not slow" -n 2 --dist loadfile \
 		-W "error:hydra.utils.instantiate() resolved:UserWarning" \
 		-W "error:Hydra configured Python logging without an execution whitelist:UserWarning" $(PYTEST_ARGS)
 
