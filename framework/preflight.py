@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from framework.assemble import Task, build_task
+from framework.assemble import Task, build_task, run_signature
 from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
-from framework.checkpoints.state import signature, signature_mismatch
+from framework.checkpoints.state import signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
@@ -21,8 +21,10 @@ from framework.data.streams import is_stream, shards_itself
 from framework.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
-from framework.training.metrics import is_torchmetric, per_sample_losses
+from framework.training.lr_schedule import build_lr_schedule
+from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
+from framework.training.param_groups import ParamGroups
 from framework.training.step import ModelLoss, Supervised
 
 
@@ -37,8 +39,8 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)
     strategy.check_model(task.model)
     _blocks(s, strategy, task.model)
-    build_optimizer(s.optimizer, task.model.parameters(), 1)  # what its constructor refuses, as one line
     _objective(s, task.metrics)
+    _optimizer_and_schedule(s, task)
     _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
     _stream_schedule(s, task.data.train)
     dry_run(s, task)
@@ -68,13 +70,29 @@ def _blocks(s: Settings, strategy: Strategy, model) -> None:
                           "trainer.activation_checkpointing=false")
 
 
+def _optimizer_and_schedule(s: Settings, task: Task) -> None:
+    """The optimizer on its param groups, and the lr scheduler on it, built once: a pattern that matches no parameter,
+    what a constructor refuses, each is one line naming the key."""
+    optimizer = build_optimizer(s.optimizer, task.model.parameters(), 1, ParamGroups.of(s.optimizer, task.model))
+    if s.lr_schedule.name == "torch":
+        t = s.trainer
+        if is_stream(task.data.train):  # no length: only trainer.max_steps bounds the run
+            steps = t.max_steps or None
+        else:
+            per_epoch = max(len(task.data.train) // t.batch_size, 1)
+            steps = min(t.max_steps, t.epochs * per_epoch) if t.max_steps else t.epochs * per_epoch
+        objective_higher = t.objective != "loss" and higher_is_better(task.metrics[t.objective])
+        build_lr_schedule(s.lr_schedule, optimizer, steps, objective_higher)
+
+
 def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:
     """A warning (not an error: the run may stop early, or the disk get room) when the run folder cannot hold
     trainer.keep_checkpoints + 1 checkpoints of this model and optimizer."""
     if s.trainer.keep_checkpoints == 0:
         return
     folder = run_dir / CHECKPOINT_DIR
-    each = checkpoint_bytes(model, lambda params: build_optimizer(s.optimizer, params, 1))
+    groups = ParamGroups.of(s.optimizer, model)
+    each = checkpoint_bytes(model, lambda params: build_optimizer(s.optimizer, params, 1, groups))
     warning = space_warning(folder, s.trainer.keep_checkpoints, len(list_checkpoints(folder)), each)
     if warning:
         print(warning, flush=True)
@@ -144,7 +162,7 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
     checkpoint = choose_checkpoint(resume, run_dir, warn=lambda m: print(f"warning: {m}", flush=True))
     if checkpoint is None:
         return None
-    ours = signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape, data.num_classes)
+    ours = run_signature(s, data)
     mismatch = signature_mismatch(checkpoint.manifest.get("signature", {}), ours)
     if mismatch:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
@@ -176,7 +194,8 @@ def _resume_stream(s: Settings, strategy: Strategy, checkpoint: Checkpoint, trai
 
 def _stream_schedule(s: Settings, train) -> None:
     """A stream's length is unknown: a schedule over the run's steps needs trainer.max_steps."""
-    if is_stream(train) and not s.trainer.max_steps and s.lr_schedule.name != "constant":
+    # (lr_schedule=torch: the scheduler says itself what it needs, when it is built: _optimizer_and_schedule)
+    if is_stream(train) and not s.trainer.max_steps and s.lr_schedule.name not in ("constant", "torch"):
         raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
                           "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
                           "steps; set trainer.max_steps, or use lr_schedule=constant")

@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from framework.assemble import (Task, build_callbacks, build_task, example_input, hparams_of, model_record,
-                                parallelize, test_batches)
+                                parallelize, run_signature, test_batches)
 from framework.callbacks.base import Callbacks
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position
-from framework.checkpoints.state import signature
 from framework.config.settings import Payload, Settings
+from framework.config.targets import allowing
 from framework.data.loaders import BatchPipeline, build_train_loader
 from framework.process.clean_exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
 from framework.process.environment import restart_attempt
@@ -47,6 +47,11 @@ def worker_entry(payload: Payload, strategy: Strategy | None = None, stop=None) 
     composed or resolved again here. Returns rank 0's RunResult (or Stopped); other ranks return None."""
     keep_freed_memory()
     s = payload.settings
+    with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
+        return _worker(payload, s, strategy, stop)
+
+
+def _worker(payload: Payload, s: Settings, strategy: Strategy | None, stop) -> RunResult | Stopped | None:
     strategy = strategy or build_strategy(s.strategy, s.trainer)
     own_process = not strategy.launcher.runs_in_process
     if own_process:  # a process of its own, which its launcher stops by signal
@@ -93,8 +98,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
-                                    signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape,
-                                              data.num_classes), say, timed_barrier(group, telemetry.clock))
+                                    run_signature(s, data), say, timed_barrier(group, telemetry.clock))
         run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop)
         trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, checkpointer=checkpointer,
                           callbacks=callbacks, telemetry=telemetry, run=run)

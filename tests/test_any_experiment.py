@@ -87,7 +87,7 @@ def test_torchmetrics_on_two_ranks_equal_the_metric_over_the_whole_split_in_one_
     try:
         from mypkg.tasks import Waves
 
-        model, test = load_model(run_dir, which="last"), Waves(train=False, size=256)
+        model, test = load_model(run_dir, which="last", allowed_targets=["mypkg.*"]), Waves(train=False, size=256)
         with torch.no_grad():
             whole = MeanSquaredError()(model(test.x), test.y).item()
     finally:
@@ -122,7 +122,8 @@ def test_best_checkpoint_weights_and_eval_py_with_single_and_ddp(project, tmp_pa
     assert (run_dir / "weights" / "last.pt").is_file()
     for strategy in ("single", "ddp"):
         out = check_ok(_eval(project, tmp_path / f"eval_{strategy}",
-                             [f"ckpt_path={run_dir / 'weights' / 'last.pt'}", f"strategy={strategy}"]))
+                             [f"ckpt_path={run_dir / 'weights' / 'last.pt'}", f"strategy={strategy}",
+                              "allowed_targets=[mypkg.*]"]))  # the run folder names mypkg's classes
         [report] = (tmp_path / f"eval_{strategy}" / "outputs").rglob("eval.json")
         evaluated = json.loads(report.read_text())
         assert evaluated["test_acc"] == pytest.approx(result["test_acc"], abs=1e-6), out

@@ -132,7 +132,7 @@ def test_a_transformers_model_trains_with_its_own_loss_and_is_saved_in_its_own_f
     # the model in HuggingFace's format, loadable without hydra-dist, gives the weights file's logits
     sys.path.insert(0, str(REPO))
     from framework.results.trained_model import load_model
-    ours = load_model(run_dir, which="last")
+    ours = load_model(run_dir, which="last", allowed_targets=["transformers.*"])  # HF's loaders can run code
     theirs = getattr(transformers, type(ours).__name__).from_pretrained(run_dir / "pretrained" / "last").eval()
     batch = _first_test_batch(task, conf.parent)
     with torch.no_grad():
@@ -141,7 +141,8 @@ def test_a_transformers_model_trains_with_its_own_loss_and_is_saved_in_its_own_f
         cwd = tmp_path / "eval"
         cwd.mkdir()
         proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--config-dir", str(conf),
-                               *pin_accelerator([f"ckpt_path={run_dir}", "strategy=single"])], cwd=cwd,
+                               *pin_accelerator([f"ckpt_path={run_dir}", "strategy=single",
+                                                 "allowed_targets=[transformers.*,datasets.*]"])], cwd=cwd,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True, timeout=300)
         check_ok(proc)
         [report] = cwd.rglob("eval.json")

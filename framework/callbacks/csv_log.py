@@ -34,7 +34,7 @@ class CSVLog(Callback):
         if report is None or self.writer is None:
             return
         cuda = state.device.type == "cuda"
-        self._write(report_scalars(report, state.lr(), cuda), step)
+        self._write(report_scalars(report, state.lrs(), cuda), step)
         if state.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
             self.file.flush()
 

@@ -64,7 +64,7 @@ class MLflowLog(Callback):
         if report is None or self.run_id is None:
             return
         cuda = state.device.type == "cuda"
-        self._log(report_scalars(report, state.lr(), cuda), step)
+        self._log(report_scalars(report, state.lrs(), cuda), step)
 
     def on_evaluation_end(self, state, step: int, result) -> None:
         if result is not None and self.run_id is not None:

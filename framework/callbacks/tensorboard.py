@@ -24,7 +24,7 @@ class TensorBoardLog(Callback):
     def on_log(self, state, step: int, report) -> None:
         if report is None or self.writer is None:
             return
-        self.writer.log_interval(step, report.summary, state.lr())
+        self.writer.log_interval(step, report.summary, state.lrs())
         self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
                                 [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
         if state.checkpoint_due:

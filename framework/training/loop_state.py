@@ -14,6 +14,7 @@ from framework.config.trainer import TrainerConfig
 from framework.telemetry.meters import IntervalSummary
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.param_groups import group_lrs
 
 
 @dataclass
@@ -70,7 +71,7 @@ class RunInfo:
 
 class LoopState:
     """What every hook gets. Read: where the loop is (step, epoch, epochs, total_steps, checkpoint_due, totals), who
-    this process is (rank, world_size, is_main, device, devices), what it trains (model, optimizer, lr()), the run
+    this process is (rank, world_size, is_main, device, devices), what it trains (model, optimizer, lr(), lrs()), the run
     (run_dir, options, hparams(), model_record, objective, higher_is_better). Call: say(), the collectives (on
     every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
 
@@ -129,7 +130,12 @@ class LoopState:
 
     # ---- the run --------------------------------------------------------------------------------------------
     def lr(self) -> float:
+        """The first param group's lr (the default group's: optimizer.param_groups)."""
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def lrs(self) -> dict[str, float]:
+        """Every param group's lr by its name (the default group is `default`; framework/training/param_groups.py)."""
+        return group_lrs(self.optimizer)
 
     def hparams(self) -> dict:
         """The run's hyperparameters, as the HParams tab shows them."""

@@ -23,7 +23,7 @@ from framework.training.checkpointing import Checkpointer
 from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
 from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
 from framework.training.interrupts import Interrupted
-from framework.training.lr_schedule import LrSchedule
+from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
 
 
@@ -100,8 +100,9 @@ class Trainer:
         # what every callback gets (framework/training/loop_state.py); the loop moves its step, epoch and totals on
         self.state = LoopState(options, group, wrapped, run, checkpointer, self.total_steps, self.epochs,
                                objective != "loss" and higher_is_better(data.metrics[objective]))
-        self.lr_schedule = LrSchedule(lr_schedule, self.total_steps or 1)  # driver: a schedule needs a total
-        self.lr_schedule.attach(wrapped.optimizer)
+        # a stream without trainer.max_steps has no total: the built-in schedules need one (the driver said so)
+        self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,
+                                             self.state.higher_is_better)
         caveat = getattr(telemetry.clock, "caveat", None)
         if caveat and len(telemetry.meter.slot_sizes) > 1 and group.is_main:
             self.say(f"note: {caveat}")
@@ -115,9 +116,10 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
     def resume(self, checkpoint) -> Position:
         """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
-        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
+        position, totals, callbacks, lr_schedule = self.checkpointer.resume(checkpoint, self.wrapped)
         if totals:
             self.state.totals = RunTotals(**totals)
+        self.lr_schedule.load_state_dict(lr_schedule)
         self.callbacks.load_state_dict(callbacks)
         return position
 
@@ -177,7 +179,7 @@ class Trainer:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
                     position = Position(step, epoch, samples_in_epoch, batch, self._stream_records())
                     path = self.checkpointer.save(self.wrapped, position, asdict(state.totals),
-                                                  self.callbacks.state_dict())
+                                                  self.callbacks.state_dict(), self.lr_schedule.state_dict())
                     self.callbacks.on_checkpoint_saved(state, step, path)
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
@@ -308,6 +310,7 @@ class Trainer:
                 stack.enter_context(context())
             result = evaluate(self.group, self.wrapped, self.data,
                               on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
+        self.lr_schedule.evaluated(self.state.objective_value(result))  # every rank: the same result and decision
         if main:
             self.state.totals.val_loss, self.state.totals.val_metrics = result.loss, result.metrics
         self.callbacks.on_evaluation_end(self.state, step, result if main else None)
