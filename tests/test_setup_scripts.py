@@ -84,7 +84,10 @@ def test_make_test_gpu_sets_up_no_engine_and_reaches_no_network(tmp_path):
     """On a GPU machine with a runtime-only CUDA (no nvcc) and no internet, `make setup` stops at horovod's build:
     `make test-gpu` sets up only what the GPU tests need. With the venv installed, that asks pip, the engine scripts
     and apt nothing (a stub python that refuses every call, a stub apt-get that records any)."""
-    steps = subprocess.run(["make", "-n", "test-gpu"], cwd=REPO, capture_output=True, text=True, timeout=30).stdout
+    # as a top-level make (under `make test` the environment would make this a sub-make with its own chatter)
+    plain = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    steps = subprocess.run(["make", "--no-print-directory", "-n", "test-gpu"], cwd=REPO, env=plain,
+                           capture_output=True, text=True, timeout=30).stdout
     assert steps.split("\n")[:2] == ["bash scripts/setup.sh gpu-tests", ".venv/bin/python scripts/gpu_smoke.py"]
     venv = tmp_path / "venv"
     _stub(venv / "bin" / "python", "#!/bin/sh\necho \"stub python: called: $*\" >&2\nexit 3\n")

@@ -127,8 +127,9 @@ def test_a_model_whose_num_classes_defaults_to_none_trains_on_a_regression(proje
     from framework.models.build import model_facts
 
     monkeypatch.syspath_prepend(str(project))
-    assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), None) == {"in_shape": (8,)}
-    assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), 3) == {"in_shape": (8,), "num_classes": 3}
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), None) == {"in_shape": (8,)}
+        assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), 3) == {"in_shape": (8,), "num_classes": 3}
     run_dir, result, losses = _trained(project, tmp_path, [
         "experiment=task_regression", "model._target_=mypkg.models.FlexibleMLP", "~model.hidden", "strategy=single",
         *FAST])

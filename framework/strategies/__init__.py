@@ -14,7 +14,7 @@ from omegaconf import DictConfig, open_dict
 
 from framework.config.hydra_versions import version_base
 from framework.config.strategy_options import DDPOptions
-from framework.config.targets import current
+from framework.config.targets import TargetAllowlist, allowing, current
 from framework.config.typed import typed
 from framework.errors import ConfigError
 from framework.paths import CONF_DIR
@@ -117,7 +117,10 @@ def strategies_for_launcher(launcher: str) -> list[str]:
         for name in strategy_names():
             try:
                 options = compose(f"{GROUP}/{name}")[GROUP]
-                if options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers:
+                # an entry of this command's own search path (conf/, the user's --config-dir) is trusted as composed
+                with allowing(TargetAllowlist.of_command(options)):
+                    fits_launcher = options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers
+                if fits_launcher:
                     fits.append(name)
             except Exception:  # an entry that does not compose or import cannot be suggested
                 continue
