@@ -18,7 +18,7 @@ train: setup-core
 # Two test files at a time (pytest-xdist; a file's tests stay together, so its module fixtures run once); then the
 # in-process tests again against Hydra 1.4.
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
 
 # The in-process tests (not those tests/conftest.py marks slow: they start processes) against Hydra 1.4 and its
