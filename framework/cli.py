@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.config.hydra_versions import main_options
 from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.evaluate import eval_main as evaluate
 from framework.follower import follow_rank0
@@ -26,17 +27,17 @@ from framework.run import exit_stopped_sweep, run
 from framework.sample import sample_main as generate
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
 def train_app(cfg: DictConfig):
     return run(cfg)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())
 def eval_app(cfg: DictConfig):
     return evaluate(cfg)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="sample", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="sample", **main_options())
 def sample_app(cfg: DictConfig):
     generate(cfg)
 

@@ -18,7 +18,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.config.hydra_versions import version_base
 from framework.config.settings import settings_of
+from framework.config.targets import TargetAllowlist, allowing
 from framework.errors import ConfigError
 from framework.paths import CONF_DIR, config_dir_override
 from framework.process.environment import cpu_cores
@@ -97,13 +99,14 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     if config_dir:
         overrides = [*overrides, config_dir_override(config_dir)]
         names = {p.stem for p in (Path(config_dir) / "strategy").glob("*.yaml")}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
         for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 note = resolve_auto(cfg, launcher=None).removeprefix("strategy=auto ")
-                settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
-                strategy = build_strategy(settings.strategy, settings.trainer)
+                with allowing(TargetAllowlist.of_command(cfg)):  # the config this command composed
+                    settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
+                    strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
                 plan = f"{note}: {strategy.launcher.describe()}" if note else strategy.launcher.describe()
             except ConfigError as exc:

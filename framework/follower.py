@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from framework.config.targets import allowing
 from framework.launch.outer import receive_from_rank0
 from framework.process.slurm import scheduler_name
 from framework.strategies import build_strategy
@@ -31,5 +32,7 @@ def follow() -> str | None:
     if "finished" in message:  # a sweep's job done before, in its folder: rank 0 reports it
         return None
     payload = message["payload"]
-    worker_entry(payload, build_strategy(payload.settings.strategy, payload.settings.trainer), stop=NoStop())
+    with allowing(payload.settings.targets):  # the `_target_`s rank 0 allowed this run to build
+        strategy = build_strategy(payload.settings.strategy, payload.settings.trainer)
+    worker_entry(payload, strategy, stop=NoStop())
     return None

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.config.settings import Payload, settings_of
+from framework.config.targets import TargetAllowlist, allowing
 from framework.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.launch.job_slots import claim_slot
@@ -98,16 +99,17 @@ def _pin_parallel_job(hydra_cfg) -> None:
 def prepare(cfg: DictConfig, external: bool, run_dir: Path, warm_up: bool = False):
     """Choose the strategy, type the config and validate everything; no worker starts here (warm_up: the launcher
     may start what it can while the checks run). Returns (strategy, payload, note)."""
-    strategy_class, note = choose_strategy(cfg, external)
-    settings = settings_of(cfg, strategy_class.Options)
-    strategy = strategy_class(settings.strategy, settings.trainer.engine())
-    if warm_up:
-        strategy.launcher.warm_up()
-    for name, callback in build_callbacks(settings.callbacks).items():
-        refusal = callback.refuses(strategy.checkpoint_format.sharded)
-        if refusal:
-            raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
-    resume = validate(settings, strategy, run_dir)
+    with allowing(TargetAllowlist.of_command(cfg)):  # a training run trusts the config its user composed
+        strategy_class, note = choose_strategy(cfg, external)
+        settings = settings_of(cfg, strategy_class.Options)
+        strategy = strategy_class(settings.strategy, settings.trainer.engine())
+        if warm_up:
+            strategy.launcher.warm_up()
+        for name, callback in build_callbacks(settings.callbacks).items():
+            refusal = callback.refuses(strategy.checkpoint_format.sharded)
+            if refusal:
+                raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
+        resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
 
 

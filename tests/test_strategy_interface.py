@@ -13,7 +13,7 @@ from framework.strategies.base import Strategy
 from framework.strategies.launchers import Elastic, Horovod, InProcess
 from framework.training.engine import GradientSync, LocalGroup, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
-MAX_PUBLIC_MEMBERS = 16  # 16: check_forward, the driver's look at a real input through the forward (pipeline stages)
+MAX_PUBLIC_MEMBERS = 16  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
 
 
 def public_members(cls: type) -> list[str]:

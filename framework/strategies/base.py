@@ -6,7 +6,7 @@
     parallelize() what the loop trains: the model in the engine's wrapper, its optimizer, the precision that runs
                   backward and the step, the checkpoint IO (a Wrapped, framework/training/engine.py)
 
-and what the driver asks before any worker starts: validate(), check_model(model), check_forward(model, example),
+and what the driver asks before any worker starts: validate(), check_model(model), check_task(model, example, train),
 save_settings(run_dir), checkpoint_format. A strategy is built from its own typed options (`Options`, a dataclass in
 framework/config/strategy_options.py or the user's package) and the few trainer settings an engine must agree with
 (EngineSettings: precision, batch, accumulation, clipping, compile, cuda). join() and parallelize() are abstract:
@@ -60,9 +60,10 @@ class Strategy(ABC):
     def check_model(self, model: nn.Module) -> None:
         """Raise ConfigError when this strategy's options do not fit the model (built once in the driver)."""
 
-    def check_forward(self, model: nn.Module, example) -> None:
-        """Raise ConfigError when the model's forward cannot run the way this engine runs it (pipeline stages), given
-        `example`, a batch of one real input as the model takes it (in the driver, after the dry run)."""
+    def check_task(self, model: nn.Module, example, train) -> None:
+        """Raise ConfigError when the model's forward or the training split cannot run the way this engine runs them
+        (pipeline stages; a stream model-parallel peers must read alike), given `example`, a batch of one real input
+        as the model takes it, and `train`, the built training split (in the driver, after the dry run)."""
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """The blocks trainer.activation_checkpointing recomputes one at a time (framework/models/blocks.py), and

@@ -48,6 +48,14 @@ class ProcessGroup(ABC):
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """The sum of t over every rank, on every rank."""
 
+    def dp_all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum of t over the data-parallel ranks (what a stream's ranks agree on its step counts with). Model
+        parallel peers hold the same data, so their values are equal: the sum over every rank counts each
+        data-parallel rank's value once per peer (exact for the counts it is used for)."""
+        t = self.all_reduce_sum(t)
+        peers = self.world_size // self.dp_size
+        return t if peers == 1 else t // peers if not t.is_floating_point() else t / peers
+
     @abstractmethod
     def gather_objects(self, obj) -> list:
         """Every rank's obj (picklable; tensors in it on the CPU), in rank order, on every rank."""
@@ -128,10 +136,10 @@ class SlotSplit(Protocol):
 class OwnsForwardBackward(Protocol):
     """An engine that runs forward and backward together (pipeline parallel: its schedule interleaves the forwards
     and backwards of micro-batches across stages): one micro-batch of the loop through step(model, batch, loss), its
-    per-sample losses' mean / divide_by backpropagated. Returns the step's output with the per-sample losses (on every
-    rank, also those that never see the loss)."""
+    per-sample losses weighted as `weighting` says backpropagated. Returns the step's output with the per-sample
+    losses (on every rank, also those that never see the loss)."""
 
-    def forward_backward(self, step, batch, loss, divide_by: int) -> StepOutput: ...
+    def forward_backward(self, step, batch, loss, weighting: "Weighting") -> StepOutput: ...
 
 
 @runtime_checkable
@@ -142,15 +150,33 @@ class OwnClock(Protocol):
     def wait_clock(self): ...
 
 
-def forward_backward(wrapped: Wrapped, step, batch, loss, divide_by: int) -> StepOutput:
-    """One micro-batch: forward through the step under the engine's autocast, backward of the mean per-sample loss /
-    divide_by; the step's output with its per-sample losses."""
+@dataclasses.dataclass(frozen=True)
+class Weighting:
+    """What a micro-batch's per-sample losses backpropagate: batches of one known size, the mean / k (k micro-batches
+    a step); a stream's (scale set: framework/data/streams.py), each real sample's loss x scale, so that the engines'
+    mean over ranks is the mean over the samples the step had, and 0 for a repeat of a rank out of data."""
+
+    k: int
+    scale: float | None = None
+    real: bool = True
+
+    def objective(self, per_sample: torch.Tensor, parts: int = 1) -> torch.Tensor:
+        """`parts`: the equal pieces an engine cuts the micro-batch into (a pipeline's micro-batches), each its own
+        objective."""
+        if self.scale is None:
+            return per_sample.mean() / (self.k * parts)
+        return per_sample.sum() * (self.scale if self.real else 0.0)
+
+
+def forward_backward(wrapped: Wrapped, step, batch, loss, weighting: Weighting) -> StepOutput:
+    """One micro-batch: forward through the step under the engine's autocast, backward of the weighted per-sample
+    losses; the step's output with its per-sample losses."""
     if isinstance(wrapped, OwnsForwardBackward):
-        return wrapped.forward_backward(step, batch, loss, divide_by)
+        return wrapped.forward_backward(step, batch, loss, weighting)
     with wrapped.precision.autocast():
         out = step(wrapped.model, batch, loss)
     per_sample = per_sample_losses(out.loss, out.samples)
-    wrapped.precision.backward(per_sample.mean() / divide_by)
+    wrapped.precision.backward(weighting.objective(per_sample))
     return dataclasses.replace(out, loss=per_sample)
 
 

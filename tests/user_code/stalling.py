@@ -33,6 +33,6 @@ class BarrierOnOneRank(Callback):
     def __init__(self, step: int = 5, rank: int = 0):
         self.step, self.rank = step, rank
 
-    def on_train_step_end(self, trainer, step: int) -> None:
+    def on_train_step_end(self, state, step: int) -> None:
         if step == self.step and _rank() == self.rank:
             dist.barrier()

@@ -19,6 +19,7 @@ from framework.data.build import is_pair
 from framework.strategies.model_parallel import p2p
 from framework.telemetry.pipeline_clock import Link, PipelineClock
 from framework.training.metrics import per_sample_losses
+from framework.training.engine import Weighting
 from framework.training.step import StepOutput
 
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
@@ -92,10 +93,10 @@ class PipelineRunner:
         self.counts_tokens: bool | None = None  # whether the step counts tokens (known after the first step)
 
     # ---- training -------------------------------------------------------------------------------------------
-    def forward_backward(self, step, batch, loss, divide_by: int) -> StepOutput:
+    def forward_backward(self, step, batch, loss, weighting: Weighting) -> StepOutput:
         m = self.microbatches
         chunks = split(batch, m)
-        self.current = {"step": step, "loss": loss, "chunks": chunks, "scale": divide_by * m, "losses": [None] * m,
+        self.current = {"step": step, "loss": loss, "chunks": chunks, "weighting": weighting, "losses": [None] * m,
                         "tokens": [None] * m}
         with self.clock.span("schedule"):
             with self.precision.autocast():
@@ -116,7 +117,7 @@ class PipelineRunner:
             out = c["step"](StandIn(inputs_of(chunk), output), chunk, c["loss"])
             per_sample = per_sample_losses(out.loss, out.samples)
         c["losses"][index], c["tokens"][index] = per_sample.detach(), out.tokens
-        return per_sample.mean() / c["scale"]
+        return c["weighting"].objective(per_sample, self.microbatches)
 
     def _shared_losses(self, samples: int) -> tuple[torch.Tensor, object]:
         """The last stage's per-sample losses and token count, on every pipeline rank: an all-reduce (the others add

@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from framework.config.strategy_options import MeshOptions
+from framework.data.streams import is_stream, shards_itself
 from framework.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first
 from framework.process.environment import launched_externally
@@ -117,11 +118,26 @@ class MeshStrategy(ElasticStrategy):
         if o.pp > 1:
             stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
 
-    def check_forward(self, model: nn.Module, example) -> None:
+    def check_task(self, model: nn.Module, example, train) -> None:
+        self._check_stream(train)
         o = self.options
         if o.pp > 1:
             key = f"strategy.split_points={list(o.split_points)}" if o.split_points else f"strategy.pp={o.pp}"
             check_stages(model, stage_pieces(model, o.pp * o.virtual_stages, o.split_points), example, key)
+
+    def _check_stream(self, train) -> None:
+        o = self.options
+        if not is_stream(train):
+            return
+        if o.pp > 1:
+            raise ConfigError(f"strategy.pp={o.pp} is not allowed with a streaming dataset.train (an IterableDataset): "
+                              "a stream's last micro-batches may be short, and a pipeline cuts each micro-batch into "
+                              "equal microbatches; use a map-style dataset, or strategy.pp=1")
+        if shards_itself(train) and o.tp > 1:
+            raise ConfigError(f"strategy.tp={o.tp} is not allowed with a dataset.train that shards itself over ranks "
+                              "(shards_itself, or a HuggingFace IterableDataset): tensor-parallel peers must read the "
+                              "same batches, which the framework deals out by data-parallel rank; use a stream the "
+                              "framework shards (shards_itself = False), or strategy.tp=1")
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """The blocks, recomputed and compiled one by one (on a pipeline rank, those of its own stages)."""
@@ -211,8 +227,8 @@ class PipelineWrapped(Wrapped):
         super().__init__(*args, **kwargs)
         self.runner = runner
 
-    def forward_backward(self, step, batch, loss, divide_by: int):
-        return self.runner.forward_backward(step, batch, loss, divide_by)
+    def forward_backward(self, step, batch, loss, weighting):
+        return self.runner.forward_backward(step, batch, loss, weighting)
 
     def wait_clock(self):
         return self.runner.clock
