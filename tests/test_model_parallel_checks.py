@@ -110,6 +110,7 @@ def user_project(monkeypatch):
 def test_a_users_plan_from_yaml_passes_and_a_bad_one_is_refused(tmp_path, user_project):
     assert driver_says([*USER, "strategy=tp_plan"], tmp_path, config_dir=user_project) == ""
     assert driver_says([*USER, "strategy=tp_plan", "strategy.dp_shard=2"], tmp_path, config_dir=user_project) == ""
+    assert driver_says([*USER, "strategy=tp_function"], tmp_path, config_dir=user_project) == ""  # a function
     line = driver_says([*USER, "strategy=tp_plan", "strategy.tp=3"], tmp_path, config_dir=user_project)
     assert "strategy.tp=3 is not allowed with blocks.0.up=colwise: its out_features (128) does not divide by 3" in line
     line = driver_says([*USER, "strategy=tp"], tmp_path, config_dir=user_project)

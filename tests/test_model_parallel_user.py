@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 EXAMPLE = REPO / "examples" / "my_project"
 MESHES = {
     "tp2_plan": ["strategy=tp_plan", *MESH],
+    "tp2_function": ["strategy=tp_function", *MESH],
     "pp2_GPipe": pipeline("GPipe"),
     "pp2_1F1B": pipeline("1F1B"),
     "pp2_Interleaved1F1B": pipeline("Interleaved1F1B"),

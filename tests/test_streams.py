@@ -181,3 +181,21 @@ def test_a_stream_that_shards_itself_is_refused_a_resume_on_another_world_size(t
         f"trainer.resume=auto is not allowed with 1 worker(s): checkpoint {tmp_path / 'step-00000009'} stopped "
         "mid-stream on 2 workers, and dataset.train (UnevenStream) shards itself, so its position is per rank and "
         "cannot be split anew; use 2 workers, or trainer.resume=none")
+
+
+def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ranks_their_own():
+    """A 2 x 2 mesh (dp_shard=2 x tp=2): the worker deals a stream by the data-parallel place (group.dp_rank,
+    dp_size), so both tensor-parallel peers of a data-parallel rank get its batches, and the two data-parallel ranks
+    share the stream out between them."""
+    from framework.strategies.model_parallel.shape import MeshShape
+
+    shape = MeshShape(dp_shard=2, tp=2)
+    by_rank = {rank: _steps(_loader(CountingStream(40), shape.dp_rank(rank), shape.dp_size,
+                                    agree=lambda t: t * shape.dp_size))
+               for rank in range(shape.workers)}
+    peers = [[r for r in by_rank if shape.dp_rank(r) == d] for d in range(shape.dp_size)]
+    assert all(len(group) == 2 for group in peers)
+    for group in peers:
+        assert by_rank[group[0]] == by_rank[group[1]]
+    first, second = (sum(by_rank[group[0]], []) for group in peers)
+    assert not set(first) & set(second) and sorted(first + second) == list(range(40))
