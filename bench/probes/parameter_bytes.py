@@ -23,10 +23,9 @@ def local_bytes(tensor) -> int:
 
 
 class ParameterBytes(Callback):
-    def on_fit_end(self, trainer) -> None:
-        wrapped = trainer.wrapped
-        record = {"parameters": sum(local_bytes(p) for p in wrapped.model.parameters()),
-                  "optimizer_state": optimizer_state_bytes(wrapped.optimizer)}
+    def on_fit_end(self, state) -> None:
+        record = {"parameters": sum(local_bytes(p) for p in state.model.parameters()),
+                  "optimizer_state": optimizer_state_bytes(state.optimizer)}
         folder = Path(os.environ["PARAMETER_BYTES_DIR"])
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{trainer.group.rank}.json").write_text(json.dumps(record))
+        (folder / f"rank{state.rank}.json").write_text(json.dumps(record))
