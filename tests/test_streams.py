@@ -199,3 +199,15 @@ def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ran
         assert by_rank[group[0]] == by_rank[group[1]]
     first, second = (sum(by_rank[group[0]], []) for group in peers)
     assert not set(first) & set(second) and sorted(first + second) == list(range(40))
+
+
+def test_a_mesh_refuses_the_streams_it_cannot_read_alike_on_its_peers():
+    from conftest import strategy_for
+    from framework.errors import ConfigError
+
+    tp, pp = strategy_for("strategy=tp"), strategy_for("strategy=pp")
+    tp._check_stream(CountingStream(8))  # dealt by the framework: tensor-parallel peers read the same blocks
+    with pytest.raises(ConfigError, match=r"^strategy.tp=2 is not allowed with a dataset.train that shards itself"):
+        tp._check_stream(UnevenStream(8, 4))
+    with pytest.raises(ConfigError, match=r"^strategy.pp=2 is not allowed with a streaming dataset.train"):
+        pp._check_stream(CountingStream(8))
