@@ -9,7 +9,6 @@ line names them: `dataset=...` evaluates the run's model on another dataset."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +18,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
 from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.assemble import build_task, parallelize, test_batches
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
-from framework.run import RESOLVED_CONFIG
+from framework.results.sweep_resume import RESOLVED_CONFIG
+from framework.session.situations import Direct
 from framework.strategies import build_strategy, choose_strategy
 from framework.training.trainer import EvalResult, LoopData, evaluate
 from framework.worker import seed_everything
@@ -40,21 +40,21 @@ class EvalPayload:
     kind: str  # "weights" (a full state dict of the model) or "checkpoint"
 
 
-def eval_main(cfg: DictConfig) -> float | None:
-    """Hydra's task function for eval.py."""
+def evaluate_command(cfg: DictConfig) -> float | None:
+    """Hydra's task function for eval.py: one process that starts the strategy's workers itself (a direct run)."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
     except (ConfigError, WorkersFailed) as exc:
-        sys.exit(f"error: {exc}")
+        return Direct().fail(exc)
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     source, kind, run_dir = resolve_source(cfg.ckpt_path)
     if run_dir is not None:
         take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
-    strategy_class, note = choose_strategy(cfg, external=False)
+    strategy_class, note = choose_strategy(cfg, outer=None)
     settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None)
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
     strategy.validate()
@@ -69,12 +69,12 @@ def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     if note:
         print(note, flush=True)
     payload = EvalPayload(settings, str(out_dir), str(source), kind)
-    result = strategy.launcher.launch(evaluate_entry, payload)
+    result = strategy.starter.launch(evaluate_entry, payload)
     shown = " | ".join(f"test {name} {value:.4f}" for name, value in result.metrics.items())
     print(f"eval: {source} | test loss {result.loss:.4f}{' | ' + shown if shown else ''}", flush=True)
     report = {"ckpt_path": str(cfg.ckpt_path), "evaluated": str(source), "test_loss": result.loss,
               **{f"test_{name}": value for name, value in result.metrics.items()}, "metrics": list(result.metrics),
-              "strategy": strategy.name, "processes": strategy.launcher.processes(), "dataset": settings.dataset.display_name,
+              "strategy": strategy.name, "processes": strategy.starter.processes(), "dataset": settings.dataset.display_name,
               "model": settings.model_name}
     (out_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
     objective = settings.trainer.objective

@@ -17,7 +17,7 @@ from framework.config.settings import Settings
 from framework.data.batches import describe, take
 from framework.data.build import Data, is_class_ids
 from framework.data.loaders import BatchPipeline, prepare, split_tensors
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
 from framework.training.metrics import is_torchmetric, per_sample_losses
@@ -166,10 +166,10 @@ def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, 
     engine's shards only load into the world size that wrote them (DeepSpeed ZeRO): then it is refused here, in the
     driver, for a resumed run and for eval.py alike (DeepSpeed itself would raise in every worker)."""
     saved = manifest.get("world_size")
-    if saved is None or saved == strategy.launcher.processes() or strategy.checkpoint_format.reshards:
+    if saved is None or saved == strategy.starter.processes() or strategy.checkpoint_format.reshards:
         return
     raise ConfigError(
-        f"{what} is not allowed with {strategy.launcher.processes()} worker(s): checkpoint {path} holds "
+        f"{what} is not allowed with {strategy.starter.processes()} worker(s): checkpoint {path} holds "
         f"{manifest.get('format')} shards of {saved} workers, and strategy={strategy.name} cannot reshard them onto "
         f"another world size. Use {saved} workers (e.g. strategy.nproc_per_node={saved} on one node), or {otherwise}")
 
@@ -192,7 +192,7 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
     t = s.trainer
-    processes = strategy.launcher.processes()
+    processes = strategy.starter.processes()
     if t.batch_size % (processes * t.grad_accum):
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "

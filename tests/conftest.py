@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
+from framework.session.environment import ranks
 
 pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's own pinning in a pytest of its own
 
@@ -40,6 +41,15 @@ def _test_accelerator(request):
     _accelerator[0] = "cpu"
     if device is not None:
         torch.cuda.set_device(device)
+
+
+@pytest.fixture(autouse=True)
+def _ranks_read_per_test():
+    """A process reads its ranks once (framework/session/environment.py); each test reads them again, so that one
+    test's faked environment does not stay in the next one's."""
+    ranks.cache_clear()
+    yield
+    ranks.cache_clear()
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +200,7 @@ def composed(*overrides: str, hydra: bool = False):
 
 def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = None) -> str:
     """The driver's verdict on these overrides, in this process: Hydra composes conf/ with the schemas, the driver
-    types the config and runs every check before a worker would start (framework/run.py: prepare), exactly as
+    types the config and runs every check before a worker would start (framework/run.py: plan_run), exactly as
     `python train.py` does, but without a process of its own (they cost seconds each on 2 cores). Returns the line
     `python train.py` prints after `error: `, or '' when the driver accepts the run. tests/test_bad_inputs.py runs
     some cases as real processes too, for the exit code, the one line and that no worker starts."""
@@ -198,15 +208,15 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
     from hydra.errors import HydraException
 
     from framework.cli import composition_error_line
-    from framework.errors import ConfigError
-    from framework.paths import config_dir_override
-    from framework.run import prepare
+    from framework.common.errors import ConfigError
+    from framework.common.paths import config_dir_override
+    from framework.run import plan_run
 
     extra = [config_dir_override(str(config_dir))] if config_dir else []
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=[*pin_accelerator(list(overrides)), *extra])
-            prepare(cfg, external=False, run_dir=run_dir)
+            plan_run(cfg, run_dir)
     except HydraException as exc:
         return composition_error_line(exc)
     except ConfigError as exc:
@@ -220,7 +230,7 @@ def strategy_for(*overrides: str):
     from framework.strategies import build_strategy, resolve_auto, strategy_class
 
     cfg = composed(*overrides)
-    resolve_auto(cfg, launcher=None)
+    resolve_auto(cfg, outer_kind=None)
     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
     return build_strategy(settings.strategy, settings.trainer)
 

@@ -22,7 +22,7 @@ import yaml
 
 from conftest import (REPO, TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, processes_tagged, read_scalars,
                       run_dirs, run_train)
-from framework.process.slurm import _PORTS
+from framework.session.slurm import _PORTS
 
 
 def _summary_rows(sweep_dir):
@@ -94,7 +94,7 @@ def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path
 
 
 def _ranks_adopted(env: dict) -> list[str]:
-    code = ("import os; from framework.process.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
+    code = ("import os; from framework.session.environment import ranks; a = ranks() is not None; "
             "print(a, *(os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and
             k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -246,7 +246,7 @@ def _stopped_state(tmp_path: Path, proc: subprocess.Popen, tag: str) -> tuple[Pa
 def test_a_stopped_joblib_sweep_leaves_no_process_and_resumes_into_its_folder(tmp_path, sig):
     """Ctrl-C reaches the driver only (the pool's workers live in sessions of their own): joblib stops every worker
     with its processes, the driver says the resume command once and exits 130. After a SIGKILL of the driver its
-    workers end their jobs themselves (framework/process/pool_worker.py)."""
+    workers end their jobs themselves (framework/session/pool_worker.py)."""
     args = [*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=single",
             "trainer.max_steps=64", "trainer.seed=1,2,3,4"]
     tag = uuid.uuid4().hex
@@ -302,8 +302,8 @@ def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp
 
 
 def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
-    from framework.errors import ConfigError
-    from framework.launch.job_slots import share
+    from framework.common.errors import ConfigError
+    from framework.session.slots import share
 
     gpus, cores = ["0", "1", "2", "3"], list(range(8))
     assert [(s.gpus, s.cores) for s in (share(k, 2, gpus, cores) for k in range(2))] == [

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
-from framework.process.environment import take_local_rank_argument
+from framework.common.errors import ConfigError
+from framework.session.environment import take_local_rank_argument
 
 TORCH_LAUNCH = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2"]  # no --use_env
 DEEPSPEED = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2"]
@@ -64,5 +65,5 @@ def test_the_local_rank_argument_is_taken_out_in_every_spelling(monkeypatch):
     assert take_local_rank_argument(["--local-rank=1", "strategy=ddp"]) == ["strategy=ddp"]
     assert os.environ["LOCAL_RANK"] == "1"
     assert take_local_rank_argument(["a=1", "--local_rank", "0", "b=2"]) == ["a=1", "b=2"]
-    with pytest.raises(SystemExit, match="--local_rank='x' is not allowed: expected a local rank"):
+    with pytest.raises(ConfigError, match="--local_rank='x' is not allowed: expected a local rank"):
         take_local_rank_argument(["--local_rank=x"])

@@ -73,7 +73,7 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
 def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):
     """Rank 0 enters a barrier at step 5 that rank 1 never calls; rank 1 goes on into step 6's gradient all-reduce.
     Both main threads sit in gloo, where Python cannot raise KeyboardInterrupt: the workers still end within
-    seconds of Ctrl-C (framework/process/clean_exit.py), not at the agent's SIGKILL 30 s later."""
+    seconds of Ctrl-C (framework/session/exit.py), not at the agent's SIGKILL 30 s later."""
     user_code = os.pathsep.join(filter(None, [str(REPO / "tests" / "user_code"), str(EXAMPLE),
                                               os.environ.get("PYTHONPATH")]))
     args = ["--config-dir", str(EXAMPLE / "conf"), "strategy=ddp", "dataset=blobs", "model=mlp",

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from conftest import (TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, read_scalars, run_dirs, run_train,
                       stop_in_second_job)
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.results.result_file import write_result
 from framework.results.sweep_resume import finished_before
 from framework.results.job_names import job_name, short_keys, short_value, varying_keys

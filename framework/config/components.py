@@ -8,7 +8,7 @@ from typing import Any
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def _cause(exc: BaseException) -> BaseException:

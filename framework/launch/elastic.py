@@ -17,9 +17,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from framework.checkpoints.disk import free_bytes
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.training.interrupts import Interrupted
-from framework.process.environment import import_path_for_children, threads_per_worker
+from framework.session.environment import import_path_for_children, threads_per_worker
 
 
 class WorkersFailed(RuntimeError):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.build import build_model
 
 

@@ -12,7 +12,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from framework.config.optimizer import OptimizerConfig
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def build_optimizer(options: OptimizerConfig, params, workers: int):

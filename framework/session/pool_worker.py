@@ -17,7 +17,7 @@ DRIVER_POLL_S = 0.2
 _followed: list[int] = []  # the driver's pid, once this worker process watches it
 
 
-def follow_the_driver() -> None:
+def end_with_the_driver() -> None:
     """In a pool worker, before its first job (then again a no-op): a session of its own, ended with the driver."""
     if _followed:
         return
