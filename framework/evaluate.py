@@ -123,22 +123,22 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
 
 def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
     """Every worker of an evaluation: build the run's task, load the weights, evaluate; rank 0 returns the result."""
-    s = payload.settings
-    strategy = build_strategy(s.strategy, s.trainer)
+    settings = payload.settings
+    strategy = build_strategy(settings.strategy, settings.trainer)
     group = strategy.join()
     wrapped = None
     try:
-        seed_everything(s.trainer.seed)
-        task = build_task(s, group.device, strategy.channels_last_refusal)
+        seed_everything(settings.trainer.seed)
+        task = build_task(settings, group.device, strategy.channels_last_refusal)
         source = Path(payload.source)
         sharded = payload.kind == "checkpoint" and source.is_dir()
         if not sharded:  # a full state dict goes into the plain model, before any wrapper shards it
             state = read_weights(source) if payload.kind == "weights" else load_checkpoint(_checkpoint(source))
             _load(task.model, state["model"], source)
-        wrapped = parallelize(s, strategy, group, task)
+        wrapped = parallelize(settings, strategy, group, task)
         if sharded:
             wrapped.checkpoint_io.load_shards(source.parent, source.name, wrapped.model, wrapped.optimizer)
-        data = LoopData(None, 0, test_batches(task, group, s.trainer.num_workers), task.step, task.loss, task.metrics)
+        data = LoopData(None, 0, test_batches(task, group, settings.trainer.num_workers), task.step, task.loss, task.metrics)
         result = evaluate(group, wrapped, data)
         return result if group.is_main else None
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,11 +83,10 @@ def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str
 def with_faults(args: list[str], env: dict | None, plan: str | None) -> tuple[list[str], dict]:
     """A run's overrides and environment with tests/faults/fault_injection.py's callback planning `plan`
     (<point>:<value>:<rank>[,...]), a callback like any other of the callbacks group."""
-    env = dict(env or {})
     if not plan:
-        return list(args), env
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
-    return [*args, "+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='{plan}'"], env
+        return list(args), dict(env or {})
+    return ([*args, "+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='{plan}'"],
+            faults_env(env))
 
 
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
@@ -99,19 +99,60 @@ def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None =
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str]:
-    """Start a sweep of jobs that log every step and checkpoint every 2; once the first job is done and the second
-    is past step 3 (its step-2 checkpoint written), send sig to the driver. Returns the ended process and stderr."""
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    finished = 0
-    for line in proc.stdout:
-        finished += line.startswith("done:")
-        if finished == 1 and " step 3/" in line:
-            break
+def faults_env(env: dict | None = None) -> dict:
+    """An environment whose runs can load tests/faults/ (fault injection, HoldAt) as callbacks."""
+    env = dict(env or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def held_at(args: list[str], step: int, rank: int = 0, runs: str = "*") -> list[str]:
+    """A run's overrides with tests/faults/hold.py's callback: the run waits at the end of `step` on `rank` (in the
+    runs whose folder's name matches `runs`) until the test lets it go or stops it. Run it with faults_env()."""
+    return [*args, "+callbacks.hold._target_=hold.HoldAt", f"+callbacks.hold.step={step}",
+            f"+callbacks.hold.rank={rank}", f"+callbacks.hold.runs='{runs}'"]
+
+
+def start_train(args: list[str], cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen:
+    """train.py started (not waited for), its output in cwd/train.out and cwd/train.err (a test that waits on the
+    run's files must not leave a pipe to fill up)."""
+    return subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            stdout=(cwd / "train.out").open("w"), stderr=(cwd / "train.err").open("w"), **popen)
+
+
+def wait_until_held(proc: subprocess.Popen, root: Path, count: int = 1, also=lambda: True, timeout: float = 300,
+                    marker: str = "held_at_step_*") -> list[Path]:
+    """The markers of `count` runs under root that wait where HoldAt holds them (and `also()` is true: a state that
+    stays, such as another job's result). Fails if the process ends first. marker: the files to wait for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        markers = sorted(root.rglob(marker))
+        if len(markers) >= count and also():
+            return markers
+        assert proc.poll() is None, f"the run ended before it reached the step it was to wait at (exit {proc.returncode})"
+        assert time.monotonic() < deadline, f"no run waits at its step after {timeout} s"
+        time.sleep(0.05)
+
+
+def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str, list[str]]:
+    """Start a sweep whose jobs run one after the other, and whose second job waits at the end of step 3 (the first
+    job done, the second's step-2 checkpoint written); then send sig to the driver. Returns the ended process, its
+    stderr and the sweep's arguments (the hold included: run again, the sweep must compose the same configs; its
+    second job goes past step 3 then)."""
+    args = held_at(args, step=3, runs="1_*")
+    proc = start_train(args, cwd, faults_env())
+    wait_until_held(proc, cwd)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    return proc, err
+    proc.wait(timeout=60)
+    return proc, (cwd / "train.err").read_text(), args
+
+
+def root_cause_exit_code(output: str) -> int:
+    """The exit code torch's elastic agent (torchrun, torch.distributed.launch) reports for the first rank that
+    failed (its own exit code is 1 whatever the ranks' were)."""
+    cause = output.split("Root Cause (first observed failure):", 1)[1]
+    return int(cause.split("exitcode", 1)[1].split(":", 1)[1].split()[0])
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> str:

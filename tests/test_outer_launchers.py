@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
+from conftest import TINY, check_ok, read_scalars, root_cause_exit_code, run_dirs, run_train
 from framework.common.errors import ConfigError
 from framework.session.environment import take_local_rank_argument
 
@@ -53,8 +53,12 @@ def test_a_bad_value_under_the_launcher_ends_every_rank_with_one_message(tmp_pat
     command, env = (TORCH_LAUNCH, {}) if launcher != "deepspeed" else (DEEPSPEED, DS_CPU)
     strategy = "strategy=deepspeed" if launcher == "deepspeed" else "strategy=ddp"
     proc = run_train([strategy, "trainer.batch_size=0"], tmp_path, launcher=command, env=env, timeout=180)
-    assert proc.returncode != 0
-    assert "trainer.batch_size=0 is not allowed: expected an integer >= 1" in proc.stderr + proc.stdout
+    output = proc.stderr + proc.stdout
+    if launcher == "deepspeed":  # its launcher ends with its first failed rank's code
+        assert proc.returncode == 2 and "exits with return code = 2" in output, output
+    else:  # torch's agent: its own code, and each rank's in its failure table
+        assert proc.returncode == 1 and root_cause_exit_code(output) == 2, output
+    assert output.count("error: trainer.batch_size=0 is not allowed: expected an integer >= 1") == 1, output
     # the launcher itself may print its ChildFailedError traceback, as it does for torchrun; ours print none
     assert "framework/run.py" not in proc.stderr and "framework/cli.py" not in proc.stderr
     assert not list(tmp_path.rglob("checkpoints"))

@@ -18,6 +18,7 @@ from conftest import REPO, pin_accelerator
 from framework.common.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
 from framework.results.result_file import write_result
+from framework import cli
 from framework.run import run
 from framework.session import situations
 from framework.session.detect import situation, sweep_driver
@@ -312,3 +313,28 @@ def test_a_sweep_run_again_reports_a_finished_job_and_refuses_one_of_another_con
     [line] = capsys.readouterr().err.splitlines()
     assert "finished there with another config (trainer.max_steps differ)" in line
     assert told == [{"refusal": line.removeprefix("error: ")}]
+
+
+# ---- the command, before and around Hydra ---------------------------------------------------------------------
+
+def test_a_bad_local_rank_argument_is_a_refusal(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--local_rank=x", "strategy=ddp"])
+    with pytest.raises(SystemExit) as ended:
+        cli._main()
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == ("error: --local_rank='x' is not allowed: expected a local rank (an integer >= "
+                                       "0), as torch.distributed.launch and DeepSpeed's launcher pass it\n")
+
+
+def test_a_value_hydra_refuses_under_torchrun_is_said_once_and_told_to_the_other_ranks(tmp_path, monkeypatch, capsys,
+                                                                                       told):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", "trainer.epochs=abc"])
+    monkeypatch.setattr(cli, "detect", lambda: situation(None, RANK0))
+    with pytest.raises(SystemExit) as ended:
+        cli._main()
+    assert ended.value.code == 2
+    line = "trainer.epochs='abc' is not allowed: expected an integer >= 1"
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert told == [{"refusal": line}]
+    assert not (tmp_path / "outputs").exists()

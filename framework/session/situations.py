@@ -43,12 +43,6 @@ def say_error(exc: BaseException | str) -> None:
     print(f"error: {exc}", file=sys.stderr, flush=True)
 
 
-def refuse(exc: ConfigError) -> None:
-    """A refusal every process meets alike (its own arguments), before it knows its situation: said, exit 2."""
-    say_error(exc)
-    sys.exit(REFUSED)
-
-
 @dataclass(frozen=True)
 class Job:
     """The Hydra job a process runs: its folder, and what it takes to run it again."""
