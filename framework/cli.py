@@ -80,8 +80,6 @@ def _main() -> None:
             _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         session.fail(ConfigError(composition_error_line(exc)))
-    except ConfigError as exc:  # a Hydra callback's refusal (the output folder: framework/results/run_folder.py)
-        session.fail(exc)
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
         driver = sweep_driver()
         if driver is not None:
