@@ -13,7 +13,7 @@ from conftest import REPO, check_ok, faults_env, held_at, processes_tagged, run_
 from framework.checkpoints.store import newest_valid
 
 EXAMPLE = REPO / "examples" / "my_project"
-RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+RUN = ["trainer.max_steps=16", "trainer.batch_size=32", "trainer.log_every_n_steps=1",  # waits at step 6: held_at
        "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
 
 
