@@ -113,12 +113,14 @@ def held_at(args: list[str], step: int, rank: int = 0, runs: str = "*") -> list[
             f"+callbacks.hold.rank={rank}", f"+callbacks.hold.runs='{runs}'"]
 
 
-def start_train(args: list[str], cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen:
-    """train.py started (not waited for), its output in cwd/train.out and cwd/train.err (a test that waits on the
-    run's files must not leave a pipe to fill up)."""
+def start_train(args: list[str], cwd: Path, env: dict | None = None, logs: Path | None = None,
+                **popen) -> subprocess.Popen:
+    """train.py started (not waited for), its output in train.out and train.err in `logs` (default: cwd): a test that
+    waits on the run's files must not leave a pipe to fill up."""
+    logs = logs or cwd
     return subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                            stdout=(cwd / "train.out").open("w"), stderr=(cwd / "train.err").open("w"), **popen)
+                            stdout=(logs / "train.out").open("w"), stderr=(logs / "train.err").open("w"), **popen)
 
 
 def wait_until_held(proc: subprocess.Popen, root: Path, count: int = 1, also=lambda: True, timeout: float = 300,

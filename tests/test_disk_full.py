@@ -42,8 +42,14 @@ def small_filesystem(path: Path, size: str):
 
 
 def _start(run_dir: Path, args: list[str], tag: str) -> subprocess.Popen:
-    """The run, its output in files beside its folder (tests/faults/ on its path: a run may wait at a step, held_at)."""
-    return start_train([*args, f"hydra.run.dir={run_dir}"], run_dir.parent, {**faults_env(), "HYDRA_DIST_TEST_TAG": tag})
+    """The run (tests/faults/ on its path: a run may wait at a step, held_at), its output in files off the small
+    disk (a console that cannot write is another test's)."""
+    return start_train([*args, f"hydra.run.dir={run_dir}"], run_dir.parent, {**faults_env(), "HYDRA_DIST_TEST_TAG": tag},
+                       logs=_logs(run_dir))
+
+
+def _logs(run_dir: Path) -> Path:
+    return run_dir.parent.parent  # the test's tmp_path, beside the small disk
 
 
 def _let_go(run_dir: Path) -> None:
@@ -57,7 +63,7 @@ def _finish(proc: subprocess.Popen, tag: str, run_dir: Path) -> tuple[int, str, 
     deadline = time.monotonic() + 10
     while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    out, err = ((run_dir.parent / name).read_text() for name in ("train.out", "train.err"))
+    out, err = ((_logs(run_dir) / name).read_text() for name in ("train.out", "train.err"))
     return proc.returncode, out, err, processes_tagged(tag)
 
 

@@ -128,11 +128,11 @@ class FSDPStrategy(ElasticStrategy):
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
-        options = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
-                       reshard_after_forward=options.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+        sharding = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
+                        reshard_after_forward=options.reshard_after_forward, mp_policy=policy, offload_policy=offload)
         for unit in self.shard_units(model):
-            fully_shard(unit, **options)
-        fully_shard(model, **options)
+            fully_shard(unit, **sharding)
+        fully_shard(model, **sharding)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
                            reshard_after_forward=options.reshard_after_forward)
