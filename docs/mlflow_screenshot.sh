@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# How docs/mlflow_sweep_runs.png and docs/mlflow_run_overview.png were made (by hand; not part of CI): a small sweep
-# logged to MLflow (logger=[tensorboard,mlflow]), the MLflow UI on its store, headless chromium screenshots.
+# How docs/images/mlflow_sweep_runs.png and docs/images/mlflow_run_overview.png were made (by hand; not part of CI):
+# a small sweep logged to MLflow (logger=[tensorboard,mlflow]), the MLflow UI on its store, headless chromium
+# screenshots.
 # Needs Debian's chromium and the mlflow extra. Run from the repository root; PY picks the interpreter.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
@@ -14,7 +15,7 @@ trap 'kill $server 2>/dev/null' EXIT
 sleep 15
 shot() {  # shot WIDTH,HEIGHT FILE URL
     chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size="$1" \
-        --virtual-time-budget=40000 --screenshot="$PWD/docs/$2" "$3"
+        --virtual-time-budget=40000 --screenshot="$PWD/docs/images/$2" "$3"
 }
 experiment=$($PY -c "from mlflow.tracking import MlflowClient as C; print(C('$store').get_experiment_by_name('hydra-dist').experiment_id)")
 child=$($PY -c "

@@ -11,6 +11,7 @@ from torch import nn
 
 from framework.callbacks.base import Callback
 from framework.callbacks.profiler import StepProfiler
+from framework.checkpoints.state import signature
 from framework.config.components import build_component
 from framework.config.settings import Settings
 from framework.data.augment import build_augment
@@ -23,6 +24,7 @@ from framework.strategies.base import Strategy
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.metrics import build_loss, build_metrics, check_metrics, class_ids_of
 from framework.training.optim import build_optimizer
+from framework.training.param_groups import ParamGroups
 from framework.training.speedups import apply_speedups, use_channels_last
 
 EVAL_BATCH_PER_DEVICE = 1024
@@ -61,20 +63,23 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
 
 
 def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task) -> Wrapped:
-    """The task's model with its speed-ups, on the device and in the engine's wrapper, with its optimizer."""
+    """The task's model with its speed-ups, on the device and in the engine's wrapper, with its optimizer (its
+    param groups planned on the plain model, by the user's parameter names)."""
+    groups = ParamGroups.of(s.optimizer, task.model)
     t, modules = s.trainer, strategy.speedup_modules(task.model)
     model = apply_speedups(task.model, task.channels_last, group.device, move=not strategy.moves_model_itself,
                            checkpointed=modules.recomputed if t.activation_checkpointing else (),
                            compiled=modules.compiled if t.compile else ())
     workers = group.world_size * len(group.devices)  # processes x the GPUs each drives (dp's replicas)
-    return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers), group)
+    return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers, groups), group)
 
 
 def test_batches(task: Task, group: ProcessGroup, num_workers: int):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
     return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.rank,
-                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs)
+                                group.world_size, num_workers, task.data.collate["test"], task.data.pairs,
+                                group.all_reduce_sum, task.data.example)
 
 
 def example_input(data: Data) -> object:
@@ -100,6 +105,13 @@ def model_record(model_config: dict, data: Data) -> dict:
     stand for where the dataset has one (sample.py)."""
     return {"model_config": model_config, "in_shape": data.in_shape, "num_classes": data.num_classes,
             "vocab": vocabulary_of(data.train)}
+
+
+def run_signature(s: Settings, data: Data) -> dict:
+    """What a checkpoint of this run must match to be resumed by another (framework/checkpoints/state.py)."""
+    scheduler = s.lr_schedule.scheduler if s.lr_schedule.name == "torch" else None
+    return signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape, data.num_classes,
+                     param_groups=s.optimizer.param_groups, lr_scheduler=scheduler)
 
 
 def hparams_of(s: Settings, strategy_name: str) -> dict:

@@ -15,6 +15,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
+from framework.config.hydra_versions import main_options
 from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.evaluate import evaluate_command
 from framework.run import run, train_as_follower
@@ -25,17 +26,17 @@ from framework.session.exit import quick_exit
 from framework.session.situations import Direct
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
 def train_app(cfg: DictConfig):
     return run(cfg)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())
 def eval_app(cfg: DictConfig):
     return evaluate_command(cfg)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="sample", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="sample", **main_options())
 def sample_app(cfg: DictConfig):
     sample_command(cfg)
 

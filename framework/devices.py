@@ -18,11 +18,13 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.config.hydra_versions import version_base
 from framework.config.settings import settings_of
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR, config_dir_override
 from framework.session.environment import cpu_cores
 from framework.session.situations import Direct
+from framework.config.targets import TargetAllowlist, allowing
 from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
 from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
 
@@ -98,13 +100,14 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     if config_dir:
         overrides = [*overrides, config_dir_override(config_dir)]
         names = {p.stem for p in (Path(config_dir) / "strategy").glob("*.yaml")}
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
         for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
                 note = resolve_auto(cfg, outer_kind=None).removeprefix("strategy=auto ")
-                settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
-                strategy = build_strategy(settings.strategy, settings.trainer)
+                with allowing(TargetAllowlist.of_command(cfg)):  # the config this command composed
+                    settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
+                    strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
                 plan = f"{note}: {strategy.starter.describe()}" if note else strategy.starter.describe()
             except ConfigError as exc:

@@ -2,10 +2,14 @@
 model on the test split, with any strategy, the metrics printed and written to eval.json in the evaluation's own
 folder (outputs/evals/...), as lightning-hydra-template's eval.py does.
 
-ckpt_path is a run folder (its weights/best.pt, else weights/last.pt, else its newest checkpoint), a weights file
-(weights/*.pt), or a checkpoint (a .pt, or a sharded checkpoint's folder, which only the strategy that wrote it
+ckpt_path is a run folder (its weights/best.safetensors or .pt, else weights/last.*, else its newest checkpoint), a
+weights file (weights/*.safetensors or *.pt), or a checkpoint (a .pt, or a sharded checkpoint's folder, which only the strategy that wrote it
 reads). The model, dataset, loss, metrics and step are the run's own (its resolved_config.yaml) unless the command
-line names them: `dataset=...` evaluates the run's model on another dataset."""
+line names them: `dataset=...` evaluates the run's model on another dataset.
+
+A run folder is data, not code: the `_target_`s of the run's groups are built only when they are the framework's,
+torch's, torchvision's, torchmetrics' or an engine's, what this command composed itself, or match this command's
+allowed_targets (framework/config/targets.py); anything else is refused, before it is imported or any worker starts."""
 from __future__ import annotations
 
 import json
@@ -16,16 +20,18 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
-from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
+from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
 from framework.common.errors import ConfigError
+from framework.config.targets import TargetAllowlist, allowing
 from framework.assemble import build_task, parallelize, test_batches
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
 from framework.results.sweep_resume import RESOLVED_CONFIG
 from framework.session.situations import Direct
 from framework.strategies import build_strategy, choose_strategy
-from framework.training.trainer import EvalResult, LoopData, evaluate
+from framework.training.loop_state import EvalResult
+from framework.training.trainer import LoopData, evaluate
 from framework.worker import seed_everything
 
 EVAL_FILE = "eval.json"
@@ -51,11 +57,20 @@ def evaluate_command(cfg: DictConfig) -> float | None:
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
+    trusted = TargetAllowlist.of_command(cfg)  # this command's own config, before the run's groups come in
+    with allowing(trusted):
+        return _evaluate_trusting(trusted, cfg, out_dir, overrides)
+
+
+def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
     source, kind, run_dir = resolve_source(cfg.ckpt_path)
     if run_dir is not None:
         take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
+        for group in RUN_GROUPS:  # every _target_ the run folder brings, by name, before anything imports it
+            if group in cfg:
+                trusted.check(OmegaConf.to_container(cfg[group], resolve=True), group)
     strategy_class, note = choose_strategy(cfg, outer=None)
-    settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None)
+    settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None, targets=trusted)
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
     strategy.validate()
     if kind == "checkpoint" and source.is_dir():
@@ -90,8 +105,9 @@ def resolve_source(ckpt_path) -> tuple[Path, str, Path | None]:
         raise ConfigError(f"ckpt_path={path} is not allowed: no such file or folder")
     if path.is_dir() and (path / RESOLVED_CONFIG).is_file():  # a run folder
         for name in ("best", "last"):
-            if (path / WEIGHTS_DIR / f"{name}.pt").is_file():
-                return path / WEIGHTS_DIR / f"{name}.pt", "weights", path
+            for suffix in SUFFIXES:  # safetensors first: no pickle at all
+                if (path / WEIGHTS_DIR / f"{name}{suffix}").is_file():
+                    return path / WEIGHTS_DIR / f"{name}{suffix}", "weights", path
         checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
         return checkpoint.path, "checkpoint", path
     run = _run_folder_of(path)
@@ -115,7 +131,10 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
     chosen = {o.lstrip("+").split("=", 1)[0] for o in overrides if "=" in o}
     with open_dict(cfg):
         for group in RUN_GROUPS:
-            if group in chosen or group not in run_cfg:
+            if group in chosen:
+                continue
+            if group not in run_cfg:  # the run left it out (~metrics: a causal LM scored by its loss alone)
+                cfg.pop(group, None)
                 continue
             keys = [o.lstrip("+").removeprefix(f"{group}.") for o in overrides if o.lstrip("+").startswith(f"{group}.")]
             cfg[group] = OmegaConf.merge(run_cfg[group], OmegaConf.from_dotlist(keys))
@@ -123,6 +142,11 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
 
 def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
     """Every worker of an evaluation: build the run's task, load the weights, evaluate; rank 0 returns the result."""
+    with allowing(payload.settings.targets):
+        return _evaluate_worker(payload)
+
+
+def _evaluate_worker(payload: EvalPayload) -> EvalResult | None:
     settings = payload.settings
     strategy = build_strategy(settings.strategy, settings.trainer)
     group = strategy.join()

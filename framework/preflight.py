@@ -7,22 +7,25 @@ from pathlib import Path
 
 import torch
 
-from framework.assemble import Task, build_task
+from framework.assemble import Task, build_task, run_signature
 from framework.checkpoints.disk import checkpoint_bytes, space_warning
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
-from framework.checkpoints.state import signature, signature_mismatch
+from framework.checkpoints.state import signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
-from framework.data.build import Data, is_class_ids
+from framework.data.build import Data, first_samples, is_class_ids
 from framework.data.loaders import BatchPipeline, prepare, split_tensors
 from framework.common.errors import ConfigError
+from framework.data.streams import is_stream, shards_itself
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
-from framework.training.metrics import is_torchmetric, per_sample_losses
+from framework.training.lr_schedule import build_lr_schedule
+from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
-from framework.training.step import Supervised
+from framework.training.param_groups import ParamGroups
+from framework.training.step import ModelLoss, Supervised
 
 
 def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | None:
@@ -36,9 +39,10 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)
     strategy.check_model(task.model)
     _blocks(s, strategy, task.model)
-    build_optimizer(s.optimizer, task.model.parameters(), 1)  # what its constructor refuses, as one line
     _objective(s, task.metrics)
-    _batch_split(s, strategy, len(task.data.train))
+    _optimizer_and_schedule(s, task)
+    _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
+    _stream_schedule(s, task.data.train)
     dry_run(s, task)
     checkpoint = _resume(s, strategy, run_dir, task.data)
     _checkpoint_room(s, run_dir, task.model)
@@ -52,7 +56,9 @@ def _machine(s: Settings, strategy: Strategy) -> None:
                           f"{strategy.channels_last_refusal}; use auto or false")
     if t.precision == "fp16" and not strategy.trainer.cuda:
         raise ConfigError("trainer.precision=fp16 is not allowed on the CPU (it needs CUDA's GradScaler); use bf16 or fp32")
-    if t.precision == "bf16" and strategy.trainer.cuda and not torch.cuda.is_bf16_supported():
+    # bf16 the GPU computes itself: torch's default also counts what an older GPU only emulates, slowly
+    cuda = strategy.trainer.cuda
+    if t.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise ConfigError(f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 "
                           "support; use fp16 or fp32")
 
@@ -64,13 +70,29 @@ def _blocks(s: Settings, strategy: Strategy, model) -> None:
                           "trainer.activation_checkpointing=false")
 
 
+def _optimizer_and_schedule(s: Settings, task: Task) -> None:
+    """The optimizer on its param groups, and the lr scheduler on it, built once: a pattern that matches no parameter,
+    what a constructor refuses, each is one line naming the key."""
+    optimizer = build_optimizer(s.optimizer, task.model.parameters(), 1, ParamGroups.of(s.optimizer, task.model))
+    if s.lr_schedule.name == "torch":
+        t = s.trainer
+        if is_stream(task.data.train):  # no length: only trainer.max_steps bounds the run
+            steps = t.max_steps or None
+        else:
+            per_epoch = max(len(task.data.train) // t.batch_size, 1)
+            steps = min(t.max_steps, t.epochs * per_epoch) if t.max_steps else t.epochs * per_epoch
+        objective_higher = t.objective != "loss" and higher_is_better(task.metrics[t.objective])
+        build_lr_schedule(s.lr_schedule, optimizer, steps, objective_higher)
+
+
 def _checkpoint_room(s: Settings, run_dir: Path, model) -> None:
     """A warning (not an error: the run may stop early, or the disk get room) when the run folder cannot hold
     trainer.keep_checkpoints + 1 checkpoints of this model and optimizer."""
     if s.trainer.keep_checkpoints == 0:
         return
     folder = run_dir / CHECKPOINT_DIR
-    each = checkpoint_bytes(model, lambda params: build_optimizer(s.optimizer, params, 1))
+    groups = ParamGroups.of(s.optimizer, model)
+    each = checkpoint_bytes(model, lambda params: build_optimizer(s.optimizer, params, 1, groups))
     warning = space_warning(folder, s.trainer.keep_checkpoints, len(list_checkpoints(folder)), each)
     if warning:
         print(warning, flush=True)
@@ -81,11 +103,11 @@ def dry_run(s: Settings, task: Task) -> None:
     a model that cannot take the dataset's input, a loss that cannot score its outputs, a metric that does not fit
     the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
     data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
-    index = torch.arange(min(2, len(data.train)))
     collate = data.collate["train"]
     tensors = split_tensors(data.train, collate)
-    batch = (take(tensors[0], index), take(tensors[1], index)) if tensors is not None else \
-        collate.first_batch([data.train[int(i)] for i in index], "train")
+    batch = (take(tensors[0], torch.arange(min(2, len(data.train)))),
+             take(tensors[1], torch.arange(min(2, len(data.train))))) if tensors is not None else \
+        collate.first_batch(first_samples(data.train, 2), "train")
     batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
     shapes = (f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}" if data.pairs
               else describe(batch, "batch"))
@@ -94,9 +116,10 @@ def dry_run(s: Settings, task: Task) -> None:
     with torch.no_grad(), silenced():
         if isinstance(step, Supervised):  # say which of the two failed: the model, or the loss on its outputs
             _one_line(lambda: model(batch[0]), f"{model_name} cannot take the dataset's batches ({shapes})")
-        out = _one_line(lambda: step(model, batch, loss),
-                        f"loss={s.loss.get('_target_')} cannot score {model_name}'s outputs on the dataset's targets "
-                        f"({shapes})")
+        failed = (f"step=model_loss: {model_name} cannot take the dataset's batches as keyword arguments ({shapes})"
+                  if isinstance(step, ModelLoss) else f"loss={s.loss.get('_target_')} cannot score {model_name}'s "
+                  f"outputs on the dataset's targets ({shapes})")
+        out = _one_line(lambda: step(model, batch, loss), failed)
         _one_line(lambda: per_sample_losses(out.loss, out.samples), f"loss={s.loss.get('_target_')}")
         for name, metric in metrics.items():
             if getattr(metric, "expects_class_ids", False) and not is_class_ids(out.targets):
@@ -139,7 +162,7 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
     checkpoint = choose_checkpoint(resume, run_dir, warn=lambda m: print(f"warning: {m}", flush=True))
     if checkpoint is None:
         return None
-    ours = signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape, data.num_classes)
+    ours = run_signature(s, data)
     mismatch = signature_mismatch(checkpoint.manifest.get("signature", {}), ours)
     if mismatch:
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} comes from a "
@@ -151,8 +174,31 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
                           "strategy.zero_stage) that wrote it, or trainer.resume=none")
     _resume_world_size(s, strategy, checkpoint)
-    _resume_position(s, checkpoint, len(data.train))
+    if is_stream(data.train):
+        _resume_stream(s, strategy, checkpoint, data.train)
+    else:
+        _resume_position(s, checkpoint, len(data.train))
     return checkpoint
+
+
+def _resume_stream(s: Settings, strategy: Strategy, checkpoint: Checkpoint, train) -> None:
+    """A stream the framework shards continues on any world size (framework/data/streams.py); one that shards
+    itself keeps a position per rank, which another world size cannot split anew."""
+    saved, now = checkpoint.manifest.get("world_size"), strategy.starter.processes()
+    if shards_itself(train) and saved not in (None, now):
+        raise ConfigError(f"trainer.resume={s.trainer.resume} is not allowed with {now} worker(s): checkpoint "
+                          f"{checkpoint.path} stopped mid-stream on {saved} workers, and dataset.train "
+                          f"({type(train).__name__}) shards itself, so its position is per rank and cannot be split "
+                          f"anew; use {saved} workers, or trainer.resume=none")
+
+
+def _stream_schedule(s: Settings, train) -> None:
+    """A stream's length is unknown: a schedule over the run's steps needs trainer.max_steps."""
+    # (lr_schedule=torch: the scheduler says itself what it needs, when it is built: _optimizer_and_schedule)
+    if is_stream(train) and not s.trainer.max_steps and s.lr_schedule.name not in ("constant", "torch"):
+        raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
+                          "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
+                          "steps; set trainer.max_steps, or use lr_schedule=constant")
 
 
 def _resume_world_size(s: Settings, strategy: Strategy, checkpoint: Checkpoint) -> None:
@@ -190,7 +236,7 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
                           f"{exc}") from None
 
 
-def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
+def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:
     t = s.trainer
     processes = strategy.starter.processes()
     if t.batch_size % (processes * t.grad_accum):
@@ -199,7 +245,7 @@ def _batch_split(s: Settings, strategy: Strategy, samples: int) -> None:
             f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
             f"{processes * t.grad_accum}"
         )
-    if t.batch_size > samples:
+    if samples is not None and t.batch_size > samples:
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed: the training split has only {samples} samples "
             "(dataset.max_train_samples / dataset.train_size); use a batch of at most that"

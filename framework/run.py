@@ -18,6 +18,7 @@ from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.common.errors import ConfigError
 from framework.config.settings import Payload, settings_of
+from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import validate
 from framework.results.provenance import record_start
@@ -64,7 +65,9 @@ def train_as_follower(session: Follower) -> None:
         return session.fail(ConfigError(message["refusal"]))
     if "payload" in message:
         payload = message["payload"]
-        worker_entry(payload, build_strategy(payload.settings.strategy, payload.settings.trainer), stop=NoStop())
+        with allowing(payload.settings.targets):  # the `_target_`s rank 0 allowed this run to build
+            strategy = build_strategy(payload.settings.strategy, payload.settings.trainer)
+        worker_entry(payload, strategy, stop=NoStop())
     return None
 
 
@@ -72,16 +75,17 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None = None, warm_up
     """Choose the strategy (`outer`: the ranks torchrun & co. started, which it must train with), type the config
     and validate everything; no worker starts here (warm_up: the strategy's starter may start what it can while the
     checks run). Returns (strategy, payload, note)."""
-    strategy_class, note = choose_strategy(cfg, outer)
-    settings = settings_of(cfg, strategy_class.Options)
-    strategy = strategy_class(settings.strategy, settings.trainer.engine())
-    if warm_up:
-        strategy.starter.warm_up()
-    for name, callback in build_callbacks(settings.callbacks).items():
-        refusal = callback.refuses(strategy.checkpoint_format.sharded)
-        if refusal:
-            raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
-    resume = validate(settings, strategy, run_dir)
+    with allowing(TargetAllowlist.of_command(cfg)):  # a training run trusts the config its user composed
+        strategy_class, note = choose_strategy(cfg, outer)
+        settings = settings_of(cfg, strategy_class.Options)
+        strategy = strategy_class(settings.strategy, settings.trainer.engine())
+        if warm_up:
+            strategy.starter.warm_up()
+        for name, callback in build_callbacks(settings.callbacks).items():
+            refusal = callback.refuses(strategy.checkpoint_format.sharded)
+            if refusal:
+                raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
+        resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
 
 

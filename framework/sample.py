@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from framework.checkpoints.weights import WEIGHTS_DIR
+from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR
 from framework.config.sample import SampleConfig
+from framework.config.targets import TargetAllowlist, allowing
 from framework.config.typed import typed
 from framework.data.text import Vocabulary
 from framework.common.errors import ConfigError
@@ -40,7 +41,8 @@ def sample(options: SampleConfig) -> list[str]:
         raise ConfigError(f"ckpt_path={options.ckpt_path} is not allowed: {source} holds no vocabulary (its dataset has "
                           "no `vocab`, or the run predates sample.py); sample.py needs a text model's run")
     device = _device(options)
-    model = model_from(saved, device)
+    with allowing(TargetAllowlist().extended(options.allowed_targets)):  # a run folder is data, not code
+        model = model_from(saved, device)
     if not callable(getattr(model, "generate", None)):
         raise ConfigError(f"ckpt_path={options.ckpt_path} is not allowed: its model ({type(model).__name__}) has no "
                           "generate(ids, max_new_tokens, temperature, top_k, generator) method")
@@ -68,7 +70,7 @@ def _weights_file(options: SampleConfig) -> Path:
     which, path = str(options.weights), Path(options.ckpt_path)
     if not path.exists():
         raise ConfigError(f"ckpt_path={path} is not allowed: no such run folder or weights file")
-    if path.is_dir() and which == "best" and not (path / WEIGHTS_DIR / "best.pt").is_file():
+    if path.is_dir() and which == "best" and not any((path / WEIGHTS_DIR / f"best{s}").is_file() for s in SUFFIXES):
         which = "last"  # a run without an evaluation that improved its objective: its final weights
     return weights_path(path, which)
 

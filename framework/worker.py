@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from framework.assemble import (Task, build_callbacks, build_task, example_input, hparams_of, model_record,
-                                parallelize, test_batches)
+                                parallelize, run_signature, test_batches)
 from framework.callbacks.base import Callbacks
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position
-from framework.checkpoints.state import signature
 from framework.config.settings import Payload, Settings
+from framework.config.targets import allowing
 from framework.data.loaders import BatchPipeline, build_train_loader
 from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
 from framework.session.environment import restart_attempt
@@ -47,6 +47,11 @@ def worker_entry(payload: Payload, strategy: Strategy | None = None, stop=None) 
     composed or resolved again here. Returns rank 0's RunResult (or Stopped); other ranks return None."""
     keep_freed_memory()
     s = payload.settings
+    with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
+        return _worker(payload, s, strategy, stop)
+
+
+def _worker(payload: Payload, s: Settings, strategy: Strategy | None, stop) -> RunResult | Stopped | None:
     strategy = strategy or build_strategy(s.strategy, s.trainer)
     own_process = not strategy.starter.runs_in_process
     if own_process:  # a process of its own, which its starter stops by signal
@@ -88,12 +93,12 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.rank, group.world_size)
+                                    group.device, micro_batch, group.rank, group.world_size, say,
+                                    group.all_reduce_sum)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
-                                    signature(s.model, s.dataset.display_name, s.optimizer._target_, data.in_shape,
-                                              data.num_classes), say, timed_barrier(group, telemetry.clock))
+                                    run_signature(s, data), say, timed_barrier(group, telemetry.clock))
         run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop)
         trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, checkpointer=checkpointer,
                           callbacks=callbacks, telemetry=telemetry, run=run)
@@ -103,7 +108,8 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
             start = trainer.resume(checkpoint)
         say(f"training {s.model_name} on {s.dataset.display_name} with strategy={strategy.name}: "
             f"{group.world_size} process(es) on {group.device.type}, global batch {t.batch_size} = "
-            f"{group.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, {trainer.total_steps} steps")
+            f"{group.world_size} x {micro_batch} per process x {t.grad_accum} accumulation, "
+            f"{trainer.steps_planned()}")
         dump = (lambda: dump_nccl_flight_recorder(group.rank)) if strategy.trainer.cuda else None
         with watch_for_stalls(t.stall_timeout, telemetry.heartbeat, run_dir, group.rank, group.world_size, say,
                               checkpointer.last_saved, before_exit=dump):
@@ -130,16 +136,17 @@ def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batc
 
 def _result(s: Settings, strategy: Strategy, group: ProcessGroup, trainer: Trainer, checkpointer: Checkpointer,
             start: Position, micro_batch: int) -> RunResult:
-    t, totals = s.trainer, trainer.totals
+    t, state = s.trainer, trainer.state
+    totals = state.totals
     return RunResult(
         test_metrics=dict(totals.val_metrics), objective=t.objective, test_loss=totals.val_loss,
         train_loss=totals.train_loss, samples_per_sec=totals.samples / totals.seconds if totals.seconds else 0.0,
         per_rank_samples_per_sec=totals.per_slot_samples_per_sec(), per_rank_max_memory_gib=totals.slot_max_mem_gib,
-        train_seconds=totals.seconds, steps=trainer.step, skipped_steps=totals.skipped_steps,
-        epochs=trainer.epoch + 1 if trainer.stop_requested else trainer.epochs, processes=group.world_size,
+        train_seconds=totals.seconds, steps=state.step, skipped_steps=totals.skipped_steps,
+        epochs=state.epoch + 1 if state.stop_reason else state.epochs, processes=group.world_size,
         global_batch=t.batch_size, micro_batch=micro_batch, strategy=strategy.name, device=group.device.type,
         resumed_from_step=start.step, checkpoint=str(checkpointer.last_saved() or ""),
-        objective_higher_is_better=trainer.higher_is_better,
+        objective_higher_is_better=state.higher_is_better,
     )
 
 

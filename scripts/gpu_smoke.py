@@ -1,14 +1,17 @@
 """`make test-gpu`: the gpu-marked tests, then every strategy x precision on this machine's GPUs, each killed once
 and resumed. Prints one table; exits non-zero when anything failed. Without a GPU it says so and runs nothing.
 
-Per cell: a run of 16 steps (checkpoint every 4) is SIGKILLed after step 6 on rank 0, then started again in the
-same run folder. ok means: the resumed run came back from step 4, trained exactly 16 steps, logged every step
-once with a finite loss, and the loss at the end is below the first one. One GPU: ddp runs 2 gloo ranks on it
+Per cell: a run of 16 steps (4 epochs of the same 256 samples, a checkpoint every 4 steps) is SIGKILLed after step 6
+on rank 0, then started again in the same run folder. ok means: the resumed run came back from step 4, trained
+exactly 16 steps, logged every step once with a finite loss, and its mean loss over the last epoch is below the first
+epoch's (the same samples: one batch's loss against another's would be noise). One GPU: ddp runs 2 gloo ranks on it
 (fsdp one nccl rank: FSDP's collectives on CUDA tensors want nccl, and nccl one rank per GPU). A cell that runs
 past CELL_TIMEOUT_S is stopped with every process it started (the elastic agent's workers hold the GPUs) and shows
-as `timeout`. A precision a strategy refuses by design shows as `-`."""
+as `timeout`. A precision a strategy refuses by design shows as `-`; an optional engine that is not usable here
+(not installed, or horovod built without NCCL) skips its row, said in one line."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -22,16 +25,19 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS, KILL_AFTER, RESUMED_FROM = 16, 6, 4
+STEPS, EPOCHS, KILL_AFTER, RESUMED_FROM = 16, 4, 6, 4
+BATCH = 64
 FAULTS = REPO / "tests" / "faults"  # the tests' fault injection callback: SIGKILL rank 0 after step KILL_AFTER
 KILL = ["+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='kill_after_step:{KILL_AFTER}:0'"]
 CELL_TIMEOUT_S = 300  # per run; a cell is two runs
+REBUILD_HOROVOD = ".venv/bin/python -m pip uninstall -y horovod && bash scripts/setup.d/10-horovod.sh .venv"
 PRECISIONS = ("fp32", "bf16", "fp16")
 # dataset=synthetic: a GPU machine may have no network and no Debian datasets; learnable random images of
 # Fashion-MNIST's shape, so the loss still falls.
-COMMON = ["trainer.accelerator=gpu", "trainer.epochs=1", "trainer.batch_size=64", "trainer.log_every_n_steps=1",
-          "trainer.checkpoint_every_n_steps=4", "dataset=synthetic", "dataset.shape=[1,28,28]",
-          f"dataset.train_size={STEPS * 64}", "dataset.test_size=512", "trainer.progress_bar=false"]
+COMMON = ["trainer.accelerator=gpu", f"trainer.epochs={EPOCHS}", f"trainer.batch_size={BATCH}",
+          "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4", "dataset=synthetic",
+          "dataset.shape=[1,28,28]", f"dataset.train_size={STEPS // EPOCHS * BATCH}", "dataset.test_size=512",
+          "trainer.progress_bar=false"]
 
 
 class CellTimeout(Exception):
@@ -44,7 +50,8 @@ class LeftProcesses(Exception):
 
 def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
     """name -> (overrides, the precisions it trains in: fsdp refuses fp16, which needs a loss scaler for sharded
-    gradients; cpu_offload runs once, in bf16)."""
+    gradients; cpu_offload runs once, in bf16; deepspeed refuses fp16 with ZeRO 1-3, whose optimizer clips the
+    still-scaled gradients, so fp16 runs at ZeRO 0)."""
     fsdp = ["strategy=fsdp"] if gpus > 1 else ["strategy=fsdp", "strategy.nproc_per_node=1"]
     return {
         "single": (["strategy=single"], PRECISIONS),
@@ -53,20 +60,24 @@ def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
                 PRECISIONS),
         "fsdp": (fsdp, ("fp32", "bf16")),
         "fsdp cpu_offload": ([*fsdp, "strategy.cpu_offload=true"], ("bf16",)),
-        "deepspeed z2": (["strategy=deepspeed", "strategy.zero_stage=2"], PRECISIONS),
-        "deepspeed z3": (["strategy=deepspeed", "strategy.zero_stage=3"], PRECISIONS),
+        "deepspeed z0": (["strategy=deepspeed", "strategy.zero_stage=0"], ("fp16",)),
+        "deepspeed z2": (["strategy=deepspeed", "strategy.zero_stage=2"], ("fp32", "bf16")),
+        "deepspeed z3": (["strategy=deepspeed", "strategy.zero_stage=3"], ("fp32", "bf16")),
         "horovod": (["strategy=horovod"], PRECISIONS),
     }
 
 
 def missing_engine(name: str) -> str | None:
+    """Why an optional engine's row cannot run here (setup builds engines only with `make setup`), or None."""
     module = {"deepspeed": "deepspeed", "horovod": "horovod.torch"}.get(name.split()[0])
     if module is None:
         return None
     try:
-        __import__(module)
+        engine = importlib.import_module(module)
     except Exception as exc:  # an engine built for another torch fails in many ways
-        return f"skipped: {module} not usable ({str(exc).splitlines()[0][:60]})"
+        return f"skipped: {module} not usable ({str(exc).splitlines()[0][:60]}); make setup installs it"
+    if module == "horovod.torch" and not engine.nccl_built():
+        return "skipped: horovod was built without NCCL; rebuild it on this GPU machine: " + REBUILD_HOROVOD
     return None
 
 
@@ -138,8 +149,12 @@ def checked_cell(strategy_args: list[str], precision: str, work: Path) -> str:
         problems.append(f"resumed from {result['resumed_from_step']}, {result['steps']} steps")
     if sorted(curve) != list(range(1, STEPS + 1)) or not all(math.isfinite(v) for v in curve.values()):
         problems.append("loss curve has gaps or NaN")
-    elif curve[STEPS] >= curve[1]:
-        problems.append(f"loss did not fall ({curve[1]:.3f} -> {curve[STEPS]:.3f})")
+    else:
+        per_epoch = STEPS // EPOCHS
+        first, last = (sum(curve[s] for s in steps) / per_epoch for steps in
+                       (range(1, per_epoch + 1), range(STEPS - per_epoch + 1, STEPS + 1)))
+        if last >= first:
+            problems.append(f"loss did not fall (epoch means {first:.3f} -> {last:.3f})")
     if problems:
         return "failed: " + "; ".join(problems)
     rates = "/".join(f"{r:,.0f}" for r in result["per_rank_samples_per_sec"])
@@ -154,27 +169,31 @@ def main() -> int:
     gpus = torch.cuda.device_count()
     print(f"make test-gpu: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=REPO)
-    precisions = [p for p in PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported()]
+    precisions = [p for p in PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported(including_emulation=False)]
     rows = strategies(gpus)
     table = {}
     # One cell at a time: each measures samples/s and memory per GPU, which cells sharing the GPUs would distort.
     with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-smoke-") as tmp:
         for name, (strategy_args, trains_in) in rows.items():
             skip = missing_engine(name)
+            if skip:
+                print(f"  {name}: {skip}", flush=True)
             for precision in precisions:
                 work = Path(tmp) / f"{name.replace(' ', '_')}-{precision}"
                 if precision not in trains_in:
                     table[name, precision] = "-"
+                elif skip:
+                    table[name, precision] = "skipped"
                 else:
-                    table[name, precision] = skip or cell(strategy_args, precision, work)
-                print(f"  {name} {precision}: {table[name, precision]}", flush=True)
+                    table[name, precision] = cell(strategy_args, precision, work)
+                    print(f"  {name} {precision}: {table[name, precision]}", flush=True)
     width = max(len(v) for v in table.values())
     print(f"\n| strategy | {' | '.join(p.ljust(width) for p in precisions)} |")
     print("|---" * (len(precisions) + 1) + "|")
     for name in rows:
         print(f"| {name} | {' | '.join(table[name, p].ljust(width) for p in precisions)} |")
     print("\nok: samples/s per GPU (rank), peak allocated memory per GPU; each cell killed after step "
-          f"{KILL_AFTER} and resumed from step {RESUMED_FROM}")
+          f"{KILL_AFTER} and resumed from step {RESUMED_FROM}; skipped: an optional engine not usable here (above)")
     bad = [v for v in table.values() if v.startswith(("failed", "timeout"))]
     failed = tests.returncode not in (0, 5) or bool(bad)
     print(f"gpu tests: {'passed' if tests.returncode in (0, 5) else 'FAILED'}; matrix: "

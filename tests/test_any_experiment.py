@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, check_ok, driver_says, pin_accelerator, read_scalars, run_dirs, run_train
+from framework.config.targets import TargetAllowlist, allowing
 
 EXAMPLE = REPO / "examples" / "my_project"
 FAST = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=adam",
@@ -61,7 +62,8 @@ def test_one_dataset_is_split_by_val_fraction_the_same_way_everywhere(project, t
     monkeypatch.syspath_prepend(str(project))
     options = typed(DatasetConfig, {"_target_": "mypkg.data.Blobs", "size": 512, "val_fraction": 0.25}, "dataset",
                     open_keys=True)
-    first, again = build_splits(options), build_splits(options)
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        first, again = build_splits(options), build_splits(options)
     assert len(first["test"]) == 128 and len(first["train"]) == 384
     assert first["train"].indices == again["train"].indices  # a pure function of the seed and the length
     assert not set(first["train"].indices) & set(first["test"].indices)
@@ -87,7 +89,7 @@ def test_torchmetrics_on_two_ranks_equal_the_metric_over_the_whole_split_in_one_
     try:
         from mypkg.tasks import Waves
 
-        model, test = load_model(run_dir, which="last"), Waves(train=False, size=256)
+        model, test = load_model(run_dir, which="last", allowed_targets=["mypkg.*"]), Waves(train=False, size=256)
         with torch.no_grad():
             whole = MeanSquaredError()(model(test.x), test.y).item()
     finally:
@@ -122,7 +124,8 @@ def test_best_checkpoint_weights_and_eval_py_with_single_and_ddp(project, tmp_pa
     assert (run_dir / "weights" / "last.pt").is_file()
     for strategy in ("single", "ddp"):
         out = check_ok(_eval(project, tmp_path / f"eval_{strategy}",
-                             [f"ckpt_path={run_dir / 'weights' / 'last.pt'}", f"strategy={strategy}"]))
+                             [f"ckpt_path={run_dir / 'weights' / 'last.pt'}", f"strategy={strategy}",
+                              "allowed_targets=[mypkg.*]"]))  # the run folder names mypkg's classes
         [report] = (tmp_path / f"eval_{strategy}" / "outputs").rglob("eval.json")
         evaluated = json.loads(report.read_text())
         assert evaluated["test_acc"] == pytest.approx(result["test_acc"], abs=1e-6), out

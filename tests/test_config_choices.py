@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -41,7 +42,7 @@ BAD_CHOICES = {
     ("trainer.precision=fp8",): "trainer.precision='fp8' is not allowed: expected one of fp32, bf16, fp16",
     ("trainer.accelerator=tpu",): "trainer.accelerator='tpu' is not allowed: expected one of auto, cpu, gpu",
     ("trainer.on_nonfinite=ignore",): "trainer.on_nonfinite='ignore' is not allowed: expected one of stop, skip",
-    ("lr_schedule.name=step",): "lr_schedule.name='step' is not allowed: expected one of constant, warmup_cosine",
+    ("lr_schedule.name=step",): "lr_schedule.name='step' is not allowed: expected one of constant, warmup_cosine, torch",
     ("optimizer.lr_scaling=sqrt",): "optimizer.lr_scaling='sqrt' is not allowed: expected one of none, linear",
     ("strategy=ddp", "strategy.backend=mpi"): "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo",
     ("strategy=fsdp", "strategy.rdzv_backend=etcd"):
@@ -105,7 +106,7 @@ def test_the_code_that_compares_with_strings_gets_what_it_got_from_strings():
 
     from framework.config.optimizer import LrScheduleConfig
     from framework.strategies.deepspeed_config import generated_config
-    from framework.training.lr_schedule import LrSchedule
+    from framework.training.lr_schedule import LrSchedule, TorchSchedule, build_lr_schedule
 
     for precision in PrecisionChoice:
         members = generated_config(DeepSpeedOptions(), TrainerConfig(precision=precision), 2)
@@ -113,9 +114,14 @@ def test_the_code_that_compares_with_strings_gets_what_it_got_from_strings():
         assert json.dumps(members) == json.dumps(words)
     tags = [str(hparams({"precision": p}, {"acc": 0.5})) for p in (PrecisionChoice.fp16, "fp16")]
     assert tags[0] == tags[1]
-    for name in choices.Schedule:
+    for name in (s for s in choices.Schedule if s != "torch"):
         member, word = (LrSchedule(LrScheduleConfig(name=n), total_steps=10) for n in (name, name.value))
         assert [member.factor(i) for i in range(1, 11)] == [word.factor(i) for i in range(1, 11)]
+    step_lr = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 2}
+    for name in (choices.Schedule.torch, "torch"):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        schedule = build_lr_schedule(LrScheduleConfig(name=name, scheduler=step_lr), optimizer, total_steps=10)
+        assert isinstance(schedule, TorchSchedule)
 
 
 def test_python_train_py_refuses_a_choice_with_exit_2_and_one_line(tmp_path):

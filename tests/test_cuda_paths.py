@@ -175,7 +175,9 @@ def test_a_mig_slice_gets_its_share_of_the_gpus_peak_or_no_mfu():
 
 def test_runs_of_a_gpu_marked_test_ask_for_the_gpu_and_of_any_other_for_the_cpu(pytester):
     """The suite pins every run's accelerator from the test's mark (tests/conftest.py): a GPU test that forgot to
-    ask for the GPU trained on gloo CPU workers under the CPU pin and failed on every GPU machine."""
+    ask for the GPU trained on gloo CPU workers under the CPU pin and failed on every GPU machine. A run on the GPU
+    that names no data trains on dataset=synthetic, also when the test names trainer.accelerator=gpu itself (GPU
+    machines may be offline: those runs downloaded Fashion-MNIST)."""
     pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
     pytester.makepyfile(test_pins="""
         import pytest
@@ -189,7 +191,14 @@ def test_runs_of_a_gpu_marked_test_ask_for_the_gpu_and_of_any_other_for_the_cpu(
 
         def test_cpu():
             assert pin_accelerator(["strategy=ddp"]) == ["strategy=ddp", "trainer.accelerator=cpu"]
-            assert pin_accelerator(["trainer.accelerator=gpu"]) == ["trainer.accelerator=gpu"]
+            assert pin_accelerator(["trainer.accelerator=gpu"]) == ["trainer.accelerator=gpu", "dataset=synthetic"]
+            assert pin_accelerator(["strategy=ddp", "trainer.accelerator=gpu", "x=1"]) == [
+                "strategy=ddp", "dataset=synthetic", "trainer.accelerator=gpu", "x=1"]
+            assert pin_accelerator(["trainer.accelerator=gpu", "dataset=mnist"]) == ["trainer.accelerator=gpu",
+                                                                                     "dataset=mnist"]
+            assert pin_accelerator(["trainer.accelerator=gpu", "experiment=dp_tutorial"]) == [
+                "trainer.accelerator=gpu", "experiment=dp_tutorial"]
+            assert pin_accelerator(["trainer.accelerator=cpu"]) == ["trainer.accelerator=cpu"]
     """)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
 
@@ -215,8 +224,8 @@ def test_a_killed_gpu_run_resumes_and_continues_its_loss_curve(tmp_path, strateg
 def test_memory_peaks_are_per_interval_so_evaluation_does_not_leak_into_training(tmp_path):
     # evaluation takes 1024 samples at a time, training 32: evaluation's peak is far above training's
     check_ok(run_train(["strategy=single", "trainer.accelerator=gpu", "trainer.epochs=2", "trainer.batch_size=32",
-                        "trainer.log_every_n_steps=4", "dataset.max_train_samples=512",
-                        "dataset.max_test_samples=4096"], tmp_path))
+                        "trainer.log_every_n_steps=4", "dataset=synthetic", "dataset.train_size=512",
+                        "dataset.test_size=4096"], tmp_path))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     allocated = scalars["memory/max_allocated_gib/rank0"]
@@ -231,7 +240,7 @@ def test_memory_peaks_are_per_interval_so_evaluation_does_not_leak_into_training
 def test_dp_replicas_compute_in_bf16_and_the_first_device_id_is_current():
     from framework.strategies.dp import DataParallelStrategy
 
-    if not torch.cuda.is_bf16_supported():
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
 
     strategy = strategy_for("strategy=dp", "strategy.device_ids=[1,0]", "trainer.precision=bf16",

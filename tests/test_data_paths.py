@@ -2,6 +2,7 @@
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from conftest import needs_gpu
 from framework.data.augment import RandomCropFlip
 from framework.data.builtin import Normalization
 from framework.data.loaders import BatchPipeline, DataLoaderLoader, InMemoryLoader, eval_batches, shard_indices
@@ -132,3 +133,18 @@ class _NoTensors(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.x[i], int(self.y[i])
+
+
+@needs_gpu
+def test_a_split_kept_in_cpu_memory_gives_the_gpu_the_same_batches():
+    """dataset.in_memory keeps a split that would take over a quarter of the GPU's free memory in CPU memory
+    (framework/data/loaders.py: split_home): each batch is gathered there and copied over, the same batches."""
+    x, y = _pixels()
+    gpu = torch.device("cuda", torch.cuda.current_device())
+    pipeline = BatchPipeline(Normalization(1 / 255, (0.5,), (0.25,)), (1, 8, 8), gpu,
+                             augment=RandomCropFlip(padding=2))
+    on_gpu = InMemoryLoader(x, y, pipeline, gpu, 8, 1, 2, seed=5)
+    in_cpu_memory = InMemoryLoader(x, y, pipeline, gpu, 8, 1, 2, seed=5, home=CPU)
+    assert on_gpu.x.device == gpu and in_cpu_memory.x.device == CPU
+    for (xa, ya), (xb, yb) in zip(on_gpu, in_cpu_memory, strict=True):
+        assert xb.device == yb.device == gpu and torch.equal(xa, xb) and torch.equal(ya, yb)

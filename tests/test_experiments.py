@@ -69,7 +69,8 @@ def test_presets_without_local_data_stop_with_the_missing_data_message(tmp_path,
 
 
 def claimed_strategies(preset: str) -> list[str]:
-    """The strategies a preset says it trains with: its `# strategies: a, b` line (what README repeats)."""
+    """The strategies a preset says it trains with: its `# strategies: a, b` line (docs/configuration.md repeats
+    it)."""
     text = (REPO / "conf" / "experiment" / f"{preset}.yaml").read_text()
     found = re.search(r"^# strategies: ([\w, ]+?)\s*(\(|$)", text, re.M)
     assert found, f"conf/experiment/{preset}.yaml has no '# strategies: ...' line"

@@ -3,6 +3,7 @@ and clipping), holds about half of ddp's optimizer state per rank, checkpoints t
 (one shard per rank, committed by the manifest), resumes its own checkpoints at the same or another world size,
 resumes a ddp checkpoint, and refuses bad settings in the driver. Real train.py processes."""
 import json
+import math
 import sys
 
 import pytest
@@ -138,6 +139,20 @@ def test_bf16_listed_units_and_unsharded_accumulation_train(tmp_path):
     assert json.loads((run_dir / "result.json").read_text())["test_acc"] > 0.3
 
 
+def test_bf16_trains_a_batchnorm_model(tmp_path):
+    """MixedPrecisionPolicy(param_dtype=bf16) casts BatchNorm's weight but not its running statistics, and the
+    first forward failed ("expected scalar type BFloat16 but found Float"): each BatchNorm is a unit of its own in
+    fp32. ResNet-18 on 16x16 images, 2 steps of 2 samples per rank (bf16 convolutions are slow on CPUs) and an
+    evaluation (which uses the running statistics)."""
+    run_dir, _ = _train(tmp_path, [*FSDP, "model=resnet18", "trainer.precision=bf16", "dataset=synthetic",
+                                   "dataset.shape=[3,16,16]", "dataset.train_size=16", "dataset.test_size=8",
+                                   "trainer.batch_size=4", "trainer.max_steps=2", "trainer.log_every_n_steps=1",
+                                   "trainer.keep_checkpoints=0"])
+    assert sorted(losses_by_step(run_dir)) == [1, 2]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["steps"] == 2 and result["processes"] == 2 and math.isfinite(result["test_loss"])
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["strategy.shard_modules=[NoSuchBlock]"],
      "strategy.shard_modules=['NoSuchBlock'] is not allowed: LeNet has no submodule of class NoSuchBlock"),
@@ -180,7 +195,7 @@ def _fsdp_on_every_gpu():
 def test_fsdp_trains_on_every_gpu_with_nccl_and_resumes_after_a_kill(tmp_path, precision):
     import torch
 
-    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+    if precision == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
         pytest.skip(f"{torch.cuda.get_device_name()} has no bf16")
     args = [*_fsdp_on_every_gpu(), *(a for a in COMMON if not a.startswith(("trainer.batch_size=", "dataset.max_train"))),
             f"trainer.precision={precision}"]

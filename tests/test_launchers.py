@@ -319,8 +319,8 @@ from framework.callbacks.base import Callback
 
 
 class Mark(Callback):
-    def on_fit_start(self, trainer):
-        (trainer.run_dir / f"ran_this_checkout_rank{trainer.group.rank}").touch()
+    def on_fit_start(self, state):
+        (state.run_dir / f"ran_this_checkout_rank{state.rank}").touch()
 """
 
 

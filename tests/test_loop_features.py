@@ -107,8 +107,8 @@ def test_a_run_resumed_mid_epoch_evaluates_on_the_same_clock_with_the_same_ema(t
 @pytest.mark.parametrize("strategy", ["ddp", "dp", "horovod"])
 def test_ema_weights_evaluate_with_eval_py(tmp_path, strategy):
     """The loop's last evaluation scored the average (evaluate_with_ema) on 2 ddp or horovod ranks, or dp's one
-    process (README: EMA with single, dp, ddp and horovod); eval.py on weights/ema.pt in one process gets the same
-    accuracy."""
+    process (docs/loop-features.md: EMA with single, dp, ddp and horovod); eval.py on weights/ema.pt in one process
+    gets the same accuracy."""
     if strategy == "horovod":
         pytest.importorskip("horovod.torch", reason="the horovod extra (make test builds it)")
     (tmp_path / "train").mkdir()
@@ -128,17 +128,18 @@ def test_ema_averages_every_step_and_swaps_back_exactly():
     from framework.callbacks.ema import EMA
 
     model = nn.Linear(3, 1)
-    trainer = SimpleNamespace(wrapped=SimpleNamespace(module=model), evaluation_contexts=[])
+    contexts = []
+    state = SimpleNamespace(model=model, evaluate_inside=contexts.append)  # the part of LoopState the EMA uses
     ema = EMA(decay=0.5, evaluate_with_ema=True)
-    ema.on_fit_start(trainer)
+    ema.on_fit_start(state)
     expected = None
     for step, value in enumerate([1.0, 3.0, 7.0], start=1):
         with torch.no_grad():
             model.weight.fill_(value)
-        ema.on_train_step_end(trainer, step)
+        ema.on_train_step_end(state, step)
         expected = value if expected is None else 0.5 * expected + 0.5 * value
     assert expected == 4.5 and torch.all(ema.average.module.weight == expected)
-    [swap] = trainer.evaluation_contexts
+    [swap] = contexts
     with swap():
         assert torch.all(model.weight == 4.5)
     assert torch.all(model.weight == 7.0)

@@ -2,9 +2,9 @@
 line, and the one-chart-per-metric layout. Real ddp runs on 2 gloo workers, event files read back with
 TensorBoard's reader; a real fault (tests/faults/fault_injection.py: slow_rank) makes rank 1 the slow
 GPU."""
+import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -16,8 +16,11 @@ from torch import nn
 from conftest import FAULTS, TINY, check_ok, needs_gpu, needs_gpus, read_scalars, run_dirs, run_train
 from framework.telemetry.flops import training_flops_per_sample
 from framework.telemetry.gpu_peaks import gpu_model, peak_tflops
+from framework.telemetry.meters import IntervalSummary
+from framework.telemetry.per_gpu import PerGpu, Slot
 from framework.models.lenet import LeNet
 from framework.models.linear import LinearModel
+from framework.config.trainer import TrainerConfig
 
 SLOW_SECONDS = 0.2
 # 24 steps of 2 x 32 samples, logged every 8: three intervals, each averaging 8 steps; a straggler is named once it
@@ -98,21 +101,34 @@ def test_one_multiline_chart_per_metric_is_read_back_from_the_event_file(slowed)
                                                                     "throughput/samples_per_sec/rank1"]
 
 
-def test_a_healthy_run_on_a_loaded_machine_names_no_straggler(tmp_path):
-    """Default straggler settings, both cores also busy with another program: unequal slices of the cores make one
-    rank slower for an interval now and then, which is no straggler (a gap must persist and be 10 ms or more)."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        out = check_ok(run_train(RUN, tmp_path))
-    finally:
-        hog.kill()
-        hog.wait()
-    [run_dir] = run_dirs(tmp_path)
-    scalars = read_scalars(run_dir)
-    assert "straggler at step" not in out
-    assert not [tag for tag in scalars if tag.startswith("stragglers/")]
-    busy0, busy1 = _per_rank(scalars, "time/busy_ms")
-    assert len(busy0) == len(busy1) == 3 and all(b > 0 for b in busy0 + busy1)
+def _interval(busy_ms):
+    n = len(busy_ms)
+    nan = [math.nan] * n
+    return IntervalSummary(steps=8, samples=64.0 * n, seconds=1.0, loss=1.0, per_slot_samples_per_sec=[64.0] * n,
+                           per_slot_loss=[1.0] * n, per_slot_max_mem_gib=[0.0] * n, per_slot_max_reserved_gib=[0.0] * n,
+                           per_slot_optimizer_state_mib=[0.0] * n, step_ms=50.0, data_ms=1.0,
+                           per_slot_samples=[64.0] * n, per_slot_seconds=[1.0] * n, per_slot_busy_ms=list(busy_ms),
+                           per_slot_wait_ms=[5.0] * n, per_slot_forward_ms=nan, per_slot_backward_ms=nan)
+
+
+def _named(busy_series, trainer=None):
+    """Which ranks the default straggler rule names at each log boundary of a series of busy ms per rank."""
+    t = trainer or TrainerConfig()
+    slots = [Slot("vm", "cpu", "cpu", None) for _ in busy_series[0]]
+    per_gpu = PerGpu(slots, None, t.straggler_threshold, t.straggler_intervals, t.straggler_min_gap_ms)
+    return [[s.rank for s in per_gpu.stragglers(_interval(busy))] for busy in busy_series]
+
+
+def test_a_loaded_machine_s_passing_gaps_name_no_straggler_under_the_default_rule():
+    """Unequal slices of busy cores make one rank slower for an interval now and then, which is no straggler: the
+    default rule names one only when its gap persists (2 boundaries in a row) and is 10 ms/step or more. Checked on
+    the rule itself: a process test with a CPU hog only races the machine."""
+    # with 2 ranks the median is their mean: 40 vs 61 ms is 1.21x it, a gap of 10.5 ms
+    noisy = [[40.0, 61.0], [61.0, 40.0], [40.0, 61.0], [10.0, 16.0], [10.0, 16.0]]  # alternating; then 3 ms gaps
+    assert _named(noisy) == [[], [], [], [], []]
+    persistent = [[40.0, 61.0], [40.0, 62.0], [40.0, 70.0], [40.0, 40.0]]
+    assert _named(persistent) == [[], [1], [1], []]
+    assert _named([[40.0, 61.0], [61.0, 40.0]], TrainerConfig(straggler_intervals=1)) == [[1], [0]]
 
 
 @pytest.mark.parametrize("strategy", [["strategy=horovod"], ["strategy=deepspeed", "strategy.zero_stage=1"]],
@@ -407,8 +423,10 @@ def test_busy_wait_tflops_and_mfu_on_one_gpu(tmp_path):
 def test_dp_replica_times_on_the_gpu_come_from_cuda_events(tmp_path):
     """One GPU: nn.DataParallel does not replicate, so the user's own parameters carry the backward hook (removed
     again every step); forward and backward are read from CUDA events on the replica's stream."""
+    precision = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"  # the replica's autocast
     check_ok(run_train(["strategy=dp", "strategy.device_ids=[0]", "trainer.accelerator=gpu", *TINY,
-                        "trainer.max_steps=16", "trainer.log_every_n_steps=8", "trainer.precision=bf16"], tmp_path))
+                        "trainer.max_steps=16", "trainer.log_every_n_steps=8", f"trainer.precision={precision}"],
+                       tmp_path))
     [run_dir] = run_dirs(tmp_path)
     scalars = read_scalars(run_dir)
     step_ms = [v for _, v in scalars["time/step_ms"]]

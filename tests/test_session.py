@@ -4,6 +4,7 @@ process, in seconds: environments are plain dicts (or this process's, patched), 
 conf/ as the driver's is; the exits are caught as SystemExit. The process tests (test_bad_inputs, test_torchrun,
 test_outer_launchers, test_launchers, test_signals, test_sweep, test_horovodrun) check the same exit codes on real
 processes."""
+import contextlib
 import json
 import signal
 import sys
@@ -338,3 +339,22 @@ def test_a_value_hydra_refuses_under_torchrun_is_said_once_and_told_to_the_other
     assert capsys.readouterr().err == f"error: {line}\n"
     assert told == [{"refusal": line}]
     assert not (tmp_path / "outputs").exists()
+
+
+# ---- eval.py and sample.py: direct runs, refused like train.py ------------------------------------------------
+
+@pytest.mark.parametrize("command,argv,said", [
+    ("eval_main", ["eval.py", "ckpt_path=no/such/run"], "error: ckpt_path=no/such/run is not allowed: no such file"),
+    ("eval_main", ["eval.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),
+    ("sample_main", ["sample.py", "ckpt_path=no/such/run"], "error: ckpt_path=no/such/run is not allowed: no such"),
+    ("sample_main", ["sample.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),
+])
+def test_eval_and_sample_refusals_exit_2_with_one_line(tmp_path, monkeypatch, capsys, command, argv, said):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(cli, "quick_exit", contextlib.nullcontext)  # its exit handler would end pytest's process
+    with pytest.raises(SystemExit) as ended:
+        getattr(cli, command)()
+    assert ended.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(said), line

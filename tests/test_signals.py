@@ -1,5 +1,7 @@
 """Ctrl-C and SIGTERM (preemption): all workers stop within seconds, no process is left behind, the last
-complete checkpoint stays valid, the exit code is non-zero and the message says how to resume."""
+complete checkpoint stays valid, the exit code is non-zero and the message says how to resume. A SIGKILLed driver
+leaves no process behind either."""
+import contextlib
 import os
 import shlex
 import signal
@@ -84,3 +86,49 @@ def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):
     assert left == [], f"processes left behind: {left}"
     assert "stopped by SIGINT; all workers are stopped" in err and "Traceback" not in err, err
     assert f"To resume: python train.py --config-dir {EXAMPLE / 'conf'} strategy=ddp" in err, "the project's own configs"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "horovod"])
+def test_workers_end_within_seconds_of_a_sigkilled_driver(tmp_path, strategy):
+    """A terminal or a scheduler may SIGKILL the driver, which then stops nothing: its workers, the worker template
+    they were forked from and multiprocessing's resource tracker must still end within seconds, not train on into
+    the run folder (and hold the GPUs). The run is far from its end when the driver dies (step 3 of 100000). ddp's
+    launch is fsdp's and deepspeed's (torch's elastic agent, framework/launch/elastic.py); horovod's runner has its
+    own (horovod/runner/common/util/safe_shell_exec.py: a middleman per worker ends it when the driver is gone)."""
+    if strategy == "horovod":
+        pytest.importorskip("horovod.torch")
+    tag = uuid.uuid4().hex
+    args = [f"strategy={strategy}", "trainer.max_steps=100000", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+            "dataset=synthetic", "dataset.train_size=4096", "trainer.progress_bar=false"]
+    driver = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen = []
+        for line in driver.stdout:  # rank 0's progress lines come through the driver's stdout
+            seen.append(line)
+            if " step 3/" in line:
+                break
+        assert driver.poll() is None, "".join(seen)
+        workers = [pid for pid in processes_tagged(tag) if pid != driver.pid]
+        assert len(workers) >= 2, "the workers (and the template) run"
+        driver.kill()
+        driver.wait()  # reaped, so that the tag search does not find it
+        killed = time.monotonic()
+        deadline = killed + 15
+        while processes_tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = processes_tagged(tag)
+        assert left == [], f"{len(left)} process(es) of the run still there {time.monotonic() - killed:.0f} s after " \
+                           f"the driver's SIGKILL: {[_command(pid) for pid in left]}"
+    finally:
+        for pid in processes_tagged(tag):  # without the fix: they would train on for good
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        driver.stdout.close()
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:100]
+    return str(pid)

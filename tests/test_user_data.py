@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, check_ok, driver_says, pin_accelerator, read_scalars, run_dirs, run_train
+from framework.config.targets import TargetAllowlist, allowing
 
 EXAMPLE = REPO / "examples" / "my_project"
 FAST = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=adam",
@@ -85,7 +86,7 @@ def test_variable_length_tagging_with_a_padding_collate_fn_trains_under_ddp_and_
         test = Tagging(train=False, size=256)
         tokens, _ = PadTags()([test[i] for i in range(128)])
         padding = (tokens == 0).float().mean().item()
-        expected = _token_accuracy_per_sample(load_model(run_dir, which="last"), test)
+        expected = _token_accuracy_per_sample(load_model(run_dir, which="last", allowed_targets=["mypkg.*"]), test)
     finally:
         sys.path.remove(str(project))
     # a third or more of a padded batch is padding: counted as wrong, accuracy could not pass 1 - padding
@@ -102,7 +103,8 @@ def test_variable_length_tagging_with_a_padding_collate_fn_trains_under_ddp_and_
     cwd = tmp_path / "eval"
     cwd.mkdir()
     proc = subprocess.run([sys.executable, str(REPO / "eval.py"), "--config-dir", str(project / "conf"),
-                           *pin_accelerator([f"ckpt_path={run_dir / 'weights' / 'last.pt'}", "strategy=single"])],
+                           *pin_accelerator([f"ckpt_path={run_dir / 'weights' / 'last.pt'}", "strategy=single",
+                                             "allowed_targets=[mypkg.*]"])],  # the run folder names mypkg's classes
                           cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **_env(project)}, capture_output=True,
                           text=True, timeout=240)
     check_ok(proc)
@@ -125,8 +127,9 @@ def test_a_model_whose_num_classes_defaults_to_none_trains_on_a_regression(proje
     from framework.models.build import model_facts
 
     monkeypatch.syspath_prepend(str(project))
-    assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), None) == {"in_shape": (8,)}
-    assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), 3) == {"in_shape": (8,), "num_classes": 3}
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), None) == {"in_shape": (8,)}
+        assert model_facts({"_target_": "mypkg.models.FlexibleMLP"}, (8,), 3) == {"in_shape": (8,), "num_classes": 3}
     run_dir, result, losses = _trained(project, tmp_path, [
         "experiment=task_regression", "model._target_=mypkg.models.FlexibleMLP", "~model.hidden", "strategy=single",
         *FAST])
@@ -142,7 +145,8 @@ def test_one_dataset_target_taking_train_builds_both_splits(project, tmp_path, m
 
     monkeypatch.syspath_prepend(str(project))
     options = typed(DatasetConfig, {"_target_": "mypkg.data.Blobs", "size": 384}, "dataset", open_keys=True)
-    splits = build_splits(options)
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        splits = build_splits(options)
     assert len(splits["train"]) == len(splits["test"]) == 384
     assert not torch.equal(splits["train"].x, splits["test"].x)  # Blobs(train=True) and Blobs(train=False)
     assert torch.equal(splits["test"].x, type(splits["test"])(train=False, size=384).x)
@@ -160,7 +164,8 @@ def test_a_collate_fn_per_split_goes_over_the_shared_one(project, tmp_path, monk
     options = typed(DatasetConfig, {
         "train": {"_target_": "mypkg.tagging.Tagging", "collate_fn": {**pad, "pad_token": 31}},
         "test": {"_target_": "mypkg.tagging.Tagging", "train": False, "size": 64}, "collate_fn": pad}, "dataset")
-    data = build_data(options)
+    with allowing(TargetAllowlist(("mypkg.*",))):  # outside a command, only the built-in targets are allowed
+        data = build_data(options)
     assert data.collate["train"].fn.pad_token == 31 and data.collate["test"].fn.pad_token == 0
     assert data.in_shape is None and data.pairs and data.example[0].shape[0] == 1
     args = ["strategy=ddp", "experiment=task_tagging", "~dataset.collate_fn",
@@ -243,3 +248,18 @@ def test_tokens_are_metered_on_the_device_and_shared_over_a_processs_slots_by_th
     assert rows[:, TOKENS].tolist() == [9.0, 3.0]
     summary = IntervalSummary.from_rows(rows)
     assert summary.tokens == 12 and len(summary.per_slot_tokens_per_sec) == 2
+
+
+@pytest.mark.slow
+def test_the_example_stream_trains_under_ddp_with_dataloader_workers(project, tmp_path):
+    run_dir, result, losses = _trained(project, tmp_path, ["experiment=task_stream", "strategy=ddp",
+                                                           "trainer.num_workers=2", *FAST])
+    assert result["processes"] == 2 and result["test_acc"] > 0.9 and losses[-1] < 0.5 * losses[0], losses
+    assert (run_dir / "train.log").read_text().count("the stream gave 2048 samples") == 3
+
+
+def test_the_example_hf_experiment_passes_the_driver(project, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(project))
+    pytest.importorskip("transformers", reason="the hf extra")
+    pytest.importorskip("datasets", reason="the hf extra")
+    assert driver_says(["experiment=hf_text_classifier", "strategy=ddp"], tmp_path, config_dir=project / "conf") == ""

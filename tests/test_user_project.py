@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, check_ok, driver_says, losses_by_step, read_scalars, run_dirs, run_train
 from test_torchrun import TORCHRUN
 
-EXAMPLE = REPO / "examples" / "my_project"  # the project README's "Your own model and data" shows
+EXAMPLE = REPO / "examples" / "my_project"  # docs/your-own-code.md, "Your own model and data", shows
 # Extra pieces for the bad-input cases, added to a copy of the example.
 BAD_PIECES = '''
 from mypkg.data import Blobs
@@ -87,16 +87,22 @@ def test_own_strategy_from_their_package_trains_with_two_gloo_workers(project, t
     assert result["strategy"] == "announcing_ddp" and result["processes"] == 2 and result["test_acc"] > 0.9
 
 
-def test_own_callback_from_their_package_watches_a_two_worker_run(project, tmp_path):
+def test_own_callbacks_from_their_package_watch_and_stop_a_two_worker_run(project, tmp_path):
     """conf/callbacks/with_history.yaml in the user's config dir adds mypkg's Callback to the built-in ones; it
-    gets every log interval and evaluation on rank 0 and writes its file there."""
-    check_ok(_run(project, tmp_path, ["strategy=ddp", "dataset=blobs", "callbacks=with_history", *COMMON,
-                                      "trainer.epochs=2"]))
+    gets every log interval and evaluation on rank 0 and writes its file there. StopAtTarget (the example of
+    docs/loop-features.md, "Writing a callback") ends both ranks after the second epoch's evaluation: rank 0 decides
+    on its result, every rank hears it through the state's broadcast."""
+    proc = check_ok(_run(project, tmp_path, ["strategy=ddp", "dataset=blobs", "callbacks=with_history", *COMMON,
+                                             "+callbacks.stop._target_=mypkg.callbacks.StopAtTarget",
+                                             "+callbacks.stop.target=0.0", "trainer.eval_every_n_epochs=2"]))
     [run_dir] = run_dirs(tmp_path)
     rows = (run_dir / "loss_history.csv").read_text().splitlines()
     assert rows[0] == "step,kind,loss,samples_per_sec"
     kinds = [row.split(",")[1] for row in rows[1:]]
-    assert kinds.count("test") == 2 and kinds.count("train") == 8  # 16 steps a epoch / 4 per log, 2 epochs
+    assert kinds.count("test") == 1 and kinds.count("train") == 8  # 16 steps a epoch / 4 per log, 2 of 3 epochs
+    assert "stopped after epoch 2, step 32: acc reached 0 at step 32" in proc, proc
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["epochs"], result["steps"]) == (2, 32)
     assert "throughput/samples_per_sec" in read_scalars(run_dir), "the built-in callbacks still run"
 
 
@@ -184,7 +190,8 @@ BAD = {
     "not_importable": (["dataset=blobs", "dataset.train._target_=mypkg.data.NoSuchThing"],
                        "dataset.train._target_=mypkg.data.NoSuchThing is not allowed: it cannot be imported"),
     "not_a_dataset": (["dataset=blobs", "dataset.train._target_=mypkg.bad.not_a_dataset"],
-                      "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, not a map-style torch Dataset"),
+                      "dataset.train._target_=mypkg.bad.not_a_dataset is not allowed: it returned a generator, which is neither a "
+                      "map-style torch Dataset (__len__ and __getitem__ giving (input, target)) nor an IterableDataset"),
     "items_not_pairs": (["dataset=blobs", "dataset.train._target_=mypkg.bad.no_pairs"],
                         "dataset.train[0] is an int, not an (input, target) pair"),
     "labels_out_of_range": (["dataset=blobs", "+dataset.num_classes=3", "+dataset.train.label_offset=1"],

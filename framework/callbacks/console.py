@@ -12,31 +12,31 @@ def metric_label(name: str) -> str:
 
 
 class ConsoleLog(Callback):
-    def on_fit_start(self, trainer) -> None:
-        if trainer.is_main:
-            trainer.say(f"model: {type(trainer.wrapped.module).__name__}, parameters per module")
-            for line in as_lines(summarize(trainer.wrapped.module)):
-                trainer.say(line)
+    def on_fit_start(self, state) -> None:
+        if state.is_main:
+            state.say(f"model: {type(state.model).__name__}, parameters per module")
+            for line in as_lines(summarize(state.model)):
+                state.say(line)
 
-    def on_log(self, trainer, step: int, report) -> None:
+    def on_log(self, state, step: int, report) -> None:
         if report is None:
             return
         s = report.summary
         for straggler in report.stragglers:
-            trainer.say(straggler.line(step, report.straggler_threshold))
+            state.say(straggler.line(step, report.straggler_threshold))
         per_rank = ", ".join(f"{r:,.0f}" for r in s.per_slot_samples_per_sec)
         data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
-        epoch = trainer.epoch + 1
-        trainer.say(
-            f"epoch {epoch}/{trainer.epochs} step {step}/{trainer.total_steps} | loss {s.loss:.4f} | "
+        epoch = state.epoch + 1
+        state.say(
+            f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | loss {s.loss:.4f} | "
             f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",
-            progress=Progress(step, trainer.total_steps, epoch, trainer.epochs, s.loss, s.samples_per_sec,
-                              s.samples_per_sec / trainer.options.batch_size),
+            progress=Progress(step, state.total_steps, epoch, state.epochs, s.loss, s.samples_per_sec,
+                              s.samples_per_sec / state.options.batch_size) if state.total_steps else None,
         )
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
+    def on_evaluation_end(self, state, step: int, result) -> None:
         if result is None:
             return
         shown = "".join(f" | test {metric_label(name)} {value:.4f}" for name, value in result.metrics.items())
-        at = f" step {step}/{trainer.total_steps}" if trainer.options.eval_every_n_steps else ""
-        trainer.say(f"epoch {trainer.epoch + 1}/{trainer.epochs}{at} test loss {result.loss:.4f}{shown}")
+        at = f" step {step}/{state.total_steps or '?'}" if state.options.eval_every_n_steps else ""
+        state.say(f"epoch {state.epoch + 1}/{state.epochs}{at} test loss {result.loss:.4f}{shown}")

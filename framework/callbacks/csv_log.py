@@ -17,10 +17,10 @@ class CSVLog(Callback):
     def __init__(self):
         self.file = self.writer = None
 
-    def on_fit_start(self, trainer) -> None:
-        if not trainer.is_main or self.file is not None:
+    def on_fit_start(self, state) -> None:
+        if not state.is_main or self.file is not None:
             return
-        path = trainer.run_dir / METRICS_FILE
+        path = state.run_dir / METRICS_FILE
         new = not path.is_file()
         self.file = open(path, "a", newline="")
         self.writer = csv.writer(self.file)
@@ -30,15 +30,15 @@ class CSVLog(Callback):
     def _write(self, scalars: dict[str, float], step: int) -> None:
         self.writer.writerows((step, name, repr(float(value))) for name, value in scalars.items())
 
-    def on_log(self, trainer, step: int, report) -> None:
+    def on_log(self, state, step: int, report) -> None:
         if report is None or self.writer is None:
             return
-        cuda = trainer.group.device.type == "cuda"
-        self._write(report_scalars(report, trainer.lr(), cuda), step)
-        if trainer.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
+        cuda = state.device.type == "cuda"
+        self._write(report_scalars(report, state.lrs(), cuda), step)
+        if state.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
             self.file.flush()
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
+    def on_evaluation_end(self, state, step: int, result) -> None:
         if result is not None and self.writer is not None:
             self._write(eval_scalars(result.loss, result.metrics), step)
             self.file.flush()

@@ -16,22 +16,22 @@ class EarlyStopping(Callback):
         self.best: float | None = None
         self.without_improvement = 0
 
-    def _verdict(self, trainer, result) -> str | None:
-        value = trainer.objective_value(result)
+    def _verdict(self, state, result) -> str | None:
+        value = state.objective_value(result)
         if self.best is None or (math.isfinite(value) and (
-                value - self.best if trainer.higher_is_better else self.best - value) > self.min_delta):
+                value - self.best if state.higher_is_better else self.best - value) > self.min_delta):
             self.best, self.without_improvement = value, 0
             return None
         self.without_improvement += 1
         if self.without_improvement < self.patience:
             return None
-        return (f"early stopping: {trainer.objective} has not improved on {self.best:.4f} by more than "
+        return (f"early stopping: {state.objective} has not improved on {self.best:.4f} by more than "
                 f"{self.min_delta:g} in {self.patience} evaluation(s)")
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
-        verdict = trainer.group.broadcast_object(self._verdict(trainer, result) if trainer.is_main else None)
+    def on_evaluation_end(self, state, step: int, result) -> None:
+        verdict = state.broadcast_object(self._verdict(state, result) if state.is_main else None)
         if verdict:
-            trainer.request_stop(verdict)
+            state.request_stop(verdict)
 
     def state_dict(self) -> dict:
         return {"best": self.best, "without_improvement": self.without_improvement}

@@ -33,22 +33,22 @@ class EMA(Callback):
             return "it averages whole parameters on every rank, which this engine shards; use single, dp, ddp or horovod"
         return None
 
-    def on_fit_start(self, trainer) -> None:
-        module = trainer.wrapped.module
+    def on_fit_start(self, state) -> None:
+        module = state.model
         self.average = AveragedModel(module, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True)
         if self.saved is not None:
             self.average.load_state_dict(self.saved)
             self.saved = None
         if self.evaluate_with_ema:
-            trainer.evaluation_contexts.append(lambda: self._swapped_in(module))
+            state.evaluate_inside(lambda: self._swapped_in(module))
 
-    def on_train_step_end(self, trainer, step: int) -> None:
-        self.average.update_parameters(trainer.wrapped.module)
+    def on_train_step_end(self, state, step: int) -> None:
+        self.average.update_parameters(state.model)
 
-    def on_fit_end(self, trainer) -> None:
-        if trainer.is_main:
-            state = {k: v.detach().cpu() for k, v in self.average.module.state_dict().items()}
-            write_run_weights(trainer, EMA_WEIGHTS, state)
+    def on_fit_end(self, state) -> None:
+        if state.is_main:
+            weights = {k: v.detach().cpu() for k, v in self.average.module.state_dict().items()}
+            write_run_weights(state, EMA_WEIGHTS, weights)
 
     @contextmanager
     def _swapped_in(self, module):

@@ -26,24 +26,24 @@ class MLflowLog(Callback):
         self.tracking_uri, self.experiment, self.log_weights = tracking_uri, experiment, log_weights
         self.client = self.run_id = None
 
-    def on_fit_start(self, trainer) -> None:
-        if not trainer.is_main or self.client is not None:
+    def on_fit_start(self, state) -> None:
+        if not state.is_main or self.client is not None:
             return
         self.client = client_for(self.tracking_uri)
-        id_file = trainer.run_dir / RUN_ID_FILE
+        id_file = state.run_dir / RUN_ID_FILE
         if id_file.is_file():  # a resumed run
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
             return
-        tags = {"run_dir": str(trainer.run_dir), **{f"hparam.{k}": str(v) for k, v in trainer.hparams().items()}}
-        parent = parent_run_of(trainer.run_dir)
+        tags = {"run_dir": str(state.run_dir), **{f"hparam.{k}": str(v) for k, v in state.hparams().items()}}
+        parent = parent_run_of(state.run_dir)
         if parent:
             tags["mlflow.parentRunId"] = parent
-        run = self.client.create_run(experiment_id(self.client, self.experiment), run_name=trainer.run_dir.name,
+        run = self.client.create_run(experiment_id(self.client, self.experiment), run_name=state.run_dir.name,
                                      tags=tags)
         self.run_id = run.info.run_id
         id_file.write_text(self.run_id)
-        self._log_params(trainer.run_dir)
+        self._log_params(state.run_dir)
 
     def _log_params(self, run_dir: Path) -> None:
         _, _, Param = mlflow_api()
@@ -60,27 +60,27 @@ class MLflowLog(Callback):
         for start in range(0, len(metrics), 10 * BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start:start + 10 * BATCH])
 
-    def on_log(self, trainer, step: int, report) -> None:
+    def on_log(self, state, step: int, report) -> None:
         if report is None or self.run_id is None:
             return
-        cuda = trainer.group.device.type == "cuda"
-        self._log(report_scalars(report, trainer.lr(), cuda), step)
+        cuda = state.device.type == "cuda"
+        self._log(report_scalars(report, state.lrs(), cuda), step)
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
+    def on_evaluation_end(self, state, step: int, result) -> None:
         if result is not None and self.run_id is not None:
             self._log(eval_scalars(result.loss, result.metrics), step)
 
-    def on_fit_end(self, trainer) -> None:
+    def on_fit_end(self, state) -> None:
         if self.run_id is None:
             return
-        totals = trainer.totals
+        totals = state.totals
         self._log({**{f"test_{name}": value for name, value in totals.val_metrics.items()},
-                   "test_loss": totals.val_loss, "train_loss": totals.train_loss}, trainer.step)
-        self._finish(trainer.run_dir, "FINISHED")
+                   "test_loss": totals.val_loss, "train_loss": totals.train_loss}, state.step)
+        self._finish(state.run_dir, "FINISHED")
 
-    def on_exception(self, trainer, exc: BaseException) -> None:
+    def on_exception(self, state, exc: BaseException) -> None:
         if self.run_id is not None:
-            self._finish(trainer.run_dir, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            self._finish(state.run_dir, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
 
     def _finish(self, run_dir: Path, status: str) -> None:
         for name in ARTIFACT_FILES:

@@ -21,15 +21,15 @@ class StepProfiler(Callback):
         self.profiler: profile | None = None
         self._step = None  # the open `train step N` range
 
-    def on_fit_start(self, trainer) -> None:
-        if trainer.is_main and self.first > trainer.total_steps:
-            trainer.say(f"warning: trainer.profile=[{self.first}, {self.last}] starts after this run's last step "
-                        f"({trainer.total_steps}): nothing is profiled")
+    def on_fit_start(self, state) -> None:
+        if state.is_main and state.total_steps and self.first > state.total_steps:
+            state.say(f"warning: trainer.profile=[{self.first}, {self.last}] starts after this run's last step "
+                      f"({state.total_steps}): nothing is profiled")
 
-    def on_train_step_start(self, trainer, step: int) -> None:
+    def on_train_step_start(self, state, step: int) -> None:
         if step == self.first and self.profiler is None:
             activities = [ProfilerActivity.CPU]
-            if trainer.group.device.type == "cuda":
+            if state.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
             self.profiler = profile(activities=activities)
             self.profiler.start()
@@ -37,36 +37,36 @@ class StepProfiler(Callback):
             self._step = torch.profiler.record_function(f"train step {step}")
             self._step.__enter__()
 
-    def on_train_step_end(self, trainer, step: int) -> None:
+    def on_train_step_end(self, state, step: int) -> None:
         if self.profiler is None:
             return
         self._step.__exit__(None, None, None)
         if step == self.last:
-            self._finish(trainer, step)
+            self._finish(state, step)
 
-    def on_fit_end(self, trainer) -> None:  # the run ended before the last profiled step
+    def on_fit_end(self, state) -> None:  # the run ended before the last profiled step
         if self.profiler is not None:
-            self._finish(trainer, trainer.step)
+            self._finish(state, state.step)
 
-    def _finish(self, trainer, step: int) -> None:
+    def _finish(self, state, step: int) -> None:
         profiler, self.profiler = self.profiler, None
-        if trainer.group.device.type == "cuda":
-            torch.cuda.synchronize(trainer.group.device)  # the last step's kernels into the trace
+        if state.device.type == "cuda":
+            torch.cuda.synchronize(state.device)  # the last step's kernels into the trace
         profiler.stop()
-        folder = trainer.run_dir / PROFILE_DIR
+        folder = state.run_dir / PROFILE_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank{trainer.group.rank}.trace.json"
+        path = folder / f"rank{state.rank}.trace.json"
         profiler.export_chrome_trace(str(path))
         mine = breakdown_of(path)
-        every = trainer.group.gather_objects(mine)
-        if trainer.is_main:
-            self._report(trainer, step, every, folder)
+        every = state.gather_objects(mine)
+        if state.is_main:
+            self._report(state, step, every, folder)
 
-    def _report(self, trainer, step: int, every: list[Breakdown], folder) -> None:
-        trainer.say(f"profile of steps {self.first}-{step} (traces: {folder}/rank<r>.trace.json), ms per step:")
+    def _report(self, state, step: int, every: list[Breakdown], folder) -> None:
+        state.say(f"profile of steps {self.first}-{step} (traces: {folder}/rank<r>.trace.json), ms per step:")
         for rank, b in enumerate(every):
-            trainer.say(f"  rank {rank}: {b.describe()}")
-        with SummaryWriter(str(trainer.run_dir), filename_suffix=".profile") as writer:
+            state.say(f"  rank {rank}: {b.describe()}")
+        with SummaryWriter(str(state.run_dir), filename_suffix=".profile") as writer:
             for rank, b in enumerate(every):
                 for name, value in b.per_step_ms().items():
                     writer.add_scalar(f"profile/{name}_ms/rank{rank}", value, step)

@@ -15,30 +15,30 @@ class TensorBoardLog(Callback):
     def __init__(self):
         self.writer = None
 
-    def on_fit_start(self, trainer) -> None:
-        if trainer.is_main and self.writer is None:
-            logger = TensorBoardLogger(trainer.run_dir, trainer.group.device.type == "cuda")
-            self.writer = OffWhenUnwritable(logger, "TensorBoard's event file", trainer.say)
-            self.writer.log_text("model/summary", as_markdown(summarize(trainer.wrapped.module)), trainer.step)
+    def on_fit_start(self, state) -> None:
+        if state.is_main and self.writer is None:
+            logger = TensorBoardLogger(state.run_dir, state.device.type == "cuda")
+            self.writer = OffWhenUnwritable(logger, "TensorBoard's event file", state.say)
+            self.writer.log_text("model/summary", as_markdown(summarize(state.model)), state.step)
 
-    def on_log(self, trainer, step: int, report) -> None:
+    def on_log(self, state, step: int, report) -> None:
         if report is None or self.writer is None:
             return
-        self.writer.log_interval(step, report.summary, trainer.lr())
+        self.writer.log_interval(step, report.summary, state.lrs())
         self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
                                 [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
-        if trainer.checkpoint_due:
+        if state.checkpoint_due:
             self.writer.flush()
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
+    def on_evaluation_end(self, state, step: int, result) -> None:
         if result is not None and self.writer is not None:
             self.writer.log_eval(step, result.loss, result.metrics)
 
-    def on_fit_end(self, trainer) -> None:
+    def on_fit_end(self, state) -> None:
         if self.writer is None:
             return
-        totals = trainer.totals
-        self.writer.log_hparams(trainer.hparams(), {
+        totals = state.totals
+        self.writer.log_hparams(state.hparams(), {
             **{f"hparam/test_{name}": value for name, value in totals.val_metrics.items()},
             "hparam/test_loss": totals.val_loss, "hparam/train_loss": totals.train_loss,
             "hparam/samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,

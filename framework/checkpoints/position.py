@@ -16,6 +16,10 @@ batch of B' trained), else the driver refuses the run before it starts.
 Steps per epoch are floor(N / B) for every W and k (W divides B, so N mod W <= N mod B and the per-rank cut
 never costs a batch). With the same B the step count carries over as saved; with a new B it is re-expressed
 as epoch * floor(N / B') + s', the step the new batch would be at (max_steps and the lr schedule count those).
+
+A streaming split (framework/data/streams.py) has no N: `samples_in_epoch` is what its steps really had (the ranks
+agree on it each step), `streams` every rank's record of where its readers stand, and a resumed run keeps the saved
+step count (there is no floor(N / B') to re-express it by).
 """
 from __future__ import annotations
 
@@ -31,11 +35,13 @@ class Position:
     epoch: int = 0
     samples_in_epoch: int = 0
     batch_size: int = 0
+    streams: list | None = None  # a streaming split: each rank's record (training state only, not the manifest)
 
     @classmethod
     def from_saved(cls, saved: dict) -> "Position":
         """A checkpoint's position (its manifest and its training state both carry these four numbers)."""
-        return cls(saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["batch_size"])
+        return cls(saved["step"], saved["epoch"], saved["samples_in_epoch"], saved["batch_size"],
+                   saved.get("streams"))
 
 
 @dataclass
@@ -49,8 +55,11 @@ class PositionDoesNotFit(ValueError):
     """The saved position falls inside a batch of this run's size; the message says where and what fits."""
 
 
-def resume_point(position: Position, batch_size: int, steps_per_epoch: int) -> ResumePoint:
-    """Where a run of global batch `batch_size` (floor(N / batch_size) = steps_per_epoch) continues."""
+def resume_point(position: Position, batch_size: int, steps_per_epoch: int | None) -> ResumePoint:
+    """Where a run of global batch `batch_size` (floor(N / batch_size) = steps_per_epoch; None for a stream)
+    continues."""
+    if steps_per_epoch is None:
+        return ResumePoint(position.step, position.epoch, 0)
     done, rest = divmod(position.samples_in_epoch, batch_size)
     if done >= steps_per_epoch:  # no full batch of this size is left in the epoch: it is complete
         done, rest = steps_per_epoch, 0

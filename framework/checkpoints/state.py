@@ -40,11 +40,18 @@ def restore_rng(state: dict, cuda_devices: list[int] = ()) -> None:
             torch.cuda.set_rng_state(generator_state.cpu(), int(device))
 
 
-def signature(model: dict, dataset_name: str, optimizer_target: str, in_shape, num_classes: int) -> dict:
+def signature(model: dict, dataset_name: str, optimizer_target: str, in_shape, num_classes: int,
+              param_groups: list | None = None, lr_scheduler: dict | None = None) -> dict:
     """What must match for a checkpoint to be resumable by this run: the model's config, the dataset, the input
-    shape and classes, the optimizer class."""
-    return {"model": model, "dataset": dataset_name, "in_shape": list(in_shape) if in_shape else None,
+    shape and classes, the optimizer class; and, where the run has them, its optimizer.param_groups (the optimizer
+    state is kept per group) and its torch lr scheduler (whose saved state would replace its arguments)."""
+    ours = {"model": model, "dataset": dataset_name, "in_shape": list(in_shape) if in_shape else None,
             "num_classes": num_classes, "optimizer": optimizer_target}
+    if param_groups:
+        ours["param_groups"] = param_groups
+    if lr_scheduler:
+        ours["lr_scheduler"] = lr_scheduler
+    return ours
 
 
 def signature_mismatch(saved: dict, current: dict) -> str | None:
@@ -53,11 +60,13 @@ def signature_mismatch(saved: dict, current: dict) -> str | None:
     return "; ".join(diffs) or None
 
 
-def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler, callbacks: dict) -> dict:
+def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler, callbacks: dict,
+               lr_schedule: dict | None = None) -> dict:
     """The loop's own part of a checkpoint: everything but model and optimizer (a sharded checkpoint's
-    training_state.pt holds just this); `callbacks`: each callback's state_dict() by its name."""
+    training_state.pt holds just this); `callbacks`: each callback's state_dict() by its name; `lr_schedule`: a torch
+    lr scheduler's state_dict() (None for the built-in schedules, a function of the step)."""
     return {"position": asdict(position), "totals": totals, "rng": rng_states,
-            "scaler": scaler.state_dict() if scaler else None, "callbacks": callbacks}
+            "scaler": scaler.state_dict() if scaler else None, "callbacks": callbacks, "lr_schedule": lr_schedule}
 
 
 def restore_progress(state: dict, rank: int, world_size: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:

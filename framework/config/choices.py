@@ -41,6 +41,7 @@ class OnNonfinite(Choice):
 class Schedule(Choice):
     constant = "constant"
     warmup_cosine = "warmup_cosine"
+    torch = "torch"  # lr_schedule.scheduler: a torch.optim.lr_scheduler class by _target_
 
 
 class LrScaling(Choice):

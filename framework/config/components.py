@@ -1,14 +1,17 @@
 """Instantiate a user-pickable component (dataset split, loss, metric, augmentation) from its config node, with
-one clear error that names the key and the `_target_` when it cannot be built."""
+one clear error that names the key and the `_target_` when it cannot be built; every `_target_` goes through the
+allowlist in force (framework/config/targets.py) before anything is imported."""
 from __future__ import annotations
 
 import inspect
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 
 from framework.common.errors import ConfigError
+from framework.config.extras import missing_extra
+from framework.config.targets import current, instantiate
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -24,20 +27,30 @@ def build_component(node, key: str, **kwargs) -> Any:
         raise ConfigError(f"{key} is missing or has no _target_ naming the class (or function) to build")
     target = node.get("_target_")
     try:
-        return instantiate(node, **kwargs)
+        return instantiate(node, key, **kwargs)
     except InstantiationException as exc:
         cause = _cause(exc)
         if isinstance(cause, ConfigError):
             raise cause from None
         if "Error locating target" in str(exc):
+            missing = missing_extra(str(target))
+            if missing:
+                raise ConfigError(f"{key}._target_={target} is not allowed here: {missing}") from None
             raise ConfigError(f"{key}._target_={target} is not allowed: it cannot be imported ({cause}); "
                               "is its package on PYTHONPATH?") from None
         raise ConfigError(f"{key}._target_={target} failed to build: {type(cause).__name__}: {cause}") from None
+    except ConfigError:  # the component's own refusal (Hydra >= 1.4 does not wrap what the target raises)
+        raise
+    except Exception as exc:  # Hydra >= 1.4: the target's own error, unwrapped
+        raise ConfigError(f"{key}._target_={target} failed to build: {type(exc).__name__}: {exc}") from None
 
 
-def parameters_of(target: str) -> dict[str, inspect.Parameter]:
-    """The parameters of the class or function a `_target_` names, by name; {} when it cannot be imported or has no
-    signature (build_component then says what is wrong)."""
+def parameters_of(target: str, key: str = "") -> dict[str, inspect.Parameter]:
+    """The parameters of the class or function a `_target_` names (at `key`), by name; {} when it cannot be imported
+    or has no signature (build_component then says what is wrong). ConfigError when the allowlist in force refuses
+    it: it is imported only after that."""
+    if target:
+        current().check_name(target, key or "component")
     try:
         return dict(inspect.signature(get_object(str(target))).parameters)
     except Exception:

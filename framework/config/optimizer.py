@@ -5,11 +5,11 @@ configs declare theirs (SGDConfig, ...), with ranges; what an optimizer's constr
 momentum, a keyword it does not take) it says itself when the driver builds it once (framework/training/optim.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 from framework.config.choices import LrScaling, Schedule
-from framework.config.rules import Checked, above, at_least_number, between, rule
+from framework.config.rules import Checked, SettingError, above, at_least_number, between, rule
 
 
 @dataclass
@@ -20,11 +20,14 @@ class OptimizerConfig(Checked):
     # linear: lr x number of workers (processes or dp replicas), the data-parallel tutorials' rule for a batch
     # that grows with the workers; trainer.batch_size is global, so keep none unless you scale it with them
     lr_scaling: LrScaling = LrScaling.none  # none | linear
+    # groups of parameters with settings of their own: [{params: [name patterns], lr_scale, weight_decay, ...}]
+    # (framework/training/param_groups.py; presets: +optimizer/param_groups=no_decay|backbone)
+    param_groups: List[Dict[str, Any]] = field(default_factory=list)
 
     def constructor_arguments(self, workers: int) -> dict:
-        """What the optimizer class is called with (besides the parameters): every key but lr_scaling, the lr
-        scaled by the number of workers when asked."""
-        arguments = {k: v for k, v in vars(self).items() if k != "lr_scaling"}
+        """What the optimizer class is called with (besides the parameters): every key but ours (lr_scaling,
+        param_groups), the lr scaled by the number of workers when asked."""
+        arguments = {k: v for k, v in vars(self).items() if k not in ("lr_scaling", "param_groups")}
         arguments["lr"] = self.lr * workers if self.lr_scaling == "linear" else self.lr
         return arguments
 
@@ -60,9 +63,30 @@ class AdamWConfig(AdamConfig):
 @dataclass
 class LrScheduleConfig(Checked):
     """A factor on the optimizer's lr per step: linear warm-up over warmup_fraction of the run's steps from
-    start_factor x lr, then a cosine decay to final_factor x lr at the last step (warmup_cosine), or 1 (constant)."""
+    start_factor x lr, then a cosine decay to final_factor x lr at the last step (warmup_cosine), or 1 (constant).
+    name=torch: `scheduler`, any torch.optim.lr_scheduler class by _target_ (built on the optimizer, stepped once
+    per optimizer step; ReduceLROnPlateau on trainer.objective at each evaluation; framework/training/lr_schedule.py).
+    """
 
-    name: Schedule = Schedule.warmup_cosine  # constant | warmup_cosine
+    name: Schedule = Schedule.warmup_cosine  # constant | warmup_cosine | torch
     warmup_fraction: float = rule(0.1, between(0.0, 1.0, high_open=True))
     start_factor: float = rule(0.1, between(0.0, 1.0))
     final_factor: float = rule(0.0, between(0.0, 1.0))
+    # name=torch: {_target_: torch.optim.lr_scheduler.StepLR, ...}; typed Any: an override's dict replaces null
+    # (OmegaConf 2.3 cannot merge one into a null Dict node)
+    scheduler: Any = None
+
+    def check(self) -> None:
+        if self.scheduler is not None and not isinstance(self.scheduler, dict):
+            raise SettingError("scheduler", self.scheduler, message=(
+                f"{{key}}.scheduler={self.scheduler!r} is not allowed: expected a torch.optim.lr_scheduler class by "
+                "_target_, e.g. {key}.scheduler={_target_:torch.optim.lr_scheduler.ExponentialLR,gamma:0.99}"))
+        if self.name == "torch" and not (self.scheduler and self.scheduler.get("_target_")):
+            raise SettingError("scheduler", self.scheduler, message=(
+                "{key}.scheduler is missing: lr_schedule=torch names a torch.optim.lr_scheduler class by _target_, "
+                "e.g. {key}.scheduler={_target_:torch.optim.lr_scheduler.ExponentialLR,gamma:0.99} (presets: "
+                "lr_schedule=step, one_cycle, plateau)"))
+        if self.name != "torch" and self.scheduler is not None:
+            raise SettingError("scheduler", self.scheduler, message=(
+                f"{{key}}.scheduler is not allowed with {{key}}.name={self.name}: it is read only with "
+                "lr_schedule=torch (name: torch)"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -14,6 +14,7 @@ from omegaconf.errors import InterpolationKeyError
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
 from framework.config.strategy_options import StrategyOptions
+from framework.config.targets import TargetAllowlist
 from framework.config.trainer import TrainerConfig
 from framework.config.typed import typed
 from framework.common.errors import ConfigError
@@ -34,6 +35,8 @@ class Settings:
     metrics: dict  # name -> component
     callbacks: dict  # name -> component (framework/callbacks/base.py)
     step: dict  # how a batch becomes outputs and a loss (framework/training/step.py)
+    # the `_target_`s this run may build: allowed_targets and what its command composed (framework/config/targets.py)
+    targets: TargetAllowlist = field(default_factory=TargetAllowlist)
 
     @property
     def model_name(self) -> str:
@@ -56,11 +59,13 @@ def _schema_of(node, default: type) -> type:
     return schema if dataclasses.is_dataclass(schema) and issubclass(schema, default) else default
 
 
-def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], dataset_as_written: bool = True) -> Settings:
+def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], dataset_as_written: bool = True,
+                targets: TargetAllowlist | None = None) -> Settings:
     """Every group of the composed config as its typed options (the strategy's as strategy_options: the Options of
     the class its _target_ names); ConfigError naming the key on a bad value. dataset_as_written=False: the dataset
     node was resolved already (a run's saved config), so its own keys' uses by interpolation cannot be seen, and are
-    not asked for."""
+    not asked for. targets: the `_target_`s the run may build; by default what this config allows (a training run
+    trusts the config its user composed)."""
     if dataset_as_written:
         _refuse_unused_dataset_keys(cfg)
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -72,6 +77,7 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
         dataset=typed(DatasetConfig, plain["dataset"], "dataset", open_keys=True),
         model=plain["model"], loss=plain.get("loss"), metrics=plain.get("metrics") or {},
         callbacks=plain.get("callbacks") or {}, step=plain.get("step") or {"_target_": DEFAULT_STEP},
+        targets=targets if targets is not None else TargetAllowlist.of_command(cfg),
     )
 
 

@@ -10,7 +10,9 @@ be tensors or any nesting of them (framework/data/batches.py), or anything the u
 (framework/data/collate.py). The built-in datasets are ordinary entries of the same mechanism."""
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from framework.config.components import build_component, parameters_of
 from framework.data.batches import describe, take
 from framework.data.collate import KEY as COLLATE_KEY, Collate, split_collates
+from framework.data.streams import LimitedStream, is_stream
 from framework.config.dataset import DatasetConfig
 from framework.common.errors import ConfigError
 
@@ -33,13 +36,30 @@ _LABEL_SAMPLES = 1024  # labels read in the driver from a dataset that has no `t
 def _as_dataset(node: dict, key: str) -> Dataset:
     target = node["_target_"]
     dataset = build_component(node, key)
-    if callable(dataset) and not hasattr(dataset, "__getitem__"):  # `_partial_: true` on a factory
+    if callable(dataset) and not hasattr(dataset, "__getitem__") and not is_stream(dataset):  # `_partial_: true`
         dataset = dataset()
+    dataset = torch_formatted(dataset)
+    if is_stream(dataset):
+        if not _head(dataset, 1):
+            raise ConfigError(f"{key}._target_={target} is not allowed: the stream ({type(dataset).__name__}) yielded "
+                              "no sample; a streaming dataset (an IterableDataset) must yield at least one sample "
+                              "each time it is iterated")
+        return dataset
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-        raise ConfigError(f"{key}._target_={target} is not allowed: it returned a {type(dataset).__name__}, not a "
-                          "map-style torch Dataset (one with __len__ and __getitem__ giving (input, target))")
+        raise ConfigError(f"{key}._target_={target} is not allowed: it returned a {type(dataset).__name__}, which is "
+                          "neither a map-style torch Dataset (__len__ and __getitem__ giving (input, target)) nor an "
+                          "IterableDataset (__iter__ yielding them)")
     if len(dataset) == 0:
         raise ConfigError(f"{key}._target_={target} is not allowed: the dataset is empty")
+    return dataset
+
+
+def torch_formatted(dataset):
+    """A HuggingFace `datasets` dataset with no format yet gives torch tensors (with_format("torch")); any other
+    dataset as it is."""
+    if type(dataset).__module__.startswith("datasets.") and callable(getattr(dataset, "with_format", None)):
+        if getattr(dataset, "format", {}).get("type") is None and getattr(dataset, "_formatting", None) is None:
+            return dataset.with_format("torch")
     return dataset
 
 
@@ -70,9 +90,12 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
                 raise ConfigError(
                     f"dataset.{which} is missing or has no _target_: a dataset config names either `train:` and "
                     "`test:` Datasets with _target_, or one Dataset with _target_ (and val_fraction, unless it "
-                    "takes `train`) (see README, Your own model and data)")
+                    "takes `train`) (see docs/your-own-code.md)")
             splits[which] = _as_dataset({k: v for k, v in node.items() if k != COLLATE_KEY}, f"dataset.{which}")
     for which, dataset in splits.items():
+        if is_stream(dataset):
+            splits[which] = _limited_stream(cfg, which, dataset)
+            continue
         limit = getattr(cfg, f"max_{which}_samples") or len(dataset)
         share = getattr(cfg, f"{which}_share")
         if share is not None:
@@ -82,9 +105,22 @@ def build_splits(cfg: DatasetConfig) -> dict[str, Dataset]:
     return splits
 
 
+def _limited_stream(cfg: DatasetConfig, which: str, dataset):
+    """A stream cut to dataset.max_<split>_samples; a share of it has no meaning (its length is unknown)."""
+    share = getattr(cfg, f"{which}_share")
+    if share is not None:
+        raise ConfigError(f"dataset.{which}_share={share} is not allowed: dataset.{which} is a stream (an "
+                          f"IterableDataset), whose length is unknown; use dataset.max_{which}_samples")
+    limit = getattr(cfg, f"max_{which}_samples")
+    return LimitedStream(dataset, limit) if limit else dataset
+
+
 def split_one(dataset: Dataset, val_fraction: float, seed: int) -> dict[str, Dataset]:
     """A seeded permutation cut into test (the first val_fraction) and train: the same on every rank, world size
     and resume (it depends on the seed and the dataset's length only)."""
+    if is_stream(dataset):
+        raise ConfigError(f"dataset.val_fraction={val_fraction} is not allowed: dataset._target_ is a stream (an "
+                          "IterableDataset), which cannot be split by index; name dataset.train and dataset.test")
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
     held_out = max(1, round(val_fraction * len(dataset)))
     if held_out >= len(dataset):
@@ -97,7 +133,7 @@ def tensors_of(dataset: Dataset) -> tuple[Any, Any] | None:
     """(inputs, targets) of the whole split when the dataset can give them as tensors (each a tensor or a nesting of
     them, first dimension the sample): a TensorDataset of two, or a dataset with `tensors()` (the built-ins); None for
     anything else, or one with a per-sample transform."""
-    if getattr(dataset, "transform", None) is not None:
+    if is_stream(dataset) or getattr(dataset, "transform", None) is not None:
         return None
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         return dataset.tensors
@@ -163,8 +199,32 @@ def is_pair(item) -> bool:
     return isinstance(item, (tuple, list)) and len(item) == 2
 
 
+_first_of_stream: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a stream's first samples, read once
+
+
+def _count(dataset: Dataset, most: int) -> int:
+    """How many of the first `most` samples the split has."""
+    return len(_head(dataset, most)) if is_stream(dataset) else min(most, len(dataset))
+
+
+def _head(dataset, count: int) -> list:
+    """A stream's first `count` samples (fewer where it has fewer), read once per process and kept."""
+    kept, whole = _first_of_stream.get(dataset, ([], False))
+    if len(kept) < count and not whole:
+        kept = list(itertools.islice(iter(dataset), count))
+        _first_of_stream[dataset] = kept, len(kept) < count
+    return kept[:count]
+
+
+def first_samples(dataset: Dataset, count: int) -> list:
+    """A split's first `count` samples (fewer where it has fewer)."""
+    return _head(dataset, count) if is_stream(dataset) else [dataset[i] for i in range(min(count, len(dataset)))]
+
+
 def _read(dataset: Dataset, index: int, which: str):
     try:
+        if is_stream(dataset):
+            return _head(dataset, index + 1)[index]
         return dataset[index]
     except Exception as exc:
         raise ConfigError(f"dataset.{which}[{index}] could not be read: {type(exc).__name__}: {exc}") from None
@@ -221,7 +281,7 @@ def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, colla
         return None
     shapes = {}
     for which, dataset in splits.items():
-        for index in range(min(_SHAPE_SAMPLES if check else 1, len(dataset))):
+        for index in range(_count(dataset, _SHAPE_SAMPLES if check else 1)):
             shapes.setdefault(repr(_shapes(_input(dataset, index, which))), f"dataset.{which}[{index}]")
     if len(shapes) > 1:
         found = ", ".join(f"{where}: {shape.replace('(', '[').replace(')', ']').replace(',]', ']')}"
@@ -238,6 +298,8 @@ def _in_shape(cfg: DatasetConfig, splits: dict[str, Dataset], check: bool, colla
 
 def _labels(dataset: Dataset) -> torch.Tensor | None:
     """All class ids when the dataset has them at hand (tensors, or a `targets` list as torchvision's have)."""
+    if is_stream(dataset):
+        return None
     tensors = tensors_of(dataset)
     if tensors is not None:
         return tensors[1] if torch.is_tensor(tensors[1]) else None
@@ -256,8 +318,11 @@ def _labels(dataset: Dataset) -> torch.Tensor | None:
 def _sampled_labels(dataset: Dataset, which: str) -> torch.Tensor:
     """Class ids of up to _LABEL_SAMPLES samples spread over a dataset that keeps no label list (each read costs a
     __getitem__, so a large one is checked on a sample, not whole)."""
-    count = min(len(dataset), _LABEL_SAMPLES)
-    indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
+    if is_stream(dataset):  # the stream's first ones
+        indices = list(range(_count(dataset, _LABEL_SAMPLES)))
+    else:
+        count = min(len(dataset), _LABEL_SAMPLES)
+        indices = torch.linspace(0, len(dataset) - 1, count).long().unique().tolist()
     return torch.cat([torch.as_tensor(_target(dataset, i, which)).reshape(-1) for i in indices])  # any lengths
 
 
@@ -324,11 +389,11 @@ def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool
         if needs_targets:
             raise ConfigError(f"{not_pairs}; step={needs_targets} needs (inputs, targets): for inputs only (an "
                               "autoencoder, a self-supervised objective) name a step of your own that takes the batch "
-                              "as it is (step._target_=..., see README, Data without targets)")
+                              "as it is (step._target_=..., see docs/your-own-code.md, Data without targets)")
     in_shape = _in_shape(cfg, splits, check, collated)  # (samples of different shapes: one line, before collating)
     if check:
         for which, dataset in splits.items():
-            batch = collate[which].first_batch([_read(dataset, i, which) for i in range(min(2, len(dataset)))], which)
+            batch = collate[which].first_batch([_read(dataset, i, which) for i in range(_count(dataset, 2))], which)
             if is_pair(batch) != is_pair(example):
                 raise ConfigError(f"dataset.{which}'s batches are {'' if is_pair(batch) else 'not '}(inputs, targets) "
                                   f"and dataset.train's are {'' if is_pair(example) else 'not'}; both splits must give "

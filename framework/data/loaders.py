@@ -4,6 +4,8 @@ and epoch, drop_last), so the in-memory path and the DataLoader path give the sa
 - InMemoryLoader: the fast path, chosen by what the dataset is (its whole split available as two tensors: the
   built-ins, a TensorDataset, or a dataset with `tensors()`). The split lives as one tensor on the training
   device; a batch is an index gather plus on-device normalization. No per-sample Python, no worker processes.
+  A split larger than a quarter of the GPU's free memory (every rank holds one) stays in CPU memory instead, each
+  batch gathered there and copied over; the run says so.
 - DataLoaderLoader: torch's DataLoader + DistributedSampler for any map-style Dataset (per-sample transforms,
   data that should not sit on the device, `trainer.num_workers`, the user's collate_fn), pinned memory and
   non-blocking copies on CUDA.
@@ -19,9 +21,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from framework.data.augment import batch_generator
-from framework.data.batches import batch_size, take, to_device, tree_map
+from framework.data.batches import batch_size, leaves, take, to_device, tree_map
 from framework.data.build import tensors_of
 from framework.data.collate import DEFAULT, Collate
+from framework.data.streams import StreamLoader, eval_stream, is_stream
 
 
 class BatchPipeline:
@@ -91,17 +94,37 @@ class _Sharded:
     def __iter__(self):
         return self.iterate(0)
 
-    def _prepared(self, batch, index: int):
+    def prepared(self, batch, index: int):
         generator = None
         if self.pipeline.augment is not None:
             generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
         return prepare(batch, self.pipeline, self.pairs, generator)
 
 
+# The most of a GPU's free memory (when the loader is built: after the model) that a training split may take there
+IN_MEMORY_SHARE_OF_FREE_GPU = 0.25
+
+
+def split_home(tensors, device: torch.device) -> tuple[torch.device, str]:
+    """Where the in-memory path keeps a split: on the training device, or in CPU memory when it would take more than
+    IN_MEMORY_SHARE_OF_FREE_GPU of the GPU's free memory (then with the line that says so)."""
+    if device.type != "cuda":
+        return device, ""
+    size = sum(t.numel() * t.element_size() for t in leaves(tensors))
+    free, _ = torch.cuda.mem_get_info(device)
+    if size <= IN_MEMORY_SHARE_OF_FREE_GPU * free:
+        return device, ""
+    return torch.device("cpu"), (f"dataset.in_memory: the training split ({size / 2**30:.2f} GiB) is more than "
+                                 f"{IN_MEMORY_SHARE_OF_FREE_GPU:.0%} of {device}'s free memory ({free / 2**30:.2f} "
+                                 "GiB), so it stays in CPU memory and each batch is copied over")
+
+
 class InMemoryLoader(_Sharded):
-    def __init__(self, x, y, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int):
+    def __init__(self, x, y, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int,
+                 home: torch.device | None = None):
         super().__init__(pipeline, device, micro_batch, rank, world, seed)
-        self.x, self.y = to_device(x, device), to_device(y, device)
+        self.home = home or device  # where the split lives (split_home)
+        self.x, self.y = to_device(x, self.home), to_device(y, self.home)
         self.samples = batch_size(self.x)
 
     def __len__(self) -> int:
@@ -110,10 +133,10 @@ class InMemoryLoader(_Sharded):
     def iterate(self, start: int):
         """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
         order = torch.tensor(shard_indices(self.samples, self.rank, self.world, self.epoch, self.seed),
-                             device=self.device)
+                             device=self.home)
         for i in range(start, len(self)):
             idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
-            yield self._prepared((take(self.x, idx), take(self.y, idx)), i)
+            yield self.prepared(to_device((take(self.x, idx), take(self.y, idx)), self.device), i)
 
 
 class DataLoaderLoader(_Sharded):
@@ -137,14 +160,19 @@ class DataLoaderLoader(_Sharded):
 
     def iterate(self, start: int):
         for i, batch in enumerate(itertools.islice(self.loader, start, None), start):
-            yield self._prepared(to_device(batch, self.device), i)
+            yield self.prepared(to_device(batch, self.device), i)
 
 
 def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0,
-                 collate: Collate = DEFAULT, pairs: bool = True):
+                 collate: Collate = DEFAULT, pairs: bool = True, agree=None, filler=None):
     """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
     of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch). Never
-    augmented."""
+    augmented. A streaming test split (framework/data/streams.py) agrees batch by batch through `agree` (the
+    group's all-reduce): a rank out of data gets Fillers (`filler`: a batch of the split's kind) until all are."""
+    if is_stream(dataset):
+        yield from eval_stream(dataset, lambda b: prepare(b, pipeline, pairs), device, batch, rank, world,
+                               num_workers, collate, filler, agree or (lambda t: t))
+        return
     share = torch.arange(rank, len(dataset), world)
     batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
     tensors = split_tensors(dataset, collate)
@@ -161,12 +189,20 @@ def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int
 
 
 def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,
-                       micro_batch: int, rank: int, world: int):
+                       micro_batch: int, rank: int, world: int, say=print, agree=None):
     """The in-memory path when the training split offers its tensors, dataset.in_memory is on (the default) and no
-    collate_fn of the user's must see its samples; the DataLoader path otherwise."""
+    collate_fn of the user's must see its samples; the DataLoader path otherwise; a stream's (framework/data/
+    streams.py: `agree` is the group's all-reduce, which its ranks agree on each step's samples with)."""
     collate = data.collate["train"]
+    if is_stream(data.train):
+        preparation = _Sharded(pipeline, device, micro_batch, rank, world, seed, data.pairs)
+        return StreamLoader(data.train, preparation, device, micro_batch, rank, world, num_workers, collate,
+                            data.example, agree)
     tensors = split_tensors(data.train, collate)
     common = (pipeline, device, micro_batch, rank, world, seed)
     if tensors is not None and in_memory:
-        return InMemoryLoader(*tensors, *common)
+        home, note = split_home(tensors, device)
+        if note:
+            say(note)
+        return InMemoryLoader(*tensors, *common, home=home)
     return DataLoaderLoader(data.train, *common, num_workers=num_workers, collate=collate, pairs=data.pairs)

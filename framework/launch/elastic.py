@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,7 @@ from framework.checkpoints.disk import free_bytes
 from framework.common.errors import ConfigError
 from framework.training.interrupts import Interrupted
 from framework.session.environment import import_path_for_children, threads_per_worker
+from framework.session.lifeline import end_with
 
 
 class WorkersFailed(RuntimeError):
@@ -80,7 +82,7 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     )
     try:
         with _quiet_agent():
-            results = elastic_launch(config, entry)(payload)
+            results = elastic_launch(config, _worker)(os.getpid(), entry, payload)
     except ChildFailedError as exc:
         raise WorkersFailed(_root_cause(exc)) from exc
     except SignalException as exc:  # the agent already stopped every worker (SIGTERM, then SIGKILL)
@@ -93,6 +95,18 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     except ValueError as exc:  # malformed endpoint and similar rendezvous problems
         raise ConfigError(f"strategy rendezvous settings are not usable: {exc}") from exc
     return next((r for r in results.values() if r is not None), None)
+
+
+def _worker(driver: int, entry: Callable[[dict], Any], payload: dict) -> Any:
+    """What each worker runs: entry(payload), in a process that ends as soon as its driver does. The agent that would
+    stop the workers runs in the driver, so a SIGKILLed driver would leave them training (framework/session/
+    lifeline.py says why they watch the driver themselves)."""
+    end_with(driver, _end_now)
+    return entry(payload)
+
+
+def _end_now() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # nobody is left to report to; the last complete checkpoint stays
 
 
 @contextlib.contextmanager

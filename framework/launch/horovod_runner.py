@@ -19,7 +19,7 @@ from framework.launch.elastic import WorkersFailed
 from framework.session.environment import import_path_for_children, ranks, threads_per_worker
 from framework.training.interrupts import Interrupted
 
-INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see README, Horovod)"
+INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see docs/engines/horovod.md)"
 
 # horovod's runner must finish its checks (and, with remote hosts, start them over ssh) within this time.
 START_TIMEOUT_S = 120

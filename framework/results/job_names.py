@@ -16,7 +16,9 @@ import re
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, read_write
+from omegaconf import DictConfig, read_write
+
+from framework.config.hydra_versions import register_resolver
 
 RESOLVER = "hydra_dist.job_name"
 MAX_VALUE = 24  # characters of one value in a folder name
@@ -86,7 +88,7 @@ def _resolve_job_name(*keys: str, _root_: DictConfig) -> str:
 
 # Registered on import: every process that resolves a job's folder (the driver, a joblib worker, a submitit task)
 # imports this module when it unpickles the sweep's callbacks.
-OmegaConf.register_new_resolver(RESOLVER, _resolve_job_name, replace=True)
+register_resolver(RESOLVER, _resolve_job_name)
 
 
 def subdir_template(keys: list[str]) -> str:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 
-DRIVER_POLL_S = 0.2
+from framework.session.lifeline import end_with
+
 _followed: list[int] = []  # the driver's pid, once this worker process watches it
 
 
@@ -24,10 +23,8 @@ def end_with_the_driver() -> None:
     driver = os.getppid()
     _followed.append(driver)
     os.setsid()
-    threading.Thread(target=_end_with, args=(driver,), name="end-with-the-driver", daemon=True).start()
+    end_with(driver, _end_session)
 
 
-def _end_with(driver: int) -> None:
-    while os.getppid() == driver:  # reparented once the driver is gone
-        time.sleep(DRIVER_POLL_S)
+def _end_session() -> None:
     os.killpg(0, signal.SIGKILL)  # this worker's session: the job's ddp workers and data loaders with it

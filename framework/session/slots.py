@@ -9,10 +9,12 @@ cores (CPU affinity, which ddp's workers inherit and divide among themselves).
 Rendezvous ports need nothing here: every ddp launch already uses its own store on a free port."""
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +47,29 @@ def parallel_jobs(n_jobs: int) -> int:
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them. Asked before CUDA starts here:
-    torch.cuda.device_count() then reads NVML and caches nothing, so narrowing the list afterwards works."""
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them, counted without starting CUDA here (so that
+    narrowing the list afterwards pins this process: count_gpus_elsewhere)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip() and not g.strip().startswith("-")]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    return [str(i) for i in range(count_gpus_elsewhere())]
+
+
+def count_gpus_elsewhere() -> int:
+    """torch.cuda.device_count(), asked in a child process. Here it would read NVML, but where NVML does not answer it
+    asks the CUDA driver, which fixes this process's devices at that moment: CUDA_VISIBLE_DEVICES narrowed afterwards
+    would not reach it, and every slot training in its own process (single, dp) would use GPU 0. No child where no
+    GPU can be: a torch without CUDA, or no NVIDIA driver (whose libcuda the CUDA runtime loads)."""
+    if not torch.backends.cuda.is_built():
+        return 0
+    if torch.version.cuda:
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return 0
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True, check=True)
+    return int(child.stdout.split()[-1])
 
 
 def share(slot: int, slots: int, gpus: list[str], cores: list[int]) -> JobSlot:

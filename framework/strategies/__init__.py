@@ -12,7 +12,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
+from framework.config.hydra_versions import version_base
 from framework.config.strategy_options import DDPOptions
+from framework.config.targets import TargetAllowlist, allowing, current
 from framework.config.typed import typed
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
@@ -59,6 +61,7 @@ def strategy_class(options) -> type[Strategy]:
     if not target:
         raise ConfigError(f"{GROUP}._target_ is missing: a strategy config names its class with _target_ "
                           "(e.g. _target_: framework.strategies.ddp.DDPStrategy)")
+    current().check_name(str(target), GROUP)  # the allowlist in force (framework/config/targets.py), before import
     try:
         cls = get_class(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
@@ -96,7 +99,7 @@ def _config_search_path():
     if GlobalHydra.instance().is_initialized():
         yield GlobalHydra.instance()
         return
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
         yield GlobalHydra.instance()
 
 
@@ -115,7 +118,10 @@ def strategies_for_outer_kind(kind: str) -> list[str]:
         for name in strategy_names():
             try:
                 options = compose(f"{GROUP}/{name}")[GROUP]
-                if options.get("name") != "auto" and kind in strategy_class(options).outer_kinds:
+                # an entry of this command's own search path (conf/, the user's --config-dir) is trusted as composed
+                with allowing(TargetAllowlist.of_command(options)):
+                    fits_kind = options.get("name") != "auto" and kind in strategy_class(options).outer_kinds
+                if fits_kind:
                     fits.append(name)
             except Exception:  # an entry that does not compose or import cannot be suggested
                 continue

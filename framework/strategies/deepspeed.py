@@ -97,6 +97,15 @@ class DeepSpeedStrategy(ElasticStrategy):
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError(f"strategy=deepspeed is not allowed here: DeepSpeed is not installed; {INSTALL_HINT}")
         super().validate()
+        if self.trainer.precision == "fp16" and self.options.zero_stage > 0:
+            # DeepSpeed 0.19's ZeRO optimizer with torch_autocast float16 (stage_1_and_2.py, stage3.py: step) clips
+            # the still-scaled gradients against a loss scale of 1 before its GradScaler unscales them again (each
+            # step 1/65536 of the intended one), and an overflow returns before the GradScaler's update, so its
+            # scale never comes down. ZeRO-0 unscales first (engine.py).
+            raise ConfigError(f"trainer.precision=fp16 is not allowed with strategy=deepspeed strategy.zero_stage="
+                              f"{self.options.zero_stage}: DeepSpeed's ZeRO optimizer (stages 1-3) clips fp16's "
+                              "still-scaled gradients and never lowers its loss scale; use trainer.precision=bf16, or "
+                              "strategy.zero_stage=0")
         if self.trainer.precision == "fp16" and not self.trainer.cuda:
             raise ConfigError("trainer.precision=fp16 is not allowed with strategy=deepspeed on the CPU: fp16 needs "
                               "CUDA; use bf16 or fp32")

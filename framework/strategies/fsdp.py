@@ -21,7 +21,7 @@ from framework.config.strategy_options import FSDPOptions
 from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.strategies.ddp import ElasticStrategy
-from framework.strategies.fsdp_units import tied_parameters, without_tied
+from framework.strategies.fsdp_units import tied_parameters, with_running_statistics, without_tied
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -130,8 +130,15 @@ class FSDPStrategy(ElasticStrategy):
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
         sharding = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
                         reshard_after_forward=options.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+        # BatchNorm in fp32, each its own unit before the blocks around it: its input cast up, its output down to the
+        # compute dtype for the layers after it
+        norms = with_running_statistics(model) if compute else []
+        for norm in norms:
+            fully_shard(norm, **{**sharding, "mp_policy": MixedPrecisionPolicy(
+                param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=compute)})
         for unit in self.shard_units(model):
-            fully_shard(unit, **sharding)
+            if not any(unit is norm for norm in norms):
+                fully_shard(unit, **sharding)
         fully_shard(model, **sharding)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,

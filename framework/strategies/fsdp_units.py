@@ -1,9 +1,18 @@
-"""FSDP2's own rule on the units fully_shard makes of a model's blocks (framework/models/blocks.py: the choice of
+"""FSDP2's own rules on the units fully_shard makes of a model's blocks (framework/models/blocks.py: the choice of
 blocks, which activation checkpointing shares): a parameter shared by two modules (an LM head tied to the token
-embedding) must live in one unit, so modules holding a tied parameter are left to the enclosing unit (the root)."""
+embedding) must live in one unit, so modules holding a tied parameter are left to the enclosing unit (the root); and a
+module with running statistics (BatchNorm) is a unit of its own, kept in fp32 under a low-precision policy."""
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+
+def with_running_statistics(model: nn.Module) -> list[nn.Module]:
+    """BatchNorm (any dimension, SyncBatchNorm, InstanceNorm with track_running_stats): a low-precision parameter
+    policy casts its weight but not its running statistics, and batch_norm refuses the mix ("expected scalar type
+    BFloat16 but found Float", torchtitan#674)."""
+    return [m for m in model.modules() if m is not model and isinstance(getattr(m, "running_mean", None), torch.Tensor)]
 
 
 def tied_parameters(model: nn.Module, units: list[nn.Module]) -> dict[str, list[str]]:

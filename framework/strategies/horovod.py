@@ -56,7 +56,8 @@ class HorovodStrategy(Strategy):
         if self.trainer.cuda and not hvd.nccl_built():
             raise ConfigError(
                 "strategy=horovod on GPUs is not allowed with this horovod build: it has no NCCL operations; rebuild "
-                "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see README, Horovod), or use trainer.accelerator=cpu"
+                "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see docs/engines/horovod.md), or use "
+                "trainer.accelerator=cpu"
             )
         local_workers = starter.local_workers()
         if self.trainer.cuda and options.hosts is None and local_workers > torch.cuda.device_count():

@@ -50,8 +50,12 @@ class IntervalMeter:
     def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
         if len(self.slot_sizes) == 1:
             self.loss_sum += per_sample_loss.detach().sum()
-        else:
-            self.loss_sum += torch.stack([c.sum() for c in per_sample_loss.detach().split(self.slot_sizes)])
+        else:  # a stream's short micro-batch is scattered as DataParallel does it: in even chunks
+            loss = per_sample_loss.detach()
+            chunks = loss.split(self.slot_sizes) if loss.numel() == sum(self.slot_sizes) else \
+                loss.chunk(len(self.slot_sizes))
+            sums = [c.sum() for c in chunks] + [loss.new_zeros(())] * (len(self.slot_sizes) - len(chunks))
+            self.loss_sum += torch.stack(sums)
         self.samples += per_sample_loss.numel()
 
     def add_tokens(self, count) -> None:

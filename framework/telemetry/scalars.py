@@ -5,9 +5,18 @@ from __future__ import annotations
 from framework.telemetry.meters import IntervalSummary
 
 
-def interval_scalars(s: IntervalSummary, lr: float, cuda: bool) -> dict[str, float]:
+def lr_scalars(lr: float | dict[str, float]) -> dict[str, float]:
+    """`lr` (the first param group's) and, with several groups (optimizer.param_groups), `lr/<group>` for each."""
+    if not isinstance(lr, dict):
+        return {"lr": lr}
+    first = next(iter(lr.values()), float("nan"))
+    return {"lr": first, **({f"lr/{name}": value for name, value in lr.items()} if len(lr) > 1 else {})}
+
+
+def interval_scalars(s: IntervalSummary, lr: float | dict[str, float], cuda: bool) -> dict[str, float]:
+    """lr: one number, or every param group's by name (Trainer.lrs())."""
     scalars = {"throughput/samples_per_sec": s.samples_per_sec, "loss/train": s.loss, "time/step_ms": s.step_ms,
-               "time/data_ms": s.data_ms, "lr": lr}
+               "time/data_ms": s.data_ms, **lr_scalars(lr)}
     for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
         scalars[f"throughput/samples_per_sec/rank{r}"] = rate
         scalars[f"loss/train/rank{r}"] = loss
@@ -49,7 +58,7 @@ def eval_scalars(loss: float, metrics: dict[str, float]) -> dict[str, float]:
     return {"loss/val": loss, **{f"{name}/val": value for name, value in metrics.items()}}
 
 
-def report_scalars(report, lr: float, cuda: bool) -> dict[str, float]:
+def report_scalars(report, lr: float | dict[str, float], cuda: bool) -> dict[str, float]:
     """Everything a log boundary's IntervalReport (framework/telemetry/per_gpu.py) holds, for a logger that writes
     plain values (CSV, MLflow)."""
     return {**interval_scalars(report.summary, lr, cuda),

@@ -2,7 +2,8 @@
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r} (and throughput/tokens_per_sec[/rank{r}] where the
 step counts tokens), loss/train, loss/train/rank{r},
-loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr, memory/optimizer_state_mib/rank{r} (what that rank's
+loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr (and lr/<group> for each
+param group when optimizer.param_groups makes several), memory/optimizer_state_mib/rank{r} (what that rank's
 optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
 (CUDA: the peak within each logged interval, evaluation excluded),
 gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
@@ -43,6 +44,7 @@ PER_RANK_CHARTS = {
         ("MFU per rank", r"^throughput/device/mfu/rank\d+$"),
     ],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
+    "lr": [("lr per parameter group", r"^lr/.+$")],
     "memory": [
         ("peak allocated GiB per rank (interval)", r"^memory/max_allocated_gib/rank\d+$"),
         ("peak reserved GiB per rank (interval)", r"^memory/max_reserved_gib/rank\d+$"),
@@ -68,7 +70,7 @@ class TensorBoardLogger:
         self.gpus = GpuMonitor() if cuda else None
         self.writer.add_custom_scalars(per_rank_layout())
 
-    def log_interval(self, step: int, s: IntervalSummary, lr: float) -> None:
+    def log_interval(self, step: int, s: IntervalSummary, lr: float | dict[str, float]) -> None:
         self._add(interval_scalars(s, lr, self.cuda), step)
         for gpu in self.gpus.read() if self.gpus else []:
             self.writer.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)

@@ -4,26 +4,23 @@ callback's at the same points. Callbacks are components: the `callbacks` config 
 `+callbacks.mine._target_=mypkg.MyCallback` or a callbacks config of their own, without editing this repo.
 
 Hooks, in the order a run meets them, and where they run (the loop calls each on every rank, so a hook may use
-the process group's collectives as long as it does so on every rank):
+the collectives as long as it does so on every rank):
 
-  on_fit_start(trainer)                   after a resume, before the first step
-  on_train_step_start(trainer, step)      before the step's first micro-batch
-  on_train_step_end(trainer, step)        after the optimizer step (or its skip)
-  on_log(trainer, step, report)           at a log boundary, after the meters were gathered: report
+  on_fit_start(state)                     after a resume, before the first step
+  on_train_step_start(state, step)        before the step's first micro-batch
+  on_train_step_end(state, step)          after the optimizer step (or its skip)
+  on_log(state, step, report)             at a log boundary, after the meters were gathered: report
                                           (framework/telemetry/per_gpu.py: IntervalReport) on rank 0, None elsewhere
-  on_evaluation_start(trainer, step)      before an evaluation's first batch
-  on_evaluation_end(trainer, step, result) after an evaluation: result (EvalResult) on rank 0, None elsewhere
-  on_checkpoint_saved(trainer, step, path) after a checkpoint was committed
-  on_fit_end(trainer)                     after the last evaluation (not when the loop raised)
-  on_exception(trainer, exc)              the loop raised exc (it goes on after the hooks ran)
+  on_evaluation_start(state, step)        before an evaluation's first batch
+  on_evaluation_end(state, step, result)  after an evaluation: result (EvalResult) on rank 0, None elsewhere
+  on_checkpoint_saved(state, step, path)  after a checkpoint was committed
+  on_fit_end(state)                       after the last evaluation (not when the loop raised)
+  on_exception(state, exc)                the loop raised exc (it goes on after the hooks ran)
 
-`trainer` (framework/training/trainer.py) offers what a callback reads: its options, the process group (`group`:
-rank, world_size, device, the collectives), `wrapped` (the model as the engine wrapped it, `wrapped.module` the
-user's own, the optimizer), is_main, say (rank 0's console and train.log), totals, step, total_steps, epochs, epoch,
-run_dir, `run` (hparams, model_record), checkpoint_due (in on_log: a checkpoint follows this boundary), lr() and
-evaluation_contexts (a list a callback may append a context-manager factory to: every evaluation runs inside each;
-the EMA swaps its average in there). A callback that cannot run with an engine says why in refuses(), which the
-driver asks before any worker starts."""
+`state` is the run's one LoopState (framework/training/loop_state.py), the whole of what a callback reads and calls:
+the step and epoch, rank and world size, the collectives, the run folder, the model and optimizer, say(),
+request_stop() and the few things the built-in callbacks need (docs/loop-features.md, "Writing a callback"). A
+callback that cannot run with an engine says why in refuses(), which the driver asks before any worker starts."""
 from __future__ import annotations
 
 HOOKS = ("on_fit_start", "on_train_step_start", "on_train_step_end", "on_log", "on_evaluation_start",
@@ -31,31 +28,31 @@ HOOKS = ("on_fit_start", "on_train_step_start", "on_train_step_end", "on_log", "
 
 
 class Callback:
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, state) -> None:
         pass
 
-    def on_train_step_start(self, trainer, step: int) -> None:
+    def on_train_step_start(self, state, step: int) -> None:
         pass
 
-    def on_train_step_end(self, trainer, step: int) -> None:
+    def on_train_step_end(self, state, step: int) -> None:
         pass
 
-    def on_log(self, trainer, step: int, report) -> None:
+    def on_log(self, state, step: int, report) -> None:
         pass
 
-    def on_evaluation_start(self, trainer, step: int) -> None:
+    def on_evaluation_start(self, state, step: int) -> None:
         pass
 
-    def on_evaluation_end(self, trainer, step: int, result) -> None:
+    def on_evaluation_end(self, state, step: int, result) -> None:
         pass
 
-    def on_checkpoint_saved(self, trainer, step: int, path) -> None:
+    def on_checkpoint_saved(self, state, step: int, path) -> None:
         pass
 
-    def on_fit_end(self, trainer) -> None:
+    def on_fit_end(self, state) -> None:
         pass
 
-    def on_exception(self, trainer, exc: BaseException) -> None:
+    def on_exception(self, state, exc: BaseException) -> None:
         pass
 
     def refuses(self, sharded: bool) -> str | None:

@@ -11,6 +11,7 @@ from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
                                          save_checkpoint, save_sharded_checkpoint)
 from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.param_groups import group_settings
 
 
 class Checkpointer:
@@ -31,13 +32,15 @@ class Checkpointer:
         (a stop, an evaluation step); never with keep=0 (trainer.keep_checkpoints=0: no checkpoints)."""
         return self.keep > 0 and (wanted or epoch_end or bool(self.every and step % self.every == 0))
 
-    def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict) -> Path:
+    def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict,
+             lr_schedule: dict | None = None) -> Path:
         group, io = self.group, wrapped.checkpoint_io
         rngs = group.gather_objects(rng_state(group.cuda_devices))
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
-                    "world_size": group.world_size, "format": io.format.name}
-        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks)
+                    "world_size": group.world_size, "format": io.format.name,
+                    "param_groups": group_settings(wrapped.optimizer)}  # names and settings, for people and tests
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule)
         if io.format.sharded:  # the engine writes shards on every rank
             saved = save_sharded_checkpoint(
                 self.folder, state, manifest, self.keep,
@@ -75,9 +78,9 @@ class Checkpointer:
                          f"{self.folder / BEST_DIR}: {error.strerror or error}; the one kept before stays")
         self.barrier()
 
-    def resume(self, checkpoint: Checkpoint, wrapped: Wrapped) -> tuple[Position, dict, dict]:
+    def resume(self, checkpoint: Checkpoint, wrapped: Wrapped) -> tuple[Position, dict, dict, dict | None]:
         """Every rank: the state of a checkpoint the driver (or rank 0, after a restart) chose and verified:
-        its position, the run totals and the callbacks' states."""
+        its position, the run totals, the callbacks' states and the lr scheduler's (None: a built-in schedule)."""
         io, scaler = wrapped.checkpoint_io, wrapped.precision.scaler
         state = load_checkpoint(checkpoint)
         if checkpoint.path.is_dir():  # sharded: the engine loads model and optimizer on every rank
@@ -91,7 +94,7 @@ class Checkpointer:
             self.last = checkpoint.path
         changes = _changes(checkpoint.manifest, position, self.group.world_size, self.batch_size)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
-        return position, totals, state.get("callbacks", {})
+        return position, totals, state.get("callbacks", {}), state.get("lr_schedule")
 
 
 def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:

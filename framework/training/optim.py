@@ -5,32 +5,43 @@ optimizer.* keys (the driver builds it once, on the model's parameters, before a
 lr_scaling=linear multiplies the configured lr by the number of workers (processes or dp replicas): the rule of the
 data-parallel tutorials for when the batch grows with the workers. Our trainer.batch_size is global, so keep
 lr_scaling=none unless you also scale the batch with the workers.
+
+optimizer.param_groups give parts of the model other settings (framework/training/param_groups.py): the optimizer is
+built on the groups the plan makes of the engine's parameters, each group's lr the (scaled) lr x its lr_scale.
 """
 from __future__ import annotations
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 
 from framework.config.optimizer import OptimizerConfig
 from framework.common.errors import ConfigError
+from framework.config.targets import instantiate
+from framework.training.param_groups import ParamGroups
 
 
-def build_optimizer(options: OptimizerConfig, params, workers: int):
+def build_optimizer(options: OptimizerConfig, params, workers: int, groups: ParamGroups | None = None):
+    """The optimizer on `params` (the engine's parameters); with `groups` (the plan of optimizer.param_groups on the
+    plain model) on its param groups."""
     arguments = options.constructor_arguments(workers)
     try:
-        make = instantiate(arguments)
+        make = instantiate(arguments, "optimizer")
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
         what = "imported" if isinstance(cause, ImportError) else "built"
         raise ConfigError(f"optimizer._target_={options._target_} is not allowed: it cannot be {what} "
                           f"({_one_line(cause)})") from None
+    if groups is not None:
+        params = groups.split(params, arguments["lr"])
     try:
-        return make(params)
+        optimizer = make(params)
     except Exception as exc:  # the constructor's own refusal, whatever its type
         given = ", ".join(f"optimizer.{name}={_text(value)}" for name, value in arguments.items()
                           if not name.startswith("_"))
         raise ConfigError(f"optimizer._target_={options._target_} refused its arguments ({given}): "
                           f"{type(exc).__name__}: {_one_line(exc)}") from None
+    if groups is not None:
+        groups.check_settings(optimizer, options._target_)
+    return optimizer
 
 
 def _one_line(exc: BaseException) -> str:

@@ -3,25 +3,27 @@ what its parallelize() returned (framework/training/engine.py); what watches the
 weights, a user's own) is a callback; the meters, clocks and heartbeat are its telemetry (LoopTelemetry)."""
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 
 from framework.training.callback import Callbacks
 from framework.checkpoints.position import Position, resume_point
 from framework.config.trainer import TrainerConfig
+from framework.data.streams import Filler, StepShare
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
 from framework.training.checkpointing import Checkpointer
+from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
 from framework.training.engine import ProcessGroup, Wrapped, gradient_sync
 from framework.training.interrupts import Interrupted
-from framework.training.lr_schedule import LrSchedule
+from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
 
 
@@ -30,67 +32,15 @@ class TrainingStopped(RuntimeError):
 
 
 @dataclass
-class RunTotals:
-    """Rank 0's running totals over every logged interval (checkpointed, so a resumed run keeps them)."""
-
-    samples: float = 0.0
-    seconds: float = 0.0
-    slot_samples: list[float] = field(default_factory=list)
-    slot_seconds: list[float] = field(default_factory=list)
-    slot_max_mem_gib: list[float] = field(default_factory=list)  # the run's peak per GPU (CUDA; 0 on the CPU)
-    train_loss: float = math.nan
-    val_loss: float = math.nan
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    skipped_steps: int = 0
-
-    def add(self, s: IntervalSummary) -> None:
-        self.samples += s.samples
-        self.seconds += s.seconds
-        slots = len(s.per_slot_samples)
-        if len(self.slot_samples) != slots:
-            self.slot_samples, self.slot_seconds = [0.0] * slots, [0.0] * slots
-        if len(self.slot_max_mem_gib) != slots:
-            self.slot_max_mem_gib = [0.0] * slots
-        for i in range(slots):
-            self.slot_samples[i] += s.per_slot_samples[i]
-            self.slot_seconds[i] += s.per_slot_seconds[i]
-            self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
-        self.train_loss = s.loss
-
-    def per_slot_samples_per_sec(self) -> list[float]:
-        return [n / s if s > 0 else 0.0 for n, s in zip(self.slot_samples, self.slot_seconds)]
-
-
-@dataclass
-class EvalResult:
-    """One evaluation on the test split, on rank 0: mean loss and each metric's mean per-sample score."""
-
-    loss: float
-    metrics: dict[str, float]
-
-
-@dataclass
 class LoopData:
     """The batches the loop trains and evaluates on, and how it scores them."""
 
-    train_loader: object  # framework/data/loaders.py: set_epoch(e), iterate(start), len()
+    train_loader: object  # framework/data/loaders.py: set_epoch(e), iterate(start), len(); or a StreamLoader
     micro_batch: int
     eval_batches: object  # a function returning this rank's test batches
     step: object  # framework/training/step.py: step(model, batch, loss) -> StepOutput
     loss: object  # loss(outputs, targets) -> per-sample losses (or per element of a sample), or their mean
     metrics: dict  # name -> a torchmetrics.Metric, or metric(outputs, targets) -> the batch's sum of a per-sample score
-
-
-@dataclass
-class RunInfo:
-    """What callbacks read about the run, beside the loop's own state: its folder, rank 0's console, the
-    hyperparameters the HParams tab shows, what rebuilds the model (weights files), and the stop a signal requests."""
-
-    run_dir: Path
-    say: object  # rank 0's console and train.log (framework/telemetry/progress.py: Console)
-    hparams: dict
-    model_record: dict  # the model's config, in_shape and num_classes
-    stop: object  # framework/training/interrupts.py: .requested, .signum
 
 
 @dataclass
@@ -113,6 +63,15 @@ class LoopTelemetry:
             self.heartbeat.beat(step, "compute")
             yield batch
 
+    def share(self, shares, step: int):
+        """The next step's share (framework/data/streams.py: StepShare), or None; its fetch time metered (a stream's
+        micro-batches are fetched, and its ranks agree, here)."""
+        self.heartbeat.beat(step, "data")
+        start = time.perf_counter()
+        share = next(shares, None)
+        self.meter.add_data_time(time.perf_counter() - start)
+        return share
+
     def backward_done(self) -> None:
         """The last micro-batch's backward returned: an engine that reduces inside it has released this rank."""
         if self.clock is not None and self.clock.ends_with_backward:
@@ -124,64 +83,43 @@ class Trainer:
                  checkpointer: Checkpointer, callbacks: Callbacks, telemetry: LoopTelemetry, run: RunInfo):
         self.options, self.group, self.wrapped, self.data = options, group, wrapped, data
         self.checkpointer, self.callbacks, self.telemetry, self.run = checkpointer, callbacks, telemetry, run
-        self.is_main = group.is_main
-        self.totals = RunTotals()
-        self.epoch = 0
-        self.step = 0  # optimizer steps done
-        self.stop_requested: str | None = None  # a callback's reason to end after this evaluation (every rank alike)
-        self.checkpoint_due = False  # a checkpoint follows the log boundary in progress
-        # context managers the evaluations run inside, which callbacks add (the EMA swaps its average in)
-        self.evaluation_contexts: list = []
-        self.steps_per_epoch = len(data.train_loader) // options.grad_accum
-        if self.steps_per_epoch < 1:
+        self.say = run.say
+        # a stream (framework/data/streams.py) has no length: its epochs end when no rank has more, and
+        # trainer.max_steps (if set) bounds the run; total_steps is None where nothing bounds it
+        self.streaming = not hasattr(data.train_loader, "__len__")
+        self.steps_per_epoch = None if self.streaming else len(data.train_loader) // options.grad_accum
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
-        planned = options.epochs * self.steps_per_epoch
-        self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
-        self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        self.lr_schedule = LrSchedule(lr_schedule, self.total_steps)
-        self.lr_schedule.attach(wrapped.optimizer)
+        if self.streaming:
+            self.total_steps, self.epochs = options.max_steps or None, options.epochs
+        else:
+            planned = options.epochs * self.steps_per_epoch
+            self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
+            self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        objective = options.objective
+        # what every callback gets (framework/training/loop_state.py); the loop moves its step, epoch and totals on
+        self.state = LoopState(options, group, wrapped, run, checkpointer, self.total_steps, self.epochs,
+                               objective != "loss" and higher_is_better(data.metrics[objective]))
+        # a stream without trainer.max_steps has no total: the built-in schedules need one (the driver said so)
+        self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,
+                                             self.state.higher_is_better)
         caveat = getattr(telemetry.clock, "caveat", None)
-        if caveat and len(telemetry.meter.slot_sizes) > 1 and self.is_main:
+        if caveat and len(telemetry.meter.slot_sizes) > 1 and group.is_main:
             self.say(f"note: {caveat}")
 
-    # ---- what callbacks read -----------------------------------------------------------------
-    @property
-    def say(self):
-        return self.run.say
-
-    @property
-    def run_dir(self) -> Path:
-        return self.run.run_dir
-
-    def hparams(self) -> dict:
-        """The run's hyperparameters, as the HParams tab shows them."""
-        return {**self.run.hparams, "processes": self.group.world_size, "epochs": self.epochs}
-
-    def lr(self) -> float:
-        return float(self.wrapped.optimizer.param_groups[0]["lr"])
-
-    def request_stop(self, reason: str) -> None:
-        """End the run after the current evaluation (call it on every rank, with the same decision)."""
-        self.stop_requested = reason
-
-    @property
-    def objective(self) -> str:
-        """What the run optimizes: trainer.objective, a metric's name or loss."""
-        return self.options.objective
-
-    def objective_value(self, result: EvalResult) -> float:
-        return result.loss if self.objective == "loss" else result.metrics[self.objective]
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.objective != "loss" and higher_is_better(self.data.metrics[self.objective])
+    def steps_planned(self) -> str:
+        if not self.streaming:
+            return f"{self.total_steps} steps"
+        passes = f"{self.epochs} pass(es) over the stream"
+        return f"{passes}, at most {self.total_steps} steps" if self.total_steps else passes
 
     # ---- the loop ----------------------------------------------------------------------------
     def resume(self, checkpoint) -> Position:
         """Every rank: model, optimizer, totals and the callbacks' states from a checkpoint; its position."""
-        position, totals, callbacks = self.checkpointer.resume(checkpoint, self.wrapped)
+        position, totals, callbacks, lr_schedule = self.checkpointer.resume(checkpoint, self.wrapped)
         if totals:
-            self.totals = RunTotals(**totals)
+            self.state.totals = RunTotals(**totals)
+        self.lr_schedule.load_state_dict(lr_schedule)
         self.callbacks.load_state_dict(callbacks)
         return position
 
@@ -189,52 +127,60 @@ class Trainer:
         """Train from `start` (framework/checkpoints/position.py: why the data position is counted in samples, and
         how a run on another world size or batch continues the epoch without a sample twice or skipped)."""
         try:
-            self.callbacks.on_fit_start(self)
+            self.callbacks.on_fit_start(self.state)
             self._fit(start)
-            self.callbacks.on_fit_end(self)
+            self.callbacks.on_fit_end(self.state)
         except BaseException as exc:
-            self.callbacks.on_exception(self, exc)
+            self.callbacks.on_exception(self.state, exc)
             raise
-        return self.totals
+        return self.state.totals
 
     def _fit(self, start: Position) -> None:
-        k, batch, meter = self.options.grad_accum, self.options.batch_size, self.telemetry.meter
+        batch, meter, state = self.options.batch_size, self.telemetry.meter, self.state
         resumed = resume_point(start, batch, self.steps_per_epoch)
-        step = self.step = resumed.step
-        self.epoch = resumed.epoch
+        step = state.step = resumed.step
+        state.epoch = resumed.epoch
         evaluated_at = None  # the step of the last evaluation: an epoch end on a step evaluation's step adds none
         if step and self._evaluation_step(step):  # resumed from the checkpoint written just before that evaluation
             self._evaluate(step)
             evaluated_at = step
-            if self.stop_requested:
-                self.say(f"stopped at step {step}: {self.stop_requested}")
+            if state.stop_reason:
+                self.say(f"stopped at step {step}: {state.stop_reason}")
                 return
         meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
-            self.epoch = epoch
+            state.epoch = epoch
             first = resumed.steps_in_epoch if epoch == resumed.epoch else 0
-            last = min(self.steps_per_epoch, first + self.total_steps - step)
+            last = None if self.total_steps is None else first + self.total_steps - step
+            if self.steps_per_epoch is not None:
+                last = min(self.steps_per_epoch, last)
             self.wrapped.model.train()
-            loader = self.data.train_loader
-            loader.set_epoch(epoch)
-            batches = loader.iterate(first * k)
-            for batch_in_epoch in range(first + 1, last + 1):
+            shares, samples_in_epoch = self._shares(epoch, first, start if epoch == resumed.epoch else None)
+            stream_ended = False  # a stream's epoch ran to its end (not cut by max_steps or a stop)
+            for batch_in_epoch in itertools.count(first + 1) if last is None else range(first + 1, last + 1):
+                share = self.telemetry.share(shares, step + 1)
+                if share is None:  # a stream whose epoch had no step left (resumed at its end)
+                    stream_ended = True
+                    break
+                stream_ended = share.last
                 step += 1
-                self.step = step
-                self.callbacks.on_train_step_start(self, step)
-                self._train_step(self.telemetry.batches(batches, step), step)
-                self.callbacks.on_train_step_end(self, step)
-                epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps
+                state.step = step
+                samples_in_epoch += share.samples
+                self.callbacks.on_train_step_start(state, step)
+                self._train_step(share, step)
+                self.callbacks.on_train_step_end(state, step)
+                epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps or share.last
                 stopping = self.run.stop.requested  # read once: a signal may land anywhere below
                 evaluating = self._evaluation_step(step)
-                self.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
-                if step % self.options.log_every_n_steps == 0 or self.checkpoint_due or evaluating:
+                state.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
+                if step % self.options.log_every_n_steps == 0 or state.checkpoint_due or evaluating:
                     self._log(step)
-                if self.checkpoint_due:
+                if state.checkpoint_due:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
-                    path = self.checkpointer.save(self.wrapped, Position(step, epoch, batch_in_epoch * batch, batch),
-                                                  asdict(self.totals), self.callbacks.state_dict())
-                    self.callbacks.on_checkpoint_saved(self, step, path)
+                    position = Position(step, epoch, samples_in_epoch, batch, self._stream_records())
+                    path = self.checkpointer.save(self.wrapped, position, asdict(state.totals),
+                                                  self.callbacks.state_dict(), self.lr_schedule.state_dict())
+                    self.callbacks.on_checkpoint_saved(state, step, path)
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
                 if evaluating:
@@ -242,51 +188,84 @@ class Trainer:
                     evaluated_at = step
                     meter.reset()  # evaluation time is not training time
                     self.wrapped.model.train()
-                    if self.stop_requested:
+                    if state.stop_reason:
                         break
-            self.checkpoint_due = False
+            state.checkpoint_due = False
+            if stream_ended:
+                self._stream_epoch_done(epoch, samples_in_epoch, start if epoch == resumed.epoch else None)
             if meter.steps:
                 self._log(step)
             epoch_evaluation = (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1
             if epoch_evaluation and evaluated_at != step:
                 self._evaluate(step)
             meter.reset()  # evaluation time is not training time
-            if self.stop_requested:
-                self.say(f"stopped after epoch {epoch + 1}, step {step}: {self.stop_requested}")
+            if state.stop_reason:
+                self.say(f"stopped after epoch {epoch + 1}, step {step}: {state.stop_reason}")
                 break
+            if step == self.total_steps:  # a stream's max_steps came before its epochs did
+                break
+
+    def _shares(self, epoch: int, first: int, resumed: Position | None):
+        """This epoch's steps from its step `first` on (framework/data/streams.py: StepShare), and the samples of
+        the epoch trained before them."""
+        loader, k = self.data.train_loader, self.options.grad_accum
+        loader.set_epoch(epoch)
+        if not self.streaming:
+            batches = loader.iterate(first * k)
+            return iter(lambda: StepShare(batches, k, self.options.batch_size), None), first * self.options.batch_size
+        if resumed is not None:
+            how = loader.restore(resumed.samples_in_epoch, resumed.streams)
+            if how:
+                self.say(how)
+        return loader.shares(k), resumed.samples_in_epoch if resumed is not None else 0
+
+    def _stream_records(self) -> list | None:
+        """Every rank's record of where its stream stands (a collective: every rank calls it), or None."""
+        return self.group.gather_objects(self.data.train_loader.state()) if self.streaming else None
+
+    def _stream_epoch_done(self, epoch: int, samples: int, resumed: Position | None) -> None:
+        if samples == 0 and (resumed is None or not resumed.samples_in_epoch):
+            raise TrainingStopped(f"dataset.train yielded no sample in epoch {epoch + 1}: an epoch iterates the "
+                                  "stream again (its __iter__ must start over each time it is called)")
+        self.say(f"epoch {epoch + 1}: the stream gave {samples} samples")
 
     def _evaluation_step(self, step: int) -> bool:
         """trainer.eval_every_n_steps: the clock is the global step, the same on every rank and across a resume."""
         every = self.options.eval_every_n_steps
         return bool(every) and step % every == 0
 
-    def _train_step(self, batches, step: int) -> None:
+    def _train_step(self, share: StepShare, step: int) -> None:
         k, w = self.options.grad_accum, self.wrapped
         # Gradients are dropped here, while the forward pass is about to allocate: dropping them right after
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
         w.optimizer.zero_grad(set_to_none=True)
         losses, tokens = [], []
-        for micro, batch in zip(range(k), batches):
+        for micro, batch in zip(range(k), self.telemetry.batches(share.batches, step)):
+            real = micro < share.real  # else a repeat with weight 0: a rank out of stream data (streams.py)
             with gradient_sync(w, on=micro == k - 1):
                 with w.precision.autocast():
                     out = self.data.step(w.model, batch, self.data.loss)
                 per_sample = per_sample_losses(out.loss, out.samples)
-                w.precision.backward(per_sample.mean() / k)
-            losses.append(per_sample.detach())
-            tokens.append(out.tokens)
+                # batches of one known size: each micro-batch's mean; a stream's: each real sample's loss weighted
+                # so that the engines' mean over ranks is the mean over the samples the step had
+                w.precision.backward(per_sample.mean() / k if share.scale is None
+                                     else per_sample.sum() * (share.scale if real else 0.0))
+            if real:
+                losses.append(per_sample.detach())
+                tokens.append(out.tokens)
         self.telemetry.backward_done()
         self.lr_schedule.apply(w.optimizer, step)
         stepped = w.precision.optimizer_step(w.model, w.optimizer, self.options.grad_clip,
                                              self.options.on_nonfinite == "skip")
-        self._step_done(step, losses if stepped else [], tokens if stepped else [])
+        self._step_done(step, losses if stepped else [], tokens if stepped else [], stepped)
 
-    def _step_done(self, step: int, losses: list[torch.Tensor], tokens: list = ()) -> None:
+    def _step_done(self, step: int, losses: list[torch.Tensor], tokens: list = (), stepped: bool = True) -> None:
         """The step's per-sample losses (and tokens, where the step counts them) into the meters; none when its
         optimizer step was skipped."""
         self.telemetry.heartbeat.beat(step, "step_end")
-        if not losses:
-            self.totals.skipped_steps += 1
+        if not stepped:
+            self.state.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
         for per_sample in losses:
             self.telemetry.meter.add_micro_batch(per_sample)
@@ -303,11 +282,11 @@ class Trainer:
         meter.reset()
         self._stop_if_nonfinite(rows)
         report = None
-        if self.is_main:
+        if self.group.is_main:
             summary = IntervalSummary.from_rows(rows)
-            self.totals.add(summary)
+            self.state.totals.add(summary)
             report = self.telemetry.per_gpu.report(summary)
-        self.callbacks.on_log(self, step, report)
+        self.callbacks.on_log(self.state, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
         """Every rank sees the same gathered rows, so every rank stops at the same boundary."""
@@ -324,15 +303,17 @@ class Trainer:
         )
 
     def _evaluate(self, step: int) -> None:
-        self.callbacks.on_evaluation_start(self, step)
+        main = self.group.is_main
+        self.callbacks.on_evaluation_start(self.state, step)
         with ExitStack() as stack:
-            for context in self.evaluation_contexts:
+            for context in self.state.evaluation_contexts:
                 stack.enter_context(context())
             result = evaluate(self.group, self.wrapped, self.data,
                               on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
-        if self.is_main:
-            self.totals.val_loss, self.totals.val_metrics = result.loss, result.metrics
-        self.callbacks.on_evaluation_end(self, step, result if self.is_main else None)
+        self.lr_schedule.evaluated(self.state.objective_value(result))  # every rank: the same result and decision
+        if main:
+            self.state.totals.val_loss, self.state.totals.val_metrics = result.loss, result.metrics
+        self.callbacks.on_evaluation_end(self.state, step, result if main else None)
 
 
 @torch.no_grad()
@@ -345,8 +326,10 @@ def evaluate(group: ProcessGroup, wrapped: Wrapped, data: LoopData, on_batch=Non
     for batch in data.eval_batches():
         if on_batch is not None:
             on_batch()
+        filler = isinstance(batch, Filler)  # a rank out of stream data runs the forward its peers gather in
         with wrapped.precision.autocast():
-            out = data.step(model, batch, data.loss)
-        metrics.update(per_sample_losses(out.loss, out.samples), out.outputs, out.targets)
+            out = data.step(model, batch.batch if filler else batch, data.loss)
+        if not filler:
+            metrics.update(per_sample_losses(out.loss, out.samples), out.outputs, out.targets)
     loss, values = metrics.compute()
     return EvalResult(loss, values)

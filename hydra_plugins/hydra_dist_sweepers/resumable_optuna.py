@@ -27,6 +27,17 @@ except ImportError:
     OptunaSweeperConf = None
 
 
+def built(node: Any, key: str) -> Any:
+    """A config node with _target_ (the sampler, under Hydra >= 1.4), built through the framework's allowlist with
+    its own targets trusted; anything else (a sampler Hydra 1.3 built already) as it is."""
+    if not (isinstance(node, (dict, DictConfig)) and "_target_" in node):
+        return node
+    from framework.config.targets import TargetAllowlist, allowing, instantiate  # with the sweeper, not the scan
+
+    with allowing(TargetAllowlist.of_command({"node": node})):
+        return instantiate(node, key)
+
+
 class ResumableOptunaSweeper(Sweeper):
     def __init__(self, sampler: Any, direction: Any, storage: Optional[Any], study_name: Optional[str], n_trials: int,
                  n_jobs: int, max_failure_rate: float, search_space: Optional[DictConfig],
@@ -34,8 +45,13 @@ class ResumableOptunaSweeper(Sweeper):
         logging.getLogger("alembic").setLevel(logging.WARNING)  # imported by Optuna; its setup lines are noise
         from ._free_slot_study import FreeSlotStudy  # imports Optuna: only when this sweeper runs
 
-        self.study = FreeSlotStudy(sampler, direction, storage, study_name, n_trials, n_jobs, max_failure_rate,
-                                   search_space, custom_search_space, params)
+        # Hydra >= 1.4 builds a plugin with _recursive_=False: the sampler arrives as its config, and the plugin
+        # builds what it needs itself; what the sweep's own config names is trusted, as every target a user composes
+        self.study = FreeSlotStudy(built(sampler, "hydra.sweeper.sampler"), direction, storage, study_name, n_trials,
+                                   n_jobs, max_failure_rate, search_space, None, params)
+        if custom_search_space:
+            self.study.custom_search_space_extender = built(
+                {"_target_": custom_search_space, "_partial_": True}, "hydra.sweeper.custom_search_space")
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.study.setup(hydra_context=hydra_context, task_function=task_function, config=config)

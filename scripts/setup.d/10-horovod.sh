@@ -47,6 +47,7 @@ env_vars=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MX
           HOROVOD_WITH_GLOO=1 HOROVOD_CPU_OPERATIONS=gloo "CMAKE_TOOLCHAIN_FILE=$here/toolchain.cmake"
           "HYDRA_DIST_CXX_STD=$cxx_std" "MAKEFLAGS=-j$(nproc)")
 flavour=gloo
+nccl=0  # NCCL GPU operations: decided here, asked below by this flag (the flavour names more than that)
 if [ "$torch_cuda" != none ]; then
     cuda_home=${CUDA_HOME:-}
     if [ -z "$cuda_home" ]; then
@@ -67,6 +68,7 @@ if [ "$torch_cuda" != none ]; then
     if [ "${HYDRA_DIST_HOROVOD_NCCL:-$gpu_visible}" = 1 ]; then
         nccl_pkg=$("$py" -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])" 2>/dev/null) \
             || die "NCCL operations asked for, but torch's nvidia-nccl package is not in $venv"
+        nccl=1
         flavour=cuda-nccl-cc${cc_list//,/-}  # the GPU kernels are compiled for these architectures only
     fi
 fi
@@ -83,7 +85,7 @@ if [ -z "$wheel" ]; then
         pip download --quiet --no-deps --no-binary :all: --no-build-isolation "horovod==$version" -d "$cache/sdist" \
             || die "could not download horovod-$version.tar.gz (no network? copy it into $cache/sdist)"
     fi
-    if [ "$flavour" = cuda-nccl ]; then
+    if [ "$nccl" = 1 ]; then
         # Horovod's FindNCCL wants include/ and lib/libnccl.so; torch's nvidia-nccl package has only libnccl.so.2.
         nccl_home="$cache/nccl-$torch_version"
         mkdir -p "$nccl_home/lib"

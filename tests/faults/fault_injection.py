@@ -63,24 +63,23 @@ class FaultInjection(Callback):
         self.faults = planned_faults(plan)
         self.nan_hook = None
 
-    def _at(self, trainer, point: str, step: int) -> bool:
-        return any(p == point and v == step and r == trainer.group.rank for p, v, r in self.faults)
+    def _at(self, state, point: str, step: int) -> bool:
+        return any(p == point and v == step and r == state.rank for p, v, r in self.faults)
 
     def _kill(self, point: str, step: int) -> None:
         print(f"fault injection: SIGKILL at {point} step {step} (pid {os.getpid()})", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def on_fit_start(self, trainer) -> None:
+    def on_fit_start(self, state) -> None:
         for point, seconds, slot in self.faults:
             if point == "slow_rank" and seconds:
-                self._slow(trainer, seconds, slot)
+                self._slow(state, seconds, slot)
 
-    def _slow(self, trainer, seconds: float, slot: int) -> None:
+    def _slow(self, state, seconds: float, slot: int) -> None:
         """A forward pre-hook on the user's module: nn.DataParallel's replicas share the module's hooks, so the
         replica on the slot's GPU sleeps in its own thread, inside its timed forward."""
-        group = trainer.group
-        devices = group.cuda_devices
-        first = group.rank * len(group.devices)
+        devices = [d.index for d in state.devices if d.type == "cuda"]
+        first = state.rank * len(state.devices)
 
         def sleep_if_this_slot(module, args):
             if not (module.training and torch.is_grad_enabled()):
@@ -90,22 +89,22 @@ class FaultInjection(Callback):
             if first + replica == slot:
                 time.sleep(seconds)
 
-        trainer.wrapped.module.register_forward_pre_hook(sleep_if_this_slot)
+        state.model.register_forward_pre_hook(sleep_if_this_slot)
 
-    def on_train_step_start(self, trainer, step: int) -> None:
-        if self._at(trainer, "nan_loss", step):
-            self.nan_hook = trainer.wrapped.module.register_forward_hook(
+    def on_train_step_start(self, state, step: int) -> None:
+        if self._at(state, "nan_loss", step):
+            self.nan_hook = state.model.register_forward_hook(
                 lambda module, args, out: out * float("nan"))
 
-    def on_train_step_end(self, trainer, step: int) -> None:
+    def on_train_step_end(self, state, step: int) -> None:
         if self.nan_hook is not None:
             self.nan_hook.remove()
             self.nan_hook = None
-        if self._at(trainer, "kill_after_step", step):
+        if self._at(state, "kill_after_step", step):
             self._kill("kill_after_step", step)
-        if self._at(trainer, "raise_after_step", step):
-            raise RuntimeError(f"fault injection: an error after step {step} on rank {trainer.group.rank}")
+        if self._at(state, "raise_after_step", step):
+            raise RuntimeError(f"fault injection: an error after step {step} on rank {state.rank}")
 
-    def on_evaluation_start(self, trainer, step: int) -> None:
-        if self._at(trainer, "kill_in_eval", step):
+    def on_evaluation_start(self, state, step: int) -> None:
+        if self._at(state, "kill_in_eval", step):
             self._kill("kill_in_eval", step)

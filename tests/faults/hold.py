@@ -25,9 +25,9 @@ class HoldAt(Callback):
     def __init__(self, step: int, rank: int = 0, runs: str = "*"):
         self.step, self.rank, self.runs = step, rank, runs
 
-    def on_train_step_end(self, trainer, step: int) -> None:
-        run_dir = trainer.run_dir
-        if step != self.step or trainer.group.rank != self.rank or not fnmatch.fnmatch(run_dir.name, self.runs):
+    def on_train_step_end(self, state, step: int) -> None:
+        run_dir = state.run_dir
+        if step != self.step or state.rank != self.rank or not fnmatch.fnmatch(run_dir.name, self.runs):
             return
         try:  # once per run folder
             os.close(os.open(run_dir / f".held_at_step_{step}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -35,5 +35,5 @@ class HoldAt(Callback):
             return
         marker = run_dir / f"held_at_step_{step}"
         marker.write_text(str(os.getpid()))
-        while marker.exists() and not trainer.run.stop.requested:
+        while marker.exists() and not state.stop_signalled:
             time.sleep(POLL_S)

@@ -7,11 +7,11 @@ from framework.callbacks.base import Callback
 
 
 class SpeedupProbe(Callback):
-    def on_fit_start(self, trainer) -> None:
-        modules = list(trainer.wrapped.module.named_modules())
+    def on_fit_start(self, state) -> None:
+        modules = list(state.model.named_modules())
         found = {
             "compiled": [n for n, m in modules if m._compiled_call_impl is not None],
             "recomputed": [n for n, m in modules if getattr(m.__dict__.get("forward"), "__name__", "") ==
                            "recomputed_forward"],
         }
-        (trainer.run.run_dir / f"speedup_probe.rank{trainer.group.rank}.json").write_text(json.dumps(found))
+        (state.run_dir / f"speedup_probe.rank{state.rank}.json").write_text(json.dumps(found))

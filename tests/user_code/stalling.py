@@ -34,9 +34,9 @@ class BarrierOnOneRank(Callback):
     def __init__(self, step: int = 5, rank: int = 0):
         self.step, self.rank = step, rank
 
-    def on_train_step_end(self, trainer, step: int) -> None:
+    def on_train_step_end(self, state, step: int) -> None:
         if step != self.step:
             return
-        (trainer.run_dir / f"at_step_{step}_rank{_rank()}").touch()
+        (state.run_dir / f"at_step_{step}_rank{_rank()}").touch()
         if _rank() == self.rank:
             dist.barrier()
