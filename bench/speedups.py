@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seconds_for
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
-from framework.paths import CONF_DIR
+from framework.common.paths import CONF_DIR
 from framework.training.speedups import apply_speedups
 
 SAMPLE = (1, 28, 28)  # Fashion-MNIST

@@ -18,7 +18,7 @@ from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, eval_batches
 from framework.data.text import vocabulary_of
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.build import build_model
 from framework.strategies.base import Strategy
 from framework.training.engine import ProcessGroup, Wrapped

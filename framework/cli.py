@@ -13,18 +13,17 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
+from framework.common.errors import ConfigError
+from framework.common.paths import CONF_DIR
 from framework.config.hydra_versions import main_options
 from framework.config.typed import missing_key_reason, omegaconf_error_line
-from framework.evaluate import eval_main as evaluate
-from framework.follower import follow_rank0
-from framework.launch.outer import publish_to_followers, published
-from framework.process.clean_exit import exit_now, quick_exit
-from framework.process.environment import (env_rank, import_path_for_children, launched_externally,
-                                           take_local_rank_argument)
-from framework.process.slurm import adopt_scheduler_ranks
-from framework.paths import CONF_DIR
-from framework.run import exit_stopped_sweep, run
-from framework.sample import sample_main as generate
+from framework.evaluate import evaluate_command
+from framework.run import run, train_as_follower
+from framework.sample import sample_command
+from framework.session.detect import detect, sweep_driver
+from framework.session.environment import import_path_for_children, take_local_rank_argument
+from framework.session.exit import quick_exit
+from framework.session.situations import Direct
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
@@ -34,12 +33,12 @@ def train_app(cfg: DictConfig):
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())
 def eval_app(cfg: DictConfig):
-    return evaluate(cfg)
+    return evaluate_command(cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="sample", **main_options())
 def sample_app(cfg: DictConfig):
-    generate(cfg)
+    sample_command(cfg)
 
 
 def sample_main() -> None:
@@ -57,34 +56,37 @@ def _single_process_command(app) -> None:
         try:
             _run_app(app)
         except HydraException as exc:
-            _config_error(composition_error_line(exc), external=False)
+            Direct().fail(ConfigError(composition_error_line(exc)))
 
 
 def main() -> None:
-    with quick_exit():  # see framework/process/clean_exit.py
+    with quick_exit():  # see framework/session/exit.py
         _main()
 
 
 def _main() -> None:
-    sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
-    adopt_scheduler_ranks()  # a SLURM/submitit task: torch's rank variables from the scheduler's, once
-    external = launched_externally()
-    if external and env_rank() != 0:  # a launcher's other ranks take the config and folder from rank 0
+    try:
+        sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
+        session = detect()  # how this process was started (framework/session/), read once
+    except ConfigError as exc:  # every rank meets these alike (its own arguments, its scheduler's variables)
+        Direct().fail(exc)
+    if session.follows:  # the other ranks of torchrun/SLURM/horovodrun take the config and folder from rank 0
         try:
-            code = follow_rank0()
+            train_as_follower(session)
         except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept
-            code = 128 + signal.SIGINT
-        exit_now(code)  # see framework/process/clean_exit.py
+            session.stopped(signal.SIGINT)
+        session.finish()
     try:
         with import_path_for_children():  # a sweep's submitit tasks are fresh interpreters: they run this code too
             _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
-        _config_error(composition_error_line(exc), external)
+        session.fail(ConfigError(composition_error_line(exc)))
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
-        exit_stopped_sweep(signal.SIGINT)
+        driver = sweep_driver()
+        if driver is not None:
+            driver.stopped(signal.SIGINT)
         raise
-    if external:  # rank 0 under torchrun/SLURM/horovodrun, run finished (errors leave through sys.exit above)
-        exit_now(0)
+    session.finish()
 
 
 def _run_app(app) -> None:
@@ -112,13 +114,6 @@ def composition_error_line(exc: HydraException) -> str:
         return omegaconf_error_line(cause)
     text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
     return " ".join(text.split()) or type(exc).__name__
-
-
-def _config_error(line: str, external: bool) -> None:
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    if external and not published():  # the other ranks wait for rank 0's payload: tell them instead
-        publish_to_followers(error=line)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,11 @@ from hydra.errors import HydraException
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.config.hydra_versions import version_base
 from framework.config.settings import settings_of
+from framework.common.errors import ConfigError
+from framework.common.paths import CONF_DIR, config_dir_override
+from framework.session.environment import cpu_cores
+from framework.session.situations import Direct
 from framework.config.targets import TargetAllowlist, allowing
-from framework.errors import ConfigError
-from framework.paths import CONF_DIR, config_dir_override
-from framework.process.environment import cpu_cores
 from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
 from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
 
@@ -103,12 +104,12 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
         for name in chosen[-1:] or ["auto", *sorted(names.union(strategy_names()) - {"auto"})]:
             cfg = compose("config", overrides=[*overrides, f"strategy={name}"])
             try:
-                note = resolve_auto(cfg, launcher=None).removeprefix("strategy=auto ")
+                note = resolve_auto(cfg, outer_kind=None).removeprefix("strategy=auto ")
                 with allowing(TargetAllowlist.of_command(cfg)):  # the config this command composed
                     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
                     strategy = build_strategy(settings.strategy, settings.trainer)
                 strategy.validate()
-                plan = f"{note}: {strategy.launcher.describe()}" if note else strategy.launcher.describe()
+                plan = f"{note}: {strategy.starter.describe()}" if note else strategy.starter.describe()
             except ConfigError as exc:
                 plan = f"not usable here: {exc}"
             lines.append(f"  strategy={name:<7} {plan}")
@@ -139,7 +140,7 @@ def main() -> None:
     try:
         print(report(*_arguments(args)))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback
-        sys.exit(f"error: {exc}")
+        Direct().fail(ConfigError(exc))
 
 
 if __name__ == "__main__":

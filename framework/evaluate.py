@@ -13,7 +13,6 @@ allowed_targets (framework/config/targets.py); anything else is refused, before 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +22,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
 from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
+from framework.common.errors import ConfigError
 from framework.config.targets import TargetAllowlist, allowing
-from framework.errors import ConfigError
 from framework.assemble import build_task, parallelize, test_batches
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
-from framework.run import RESOLVED_CONFIG
+from framework.results.sweep_resume import RESOLVED_CONFIG
+from framework.session.situations import Direct
 from framework.strategies import build_strategy, choose_strategy
 from framework.training.loop_state import EvalResult
 from framework.training.trainer import LoopData, evaluate
@@ -46,14 +46,14 @@ class EvalPayload:
     kind: str  # "weights" (a full state dict of the model) or "checkpoint"
 
 
-def eval_main(cfg: DictConfig) -> float | None:
-    """Hydra's task function for eval.py."""
+def evaluate_command(cfg: DictConfig) -> float | None:
+    """Hydra's task function for eval.py: one process that starts the strategy's workers itself (a direct run)."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
     except (ConfigError, WorkersFailed) as exc:
-        sys.exit(f"error: {exc}")
+        return Direct().fail(exc)
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
@@ -69,7 +69,7 @@ def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path,
         for group in RUN_GROUPS:  # every _target_ the run folder brings, by name, before anything imports it
             if group in cfg:
                 trusted.check(OmegaConf.to_container(cfg[group], resolve=True), group)
-    strategy_class, note = choose_strategy(cfg, external=False)
+    strategy_class, note = choose_strategy(cfg, outer=None)
     settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None, targets=trusted)
     strategy = strategy_class(settings.strategy, settings.trainer.engine())
     strategy.validate()
@@ -84,12 +84,12 @@ def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path,
     if note:
         print(note, flush=True)
     payload = EvalPayload(settings, str(out_dir), str(source), kind)
-    result = strategy.launcher.launch(evaluate_entry, payload)
+    result = strategy.starter.launch(evaluate_entry, payload)
     shown = " | ".join(f"test {name} {value:.4f}" for name, value in result.metrics.items())
     print(f"eval: {source} | test loss {result.loss:.4f}{' | ' + shown if shown else ''}", flush=True)
     report = {"ckpt_path": str(cfg.ckpt_path), "evaluated": str(source), "test_loss": result.loss,
               **{f"test_{name}": value for name, value in result.metrics.items()}, "metrics": list(result.metrics),
-              "strategy": strategy.name, "processes": strategy.launcher.processes(), "dataset": settings.dataset.display_name,
+              "strategy": strategy.name, "processes": strategy.starter.processes(), "dataset": settings.dataset.display_name,
               "model": settings.model_name}
     (out_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
     objective = settings.trainer.objective
@@ -147,22 +147,22 @@ def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
 
 
 def _evaluate_worker(payload: EvalPayload) -> EvalResult | None:
-    s = payload.settings
-    strategy = build_strategy(s.strategy, s.trainer)
+    settings = payload.settings
+    strategy = build_strategy(settings.strategy, settings.trainer)
     group = strategy.join()
     wrapped = None
     try:
-        seed_everything(s.trainer.seed)
-        task = build_task(s, group.device, strategy.channels_last_refusal)
+        seed_everything(settings.trainer.seed)
+        task = build_task(settings, group.device, strategy.channels_last_refusal)
         source = Path(payload.source)
         sharded = payload.kind == "checkpoint" and source.is_dir()
         if not sharded:  # a full state dict goes into the plain model, before any wrapper shards it
             state = read_weights(source) if payload.kind == "weights" else load_checkpoint(_checkpoint(source))
             _load(task.model, state["model"], source)
-        wrapped = parallelize(s, strategy, group, task)
+        wrapped = parallelize(settings, strategy, group, task)
         if sharded:
             wrapped.checkpoint_io.load_shards(source.parent, source.name, wrapped.model, wrapped.optimizer)
-        data = LoopData(None, 0, test_batches(task, group, s.trainer.num_workers), task.step, task.loss, task.metrics)
+        data = LoopData(None, 0, test_batches(task, group, settings.trainer.num_workers), task.step, task.loss, task.metrics)
         result = evaluate(group, wrapped, data)
         return result if group.is_main else None
     finally:

@@ -17,8 +17,8 @@ from framework.config.settings import Settings
 from framework.data.batches import describe, take
 from framework.data.build import Data, first_samples, is_class_ids
 from framework.data.loaders import BatchPipeline, prepare, split_tensors
+from framework.common.errors import ConfigError
 from framework.data.streams import is_stream, shards_itself
-from framework.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.telemetry.flops import silenced
 from framework.training.lr_schedule import build_lr_schedule
@@ -185,7 +185,7 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
 def _resume_stream(s: Settings, strategy: Strategy, checkpoint: Checkpoint, train) -> None:
     """A stream the framework shards continues on any world size (framework/data/streams.py); one that shards
     itself keeps a position per rank, which another world size cannot split anew."""
-    saved, now = checkpoint.manifest.get("world_size"), strategy.launcher.processes()
+    saved, now = checkpoint.manifest.get("world_size"), strategy.starter.processes()
     if shards_itself(train) and saved not in (None, now):
         raise ConfigError(f"trainer.resume={s.trainer.resume} is not allowed with {now} worker(s): checkpoint "
                           f"{checkpoint.path} stopped mid-stream on {saved} workers, and dataset.train "
@@ -213,10 +213,10 @@ def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, 
     engine's shards only load into the world size that wrote them (DeepSpeed ZeRO): then it is refused here, in the
     driver, for a resumed run and for eval.py alike (DeepSpeed itself would raise in every worker)."""
     saved = manifest.get("world_size")
-    if saved is None or saved == strategy.launcher.processes() or strategy.checkpoint_format.reshards:
+    if saved is None or saved == strategy.starter.processes() or strategy.checkpoint_format.reshards:
         return
     raise ConfigError(
-        f"{what} is not allowed with {strategy.launcher.processes()} worker(s): checkpoint {path} holds "
+        f"{what} is not allowed with {strategy.starter.processes()} worker(s): checkpoint {path} holds "
         f"{manifest.get('format')} shards of {saved} workers, and strategy={strategy.name} cannot reshard them onto "
         f"another world size. Use {saved} workers (e.g. strategy.nproc_per_node={saved} on one node), or {otherwise}")
 
@@ -239,7 +239,7 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:
     t = s.trainer
-    processes = strategy.launcher.processes()
+    processes = strategy.starter.processes()
     if t.batch_size % (processes * t.grad_accum):
         raise ConfigError(
             f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "

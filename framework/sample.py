@@ -16,13 +16,14 @@ from framework.config.sample import SampleConfig
 from framework.config.targets import TargetAllowlist, allowing
 from framework.config.typed import typed
 from framework.data.text import Vocabulary
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.results.trained_model import model_from, read_trained, weights_path
+from framework.session.situations import Direct
 
 SEPARATOR = "-" * 40
 
 
-def sample_main(cfg: DictConfig) -> None:
+def sample_command(cfg: DictConfig) -> None:
     """Hydra's task function for sample.py."""
     try:
         if OmegaConf.is_missing(cfg, "ckpt_path"):
@@ -30,7 +31,7 @@ def sample_main(cfg: DictConfig) -> None:
                               "python sample.py ckpt_path=outputs/runs/<run> prompt='...'")
         sample(typed(SampleConfig, cfg, ""))
     except ConfigError as exc:
-        sys.exit(f"error: {exc}")
+        Direct().fail(exc)
 
 
 def sample(options: SampleConfig) -> list[str]:

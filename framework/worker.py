@@ -19,8 +19,8 @@ from framework.checkpoints.position import Position
 from framework.config.settings import Payload, Settings
 from framework.config.targets import allowing
 from framework.data.loaders import BatchPipeline, build_train_loader
-from framework.process.clean_exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
-from framework.process.environment import restart_attempt
+from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
+from framework.session.environment import restart_attempt
 from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
 from framework.strategies.base import Strategy
@@ -53,8 +53,8 @@ def worker_entry(payload: Payload, strategy: Strategy | None = None, stop=None) 
 
 def _worker(payload: Payload, s: Settings, strategy: Strategy | None, stop) -> RunResult | Stopped | None:
     strategy = strategy or build_strategy(s.strategy, s.trainer)
-    own_process = not strategy.launcher.runs_in_process
-    if own_process:  # a process of its own, which its launcher stops by signal
+    own_process = not strategy.starter.runs_in_process
+    if own_process:  # a process of its own, which its starter stops by signal
         end_soon_after_a_stop_signal()
         if strategy.trainer.cuda:
             nccl_flight_recorder(Path(payload.run_dir))  # read by the process group, created in join()

@@ -8,12 +8,14 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
+from framework.session.environment import ranks
 from framework.config.hydra_versions import version_base
 
 pytest_plugins = ["pytester"]  # tests/test_cuda_paths.py checks this conftest's own pinning in a pytest of its own
@@ -47,6 +49,15 @@ def _test_accelerator(request):
 
 
 @pytest.fixture(autouse=True)
+def _ranks_read_per_test():
+    """A process reads its ranks once (framework/session/environment.py); each test reads them again, so that one
+    test's faked environment does not stay in the next one's."""
+    ranks.cache_clear()
+    yield
+    ranks.cache_clear()
+
+
+@pytest.fixture(autouse=True)
 def _forget_user_packages():
     """Tests that import a copy of examples/my_project in this process (driver checks in-process) each bring their
     own copy: the next test must import its own, not find the last one's in sys.modules."""
@@ -76,11 +87,10 @@ def pin_accelerator(args: list[str], accelerator: str | None = None) -> list[str
 def with_faults(args: list[str], env: dict | None, plan: str | None) -> tuple[list[str], dict]:
     """A run's overrides and environment with tests/faults/fault_injection.py's callback planning `plan`
     (<point>:<value>:<rank>[,...]), a callback like any other of the callbacks group."""
-    env = dict(env or {})
     if not plan:
-        return list(args), env
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
-    return [*args, "+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='{plan}'"], env
+        return list(args), dict(env or {})
+    return ([*args, "+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='{plan}'"],
+            faults_env(env))
 
 
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
@@ -109,19 +119,62 @@ def run_in_own_session(cmd: list[str], cwd: Path, env: dict, timeout: float) -> 
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str]:
-    """Start a sweep of jobs that log every step and checkpoint every 2; once the first job is done and the second
-    is past step 3 (its step-2 checkpoint written), send sig to the driver. Returns the ended process and stderr."""
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    finished = 0
-    for line in proc.stdout:
-        finished += line.startswith("done:")
-        if finished == 1 and " step 3/" in line:
-            break
+def faults_env(env: dict | None = None) -> dict:
+    """An environment whose runs can load tests/faults/ (fault injection, HoldAt) as callbacks."""
+    env = dict(env or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def held_at(args: list[str], step: int, rank: int = 0, runs: str = "*") -> list[str]:
+    """A run's overrides with tests/faults/hold.py's callback: the run waits at the end of `step` on `rank` (in the
+    runs whose folder's name matches `runs`) until the test lets it go or stops it. Run it with faults_env()."""
+    return [*args, "+callbacks.hold._target_=hold.HoldAt", f"+callbacks.hold.step={step}",
+            f"+callbacks.hold.rank={rank}", f"+callbacks.hold.runs='{runs}'"]
+
+
+def start_train(args: list[str], cwd: Path, env: dict | None = None, logs: Path | None = None,
+                **popen) -> subprocess.Popen:
+    """train.py started (not waited for), its output in train.out and train.err in `logs` (default: cwd): a test that
+    waits on the run's files must not leave a pipe to fill up."""
+    logs = logs or cwd
+    return subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            stdout=(logs / "train.out").open("w"), stderr=(logs / "train.err").open("w"), **popen)
+
+
+def wait_until_held(proc: subprocess.Popen, root: Path, count: int = 1, also=lambda: True, timeout: float = 300,
+                    marker: str = "held_at_step_*") -> list[Path]:
+    """The markers of `count` runs under root that wait where HoldAt holds them (and `also()` is true: a state that
+    stays, such as another job's result). Fails if the process ends first. marker: the files to wait for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        markers = sorted(root.rglob(marker))
+        if len(markers) >= count and also():
+            return markers
+        assert proc.poll() is None, f"the run ended before it reached the step it was to wait at (exit {proc.returncode})"
+        assert time.monotonic() < deadline, f"no run waits at its step after {timeout} s"
+        time.sleep(0.05)
+
+
+def stop_in_second_job(args: list[str], cwd: Path, sig: int) -> tuple[subprocess.Popen, str, list[str]]:
+    """Start a sweep whose jobs run one after the other, and whose second job waits at the end of step 3 (the first
+    job done, the second's step-2 checkpoint written); then send sig to the driver. Returns the ended process, its
+    stderr and the sweep's arguments (the hold included: run again, the sweep must compose the same configs; its
+    second job goes past step 3 then)."""
+    args = held_at(args, step=3, runs="1_*")
+    proc = start_train(args, cwd, faults_env())
+    wait_until_held(proc, cwd)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
-    return proc, err
+    proc.wait(timeout=60)
+    return proc, (cwd / "train.err").read_text(), args
+
+
+def root_cause_exit_code(output: str) -> int:
+    """The exit code torch's elastic agent (torchrun, torch.distributed.launch) reports for the first rank that
+    failed (its own exit code is 1 whatever the ranks' were)."""
+    cause = output.split("Root Cause (first observed failure):", 1)[1]
+    return int(cause.split("exitcode", 1)[1].split(":", 1)[1].split()[0])
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> str:
@@ -206,7 +259,7 @@ def composed(*overrides: str, hydra: bool = False, config_name: str = "config", 
     and sample.py's; config_dir: a --config-dir's groups too)."""
     from hydra import compose, initialize_config_dir
 
-    from framework.paths import config_dir_override
+    from framework.common.paths import config_dir_override
 
     extra = [config_dir_override(str(config_dir))] if config_dir else []
     with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
@@ -215,7 +268,7 @@ def composed(*overrides: str, hydra: bool = False, config_name: str = "config", 
 
 def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = None) -> str:
     """The driver's verdict on these overrides, in this process: Hydra composes conf/ with the schemas, the driver
-    types the config and runs every check before a worker would start (framework/run.py: prepare), exactly as
+    types the config and runs every check before a worker would start (framework/run.py: plan_run), exactly as
     `python train.py` does, but without a process of its own (they cost seconds each on 2 cores). Returns the line
     `python train.py` prints after `error: `, or '' when the driver accepts the run. tests/test_bad_inputs.py runs
     some cases as real processes too, for the exit code, the one line and that no worker starts."""
@@ -223,15 +276,15 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
     from hydra.errors import HydraException
 
     from framework.cli import composition_error_line
-    from framework.errors import ConfigError
-    from framework.paths import config_dir_override
-    from framework.run import prepare
+    from framework.common.errors import ConfigError
+    from framework.common.paths import config_dir_override
+    from framework.run import plan_run
 
     extra = [config_dir_override(str(config_dir))] if config_dir else []
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
             cfg = compose("config", overrides=[*pin_accelerator(list(overrides)), *extra])
-            prepare(cfg, external=False, run_dir=run_dir)
+            plan_run(cfg, run_dir)
     except HydraException as exc:
         return composition_error_line(exc)
     except ConfigError as exc:
@@ -245,7 +298,7 @@ def strategy_for(*overrides: str):
     from framework.strategies import build_strategy, resolve_auto, strategy_class
 
     cfg = composed(*overrides)
-    resolve_auto(cfg, launcher=None)
+    resolve_auto(cfg, outer_kind=None)
     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
     return build_strategy(settings.strategy, settings.trainer)
 

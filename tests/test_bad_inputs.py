@@ -1,7 +1,7 @@
 """Bad values fail in the driver, before any worker starts, with one short message naming key, value and
 what is allowed. Every case goes through the driver's own composition, typing and checks in this process
 (conftest.driver_says); the cases in AS_PROCESSES are also real `python train.py ...` runs, for what only a process
-shows: a non-zero exit, the one `error:` line with no traceback, and no worker started."""
+shows: exit code 2, the one `error:` line with no traceback, and no worker started."""
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -109,7 +109,7 @@ def test_bad_value_is_refused_by_the_driver(placeholders, tmp_path, name):
 def test_a_refused_run_exits_with_one_line_before_any_worker(outcomes, placeholders, name):
     cwd, proc = outcomes[name]
     expected = CASES[name][1].format(**placeholders)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stderr  # every refusal, wherever it is found (framework/session/situations.py)
     assert expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not list(cwd.rglob("events.out.tfevents*")), "a worker started"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from framework.checkpoints.store import find_checkpoint, list_checkpoints, load_checkpoint, newest_valid, save_checkpoint
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def _save(folder, step, keep=3):

@@ -18,13 +18,13 @@ from omegaconf import OmegaConf
 from conftest import TRAIN, composed
 from framework.cli import composition_error_line
 from framework.config import choices
-from framework.config.choices import Accelerator, Choice, Precision, ReduceOp
+from framework.config.choices import Accelerator, Choice, PrecisionChoice, ReduceOp
 from framework.config.rules import Checked
 from framework.config.settings import settings_of
 from framework.config.strategy_options import DDPOptions, DeepSpeedOptions
 from framework.config.trainer import TrainerConfig
 from framework.config.typed import typed
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 CHOICES = [c for c in vars(choices).values() if isinstance(c, type) and issubclass(c, Choice) and c is not Choice]
 
@@ -70,7 +70,7 @@ def test_the_driver_typing_a_config_says_the_same_line():
 
 
 def test_every_choice_is_an_enum_and_each_member_is_its_plain_string():
-    assert {c.__name__ for c in CHOICES} >= {"Precision", "Accelerator", "OnNonfinite", "Schedule", "LrScaling",
+    assert {c.__name__ for c in CHOICES} >= {"PrecisionChoice", "Accelerator", "OnNonfinite", "Schedule", "LrScaling",
                                               "Backend", "RdzvBackend", "Compression", "ReduceOp"}
     for choice in CHOICES:
         for member in choice:
@@ -89,14 +89,14 @@ def test_typed_settings_hold_the_members_and_they_travel_and_print_as_strings():
     cfg = composed("strategy=ddp", "trainer.precision=bf16", "trainer.accelerator=cpu", "trainer.on_nonfinite=skip",
                    "optimizer.lr_scaling=linear", "lr_schedule=constant", "strategy.backend=gloo")
     s = settings_of(cfg, DDPOptions)
-    assert s.trainer.precision is Precision.bf16 and s.trainer.accelerator is Accelerator.cpu
+    assert s.trainer.precision is PrecisionChoice.bf16 and s.trainer.accelerator is Accelerator.cpu
     assert (s.trainer.precision, s.trainer.on_nonfinite, s.optimizer.lr_scaling, s.lr_schedule.name,
             s.strategy.backend, s.strategy.rdzv_backend) == ("bf16", "skip", "linear", "constant", "gloo", "c10d")
     again = pickle.loads(pickle.dumps(s))  # as the workers get them
-    assert again.trainer.precision is Precision.bf16 and again.trainer.engine().precision == "bf16"
+    assert again.trainer.precision is PrecisionChoice.bf16 and again.trainer.engine().precision == "bf16"
     assert OmegaConf.to_yaml(cfg.trainer).count("precision: bf16") == 1  # the run folder's .hydra/config.yaml
     saved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # framework/run.py: resolved_config.yaml
-    assert "precision: bf16" in OmegaConf.to_yaml(saved) and "Precision" not in OmegaConf.to_yaml(saved)
+    assert "precision: bf16" in OmegaConf.to_yaml(saved) and "PrecisionChoice" not in OmegaConf.to_yaml(saved)
 
 
 def test_the_code_that_compares_with_strings_gets_what_it_got_from_strings():
@@ -108,11 +108,11 @@ def test_the_code_that_compares_with_strings_gets_what_it_got_from_strings():
     from framework.strategies.deepspeed_config import generated_config
     from framework.training.lr_schedule import LrSchedule, TorchSchedule, build_lr_schedule
 
-    for precision in Precision:
+    for precision in PrecisionChoice:
         members = generated_config(DeepSpeedOptions(), TrainerConfig(precision=precision), 2)
         words = generated_config(DeepSpeedOptions(), TrainerConfig(precision=precision.value), 2)
         assert json.dumps(members) == json.dumps(words)
-    tags = [str(hparams({"precision": p}, {"acc": 0.5})) for p in (Precision.fp16, "fp16")]
+    tags = [str(hparams({"precision": p}, {"acc": 0.5})) for p in (PrecisionChoice.fp16, "fp16")]
     assert tags[0] == tags[1]
     for name in (s for s in choices.Schedule if s != "torch"):
         member, word = (LrSchedule(LrScheduleConfig(name=n), total_steps=10) for n in (name, name.value))

@@ -7,7 +7,7 @@ import pytest
 from conftest import composed, driver_says
 from framework.config.settings import settings_of
 from framework.config.strategy_options import SingleOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def test_a_dataset_key_is_used_only_when_an_interpolation_needs_it(tmp_path):

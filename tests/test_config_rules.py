@@ -11,7 +11,7 @@ import pytest
 from conftest import driver_says
 from framework.config.rules import Checked, at_least, between, int_list, non_empty_text, require, rule
 from framework.config.typed import typed
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from test_config_choices import composition_says
 
 

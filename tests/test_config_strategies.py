@@ -32,7 +32,7 @@ def test_strategy_auto_still_resolves_to_single_or_ddp_with_its_options():
 
     assert type(strategy_for("strategy=auto", "trainer.accelerator=cpu").options) is SingleOptions
     cfg = composed("strategy=auto", "strategy.nproc_per_node=3", "strategy.backend=gloo")
-    assert resolve_auto(cfg, launcher="torchrun").startswith("strategy=auto chose ddp")
+    assert resolve_auto(cfg, outer_kind="torch").startswith("strategy=auto chose ddp")
     options = settings_of(cfg, DDPOptions).strategy
     assert (options.name, options.nproc_per_node, options.backend) == ("ddp", 3, "gloo")
 
@@ -50,7 +50,7 @@ def test_a_users_strategy_with_keys_of_its_own_composes_and_its_typo_stops_in_th
 
 def test_extending_a_closed_built_in_node_with_a_key_of_its_own_fails_while_hydra_composes(tmp_path):
     """Why examples/my_project/conf/strategy/announcing_ddp.yaml starts from /schema/open/strategy/ddp."""
-    from framework.paths import config_dir_override
+    from framework.common.paths import config_dir_override
 
     (tmp_path / "strategy").mkdir()
     (tmp_path / "strategy" / "mine.yaml").write_text("defaults: [ddp, _self_]\nbanner: hi\n")
@@ -59,7 +59,7 @@ def test_extending_a_closed_built_in_node_with_a_key_of_its_own_fails_while_hydr
 
 
 def test_a_strategy_of_the_elastic_options_starts_from_their_open_copy(tmp_path):
-    from framework.paths import config_dir_override
+    from framework.common.paths import config_dir_override
 
     (tmp_path / "strategy").mkdir()
     (tmp_path / "strategy" / "mine.yaml").write_text("defaults: [/schema/open/strategy/elastic@_here_, _self_]\n"

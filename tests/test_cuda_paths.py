@@ -143,9 +143,10 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
     """Each worker takes GPU local_rank modulo the GPUs it sees, so 4 torchrun workers on 2 GPUs put two nccl ranks
     on one GPU (nccl: "Duplicate GPU detected"). The device count is the one thing faked here: this machine has no
     GPU."""
-    from framework.errors import ConfigError
+    from framework.common.errors import ConfigError
+    from framework.session.environment import ranks
 
-    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "HYDRA_DIST_SCHEDULER_RANKS"):
+    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
@@ -155,8 +156,10 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
     with pytest.raises(ConfigError, match="with 4 workers on this node.*shows each of them 2 GPU"):
         strategy.validate()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of 2: one GPU each
+    ranks.cache_clear()  # a process reads its ranks once; this test plays another process
     strategy.validate()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    ranks.cache_clear()
     strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo").validate()
 
 
@@ -281,18 +284,19 @@ def test_one_gpu_per_slurm_task_is_accepted_by_the_driver(monkeypatch):
     """Two srun tasks on one node that each see one GPU: the driver must not count 2 workers against 1 visible GPU
     (it did when the scheduler's variables were missing: every GPU machine failed the GPU test below). Under plain
     torchrun, whose workers all see the node's GPUs, the same counts are refused."""
-    from framework.errors import ConfigError
-    from framework.process.slurm import adopt_scheduler_ranks
+    from framework.common.errors import ConfigError
+    from framework.session.environment import ranks
 
-    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HYDRA_DIST_SCHEDULER_RANKS",
-                     "MASTER_ADDR", "MASTER_PORT")
+    launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and k not in launcher_vars}
     monkeypatch.setattr(os, "environ", {**env, **slurm_task(1, 2, "4242")})  # what adoption sets stays in this test
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # each task sees its one GPU
-    assert adopt_scheduler_ranks()
+    assert ranks().scheduler == "slurm"
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("1", "1", "2")
     strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
-    monkeypatch.delenv("HYDRA_DIST_SCHEDULER_RANKS")  # the same ranks from torchrun: two workers share one GPU
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:  # the same ranks from torchrun: two workers
+        del os.environ[name]  # share one GPU
+    ranks.cache_clear()  # a process reads its ranks once; this test plays another process
     with pytest.raises(ConfigError, match="with 2 workers on this node"):
         strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
 
@@ -304,7 +308,7 @@ def test_one_visible_gpu_per_task_trains(tmp_path, strategy):
     if "deepspeed" in strategy:
         pytest.importorskip("deepspeed")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE", "SUBMITIT_"))
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HYDRA_DIST_SCHEDULER_RANKS")}
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     tasks, port = [], str(_free_port())
     for rank in range(2):
         env = {**base, **slurm_task(rank, 2, str(os.getpid())), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,

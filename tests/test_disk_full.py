@@ -6,7 +6,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TRAIN, pin_accelerator, processes_tagged
+from conftest import faults_env, held_at, processes_tagged, start_train, wait_until_held
 from framework.checkpoints.store import list_checkpoints, newest_valid, verify
 from framework.telemetry.progress import Console
 
@@ -43,21 +42,33 @@ def small_filesystem(path: Path, size: str):
 
 
 def _start(run_dir: Path, args: list[str], tag: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    return subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator([*args, f"hydra.run.dir={run_dir}"])],
-                            cwd=run_dir.parent, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """The run (tests/faults/ on its path: a run may wait at a step, held_at), its output in files off the small
+    disk (a console that cannot write is another test's)."""
+    return start_train([*args, f"hydra.run.dir={run_dir}"], run_dir.parent, {**faults_env(), "HYDRA_DIST_TEST_TAG": tag},
+                       logs=_logs(run_dir))
 
 
-def _finish(proc: subprocess.Popen, tag: str) -> tuple[int, str, str, list[int]]:
-    out, err = proc.communicate(timeout=300)
+def _logs(run_dir: Path) -> Path:
+    return run_dir.parent.parent  # the test's tmp_path, beside the small disk
+
+
+def _let_go(run_dir: Path) -> None:
+    """The run waiting at its step (held_at) goes on."""
+    for marker in run_dir.glob("held_at_step_*"):
+        marker.unlink()
+
+
+def _finish(proc: subprocess.Popen, tag: str, run_dir: Path) -> tuple[int, str, str, list[int]]:
+    proc.wait(timeout=300)
     deadline = time.monotonic() + 10
     while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
+    out, err = ((_logs(run_dir) / name).read_text() for name in ("train.out", "train.err"))
     return proc.returncode, out, err, processes_tagged(tag)
 
 
 def _check_clean_stop(code: int, out: str, err: str, left: list[int], folder: Path, reason: str) -> re.Match:
-    assert code != 0, out + err
+    assert code == 1, out + err  # a failure while training (a refusal before it exits 2)
     assert not left, f"worker processes left behind: {left}"
     assert "Traceback" not in err and "Traceback" not in out, err
     found = re.search(rf"error: checkpoint (step-\d+\.pt) could not be written to {re.escape(str(folder))}: {reason}; "
@@ -87,7 +98,7 @@ def _check_last_checkpoint_named_and_loadable(found: re.Match, folder: Path, ste
 def test_a_full_disk_stops_the_run_with_one_clear_error_and_keeps_the_last_checkpoint(tmp_path, strategy):
     with small_filesystem(tmp_path / "disk", "3m") as disk:
         tag = uuid.uuid4().hex
-        code, out, err, left = _finish(_start(disk / "run", [*STRATEGIES[strategy], *RUN], tag), tag)
+        code, out, err, left = _finish(_start(disk / "run", [*STRATEGIES[strategy], *RUN], tag), tag, disk / "run")
         folder = disk / "run" / "checkpoints"
         # the driver warned before training: 3 checkpoints of about 1.2 MB do not fit in 3 MB
         warning = re.search(r"warning: .* has ([\d,]+) bytes free, and this run's checkpoints need about ([\d,]+) "
@@ -105,7 +116,7 @@ def test_a_full_disk_stops_the_run_with_one_clear_error_and_keeps_the_last_check
 def test_a_first_checkpoint_that_does_not_fit_leaves_nothing_behind(tmp_path):
     with small_filesystem(tmp_path / "disk", "1m") as disk:
         tag = uuid.uuid4().hex
-        code, out, err, left = _finish(_start(disk / "run", ["strategy=single", *RUN], tag), tag)
+        code, out, err, left = _finish(_start(disk / "run", ["strategy=single", *RUN], tag), tag, disk / "run")
         folder = disk / "run" / "checkpoints"
         found = _check_clean_stop(code, out, err, left, folder, re.escape("No space left on device (ENOSPC)"))
         assert found.group(1) == "step-00000004.pt"
@@ -119,18 +130,16 @@ def test_a_checkpoint_folder_turning_read_only_mid_run_stops_it_cleanly(tmp_path
         tag = uuid.uuid4().hex
         run_dir = disk / "run"
         run_dir.mkdir()
-        proc = _start(run_dir, [*STRATEGIES[strategy], *RUN, "trainer.epochs=200"], tag)
+        # the run waits at the end of step 5, its step-4 checkpoint written (tests/faults/hold.py)
+        proc = _start(run_dir, held_at([*STRATEGIES[strategy], *RUN, "trainer.epochs=200"], step=5), tag)
         folder = run_dir / "checkpoints"
-        deadline = time.monotonic() + 240
-        while not (folder / "step-00000004.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-            time.sleep(0.05)
+        wait_until_held(proc, run_dir)
         # The folder alone turns read-only (a read-only bind mount over it): a remount of the whole tmpfs is
-        # refused while TensorBoard's event file is open for writing. Retried while a checkpoint is being written.
+        # refused while TensorBoard's event file is open for writing.
         subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
-        while subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode:
-            time.sleep(0.01)
-        code, out, err, left = _finish(proc, tag)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True)
+        _let_go(run_dir)
+        code, out, err, left = _finish(proc, tag, run_dir)
         found = _check_clean_stop(code, out, err, left, folder, re.escape("Read-only file system (EROFS)"))
         last = newest_valid(folder)
         assert found.group(1) == f"step-{last.step + 4:08d}.pt"
@@ -158,14 +167,12 @@ def test_a_disk_filled_by_someone_else_mid_run_stops_it_at_the_next_checkpoint(t
         # next checkpoint, 256 steps on (time enough to fill the disk first)
         args = ["strategy=single", *RUN, "dataset.shape=[1000]", "dataset.train_size=8192", "trainer.epochs=200",
                 "trainer.checkpoint_every_n_steps=256", "trainer.log_every_n_steps=1"]
-        proc = _start(run_dir, args, tag)
+        proc = _start(run_dir, held_at(args, step=257), tag)  # waits there, its step-256 checkpoint written
         folder = run_dir / "checkpoints"
-        deadline = time.monotonic() + 240
-        while not (folder / "step-00000256.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-            time.sleep(0.05)
+        wait_until_held(proc, run_dir)
         _fill(disk)
-        code, out, err, left = _finish(proc, tag)
+        _let_go(run_dir)
+        code, out, err, left = _finish(proc, tag, run_dir)
         assert "warning: TensorBoard's event file can no longer be written (No space left on device)" in out + err
         found = _check_clean_stop(code, out, err, left, folder, re.escape("No space left on device (ENOSPC)"))
         assert found.group(1) == "step-00000512.pt"
@@ -194,8 +201,8 @@ def test_deepspeed_on_a_full_disk_fails_but_loses_nothing(tmp_path):
     with small_filesystem(tmp_path / "disk", "3m") as disk:
         tag = uuid.uuid4().hex
         args = ["strategy=deepspeed", "strategy.nproc_per_node=2", "strategy.zero_stage=2", *RUN]
-        code, out, err, left = _finish(_start(disk / "run", args, tag), tag)
-        assert code != 0 and not left and "error: " in err, out + err
+        code, out, err, left = _finish(_start(disk / "run", args, tag), tag, disk / "run")
+        assert code == 1 and not left and "error: " in err, out + err
         folder = disk / "run" / "checkpoints"
         last = newest_valid(folder)
         assert last is not None and last.step == 4 and verify(last) is None

@@ -183,7 +183,7 @@ def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
 
 
 def test_under_torchrun_like_ddp(tmp_path):
-    """torchrun started the workers: fsdp joins them (Strategy.outer_launchers), one run folder, both ranks train."""
+    """torchrun started the workers: fsdp joins them (Strategy.outer_kinds), one run folder, both ranks train."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
     out = check_ok(run_train(["strategy=fsdp", *COMMON, "trainer.max_steps=4"], tmp_path, launcher=launcher))
     assert out.count("done: test accuracy") == 1

@@ -11,8 +11,9 @@ import uuid
 
 import pytest
 
-from conftest import (TINY, TRAIN, assert_curves_match, check_ok, driver_says, losses_by_step, needs_gpu, pin_accelerator, read_scalars, run_dirs,
-                      run_train, train_loss_curve)
+from conftest import (TINY, TRAIN, assert_curves_match, check_ok, driver_says, faults_env, held_at, losses_by_step,
+                      needs_gpu, pin_accelerator, read_scalars, run_dirs, run_train, start_train, train_loss_curve,
+                      wait_until_held)
 
 try:
     import horovod.torch  # noqa: F401
@@ -154,16 +155,14 @@ def _processes_tagged(tag: str) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_every_worker_and_says_how_to_resume(tmp_path, sig):
     tag = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    args = ["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
-            "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    for line in proc.stdout:
-        if " step 6/" in line:
-            break
+    args = held_at(["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+                    "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512",
+                    "dataset.max_test_samples=128"], step=6)  # rank 0 waits at the end of step 6 for the signal
+    proc = start_train(args, tmp_path, {**faults_env(), "HYDRA_DIST_TEST_TAG": tag})
+    wait_until_held(proc, tmp_path)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    err = (tmp_path / "train.err").read_text()
     deadline = time.monotonic() + 15
     while _processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -3,6 +3,7 @@ workers horovodrun started are used, rank 0 runs Hydra (one run folder), every r
 TensorBoard, a bad value ends every rank with one message, Ctrl-C leaves no process."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, TRAIN, check_ok, pin_accelerator, processes_tagged, read_scalars, run_dirs, run_train
+from conftest import (REPO, TINY, TRAIN, check_ok, faults_env, held_at, pin_accelerator, processes_tagged, read_scalars,
+                      run_dirs, run_train, wait_until_held)
 
 pytest.importorskip("horovod.torch")
 HOROVODRUN = [str(Path(sys.executable).with_name("horovodrun")), "--gloo", "-np", "2", "-H", "localhost:2",
@@ -45,8 +47,9 @@ def test_horovodrun_trains_with_its_workers_in_one_run_folder(tmp_path):
 def test_a_bad_value_under_horovodrun_ends_every_rank_with_one_message(tmp_path, args, message):
     started = time.monotonic()
     proc = run_train(args, tmp_path, launcher=HOROVODRUN, timeout=180)
-    assert proc.returncode != 0
     output = proc.stdout + proc.stderr
+    # horovodrun's own code for a failed job; the first rank to end ended with a refusal's
+    assert proc.returncode == 1 and re.search(r"Exit code: (-?\d+)", output).group(1) == "2", output
     assert message in output, output
     assert time.monotonic() - started < 90, "a rank waited for the others instead of ending"
     # horovodrun prints its own RuntimeError when a worker exits non-zero (as torchrun does); ours print none
@@ -56,19 +59,17 @@ def test_a_bad_value_under_horovodrun_ends_every_rank_with_one_message(tmp_path,
 
 def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
     tag = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag}
-    args = ["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
-            "dataset.max_train_samples=1024", "dataset.max_test_samples=128"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **faults_env()}
+    args = held_at(["strategy=horovod", "trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+                    "dataset.max_train_samples=1024", "dataset.max_test_samples=128"], step=6)
     # a terminal's Ctrl-C reaches the whole foreground process group: horovodrun and every worker
-    proc = subprocess.Popen([*HOROVODRUN, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if " step 6/" in line:
-            break
+    with open(tmp_path / "train.out", "w") as log:
+        proc = subprocess.Popen([*HOROVODRUN, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, env=env, text=True,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_until_held(proc, tmp_path)  # rank 0 waits at the end of step 6 (tests/faults/hold.py)
     os.killpg(proc.pid, signal.SIGINT)
-    out = "".join(seen) + proc.communicate(timeout=60)[0]
+    proc.wait(timeout=60)
+    out = (tmp_path / "train.out").read_text()
     deadline = time.monotonic() + 15
     while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)

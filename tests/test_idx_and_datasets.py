@@ -8,7 +8,7 @@ import torch
 
 from framework.data.builtin import Cifar10, IdxImages
 from framework.data.idx import read_idx
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 

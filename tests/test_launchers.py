@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (REPO, TINY, TRAIN, check_ok, losses_by_step, pin_accelerator, processes_tagged, read_scalars,
-                      run_dirs, run_train)
-from framework.process.slurm import _PORTS
+from conftest import (REPO, TINY, TRAIN, check_ok, faults_env, held_at, losses_by_step, pin_accelerator,
+                      processes_tagged, read_scalars, run_dirs, run_train, start_train, wait_until_held)
+from framework.session.slurm import _PORTS
 
 
 def _summary_rows(sweep_dir):
@@ -52,7 +52,7 @@ def test_submitit_local_runs_a_two_task_ddp_job_as_two_ranks(tmp_path):
 def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_path):
     proc = run_train(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
                       "trainer.batch_size=0"], tmp_path, timeout=180)
-    assert proc.returncode != 0 and "1 sweep job(s) failed: 0" in proc.stderr
+    assert proc.returncode == 1 and "1 sweep job(s) failed: 0" in proc.stderr
     [run_dir] = run_dirs(tmp_path)
     errors = [p.read_text() for p in sorted((run_dir.parent / ".submitit").rglob("*_log.err"))]
     assert len(errors) == 2 and all("trainer.batch_size=0 is not allowed" in e for e in errors)
@@ -72,29 +72,44 @@ def _job_id_with_a_free_port() -> str:
                 continue
 
 
-def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
-    """What `srun --ntasks=2 python train.py strategy=ddp` starts: two tasks that know only SLURM's variables."""
+def _srun_tasks(cwd: Path, args: list[str]) -> list[tuple[int, str, str]]:
+    """What `srun --ntasks=2 python train.py ...` starts: two tasks that know only SLURM's variables. Returns each
+    one's (exit code, stdout, stderr)."""
     # The rendezvous port is derived from SLURM_JOB_ID, so a job id of our own.
-    slurm = {"SLURM_JOB_ID": _job_id_with_a_free_port(), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
-             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
+    slurm = {"SLURM_JOB_ID": _job_id_with_a_free_port(), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
+             "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     tasks = [
-        subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(["strategy=ddp", *TINY, "trainer.max_steps=8"])], cwd=tmp_path,
+        subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd,
                          env={**base, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "PYTHONUNBUFFERED": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(2)
     ]
-    outs = [t.communicate(timeout=240) for t in tasks]
-    for task, (out, err) in zip(tasks, outs):
-        assert task.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    outputs = [task.communicate(timeout=240) for task in tasks]
+    return [(task.returncode, out, err) for task, (out, err) in zip(tasks, outputs)]
+
+
+def test_srun_tasks_take_their_ranks_from_slurm_and_make_one_run_folder(tmp_path):
+    ended = _srun_tasks(tmp_path, ["strategy=ddp", *TINY, "trainer.max_steps=8"])
+    for code, out, err in ended:
+        assert code == 0, f"stdout:\n{out}\nstderr:\n{err}"
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["processes"] == 2 and result["strategy"] == "ddp"
-    assert "done: test accuracy" in outs[0][0] and "done:" not in outs[1][0]
+    assert "done: test accuracy" in ended[0][1] and "done:" not in ended[1][1]
+
+
+def test_srun_tasks_with_a_bad_value_both_exit_2_each_saying_it_once(tmp_path):
+    """A refusal in a SLURM task: rank 0 says it and tells rank 1, which says it in its own log; both exit 2."""
+    ended = _srun_tasks(tmp_path, ["strategy=ddp", "trainer.batch_size=0"])
+    for code, out, err in ended:
+        assert code == 2, err
+        assert err.count("error: trainer.batch_size=0 is not allowed: expected an integer >= 1") == 1, err
+        assert "Traceback" not in err
 
 
 def _ranks_adopted(env: dict) -> list[str]:
-    code = ("import os; from framework.process.slurm import adopt_scheduler_ranks as adopt; a = adopt(); "
+    code = ("import os; from framework.session.environment import ranks; a = ranks() is not None; "
             "print(a, *(os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and
             k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -151,8 +166,8 @@ def test_joblib_runs_two_ddp_jobs_at_once_each_on_its_own_cores(tmp_path):
         assert f"{cores // 2} CPU core(s)" in out
 
 
-# Tiny jobs on random images, a checkpoint every 4 steps: a sweep is stopped once a job finished and another has a
-# checkpoint, then run again into its folder.
+# Tiny jobs on random images, a checkpoint every 4 steps: a sweep is stopped once a job finished while another waits
+# at the end of its step 8 (tests/faults/hold.py), then run again into its folder.
 STOPPABLE_SWEEP = ["-m", "dataset=synthetic", "dataset.train_size=1024", "dataset.test_size=64",
                    "trainer.batch_size=32", "trainer.log_every_n_steps=4", "trainer.checkpoint_every_n_steps=4"]
 
@@ -163,29 +178,12 @@ def _job_state(job: Path) -> str:
     return "stopped" if list((job / "checkpoints").glob("step-*.json")) else "fresh"
 
 
-def _stopped_early(job: Path, by_step: int) -> bool:
-    """Not finished, with checkpoints up to by_step only (the first half of the long job: a job started beside the
-    one that finished is near that one's end then, and the window must last longer than a poll on a busy machine)."""
-    steps = [int(p.stem.split("-")[1]) for p in (job / "checkpoints").glob("step-*.json")]
-    return _job_state(job) == "stopped" and max(steps, default=0) <= by_step
-
-
-def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None = None,
-                stop_by_step: int = 32) -> subprocess.Popen:
-    """Start the sweep's driver in a session of its own (as a terminal's foreground group), its output in files;
-    once a job finished and another has a checkpoint, stop it: Ctrl-C (SIGINT to the whole group, as a terminal
-    sends it) or SIGKILL of the driver alone. The checkpointed job is in the first half of its steps: far enough
-    from its end that it cannot finish before the stop."""
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **(env or {})},
-                            stdout=(cwd / "first.out").open("w"), stderr=(cwd / "first.err").open("w"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        jobs = run_dirs(cwd)
-        if "finished" in map(_job_state, jobs) and any(_stopped_early(job, stop_by_step) for job in jobs):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the sweep ended before it could be stopped"
+def _stop_sweep(args: list[str], cwd: Path, sig: int, tag: str, env: dict | None = None) -> subprocess.Popen:
+    """Start the sweep's driver in a session of its own (as a terminal's foreground group), its output in files; once
+    a job finished and job 1 waits at the end of its step 8 (its step-4 checkpoint written; `args` hold it there:
+    held_at), stop it: Ctrl-C (SIGINT to the whole group, as a terminal sends it) or SIGKILL of the driver alone."""
+    proc = start_train(args, cwd, {**faults_env(env), "HYDRA_DIST_TEST_TAG": tag}, start_new_session=True)
+    wait_until_held(proc, cwd, also=lambda: "finished" in map(_job_state, run_dirs(cwd)))
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)
     else:
@@ -209,9 +207,9 @@ def _resume_args(proc: subprocess.Popen, cwd: Path, args: list[str], sweep_dir: 
     """After Ctrl-C, the command the driver printed (once); after SIGKILL, the user names the folder."""
     if proc.returncode == -signal.SIGKILL:
         return [*pin_accelerator(args), f"hydra.sweep.dir={sweep_dir}"]
-    err = (cwd / "first.err").read_text()
+    err = (cwd / "train.err").read_text()
     assert proc.returncode == 128 + signal.SIGINT, err
-    [line] = [line for line in err.splitlines() + (cwd / "first.out").read_text().splitlines() if "To resume" in line]
+    [line] = [line for line in err.splitlines() + (cwd / "train.out").read_text().splitlines() if "To resume" in line]
     command = shlex.split(line.removeprefix("To resume: "))
     assert command[:2] == ["python", str(TRAIN)] and command[-1] == f"hydra.sweep.dir={sweep_dir.absolute()}"
     return command[2:]
@@ -246,16 +244,16 @@ def _stopped_state(tmp_path: Path, proc: subprocess.Popen, tag: str) -> tuple[Pa
 def test_a_stopped_joblib_sweep_leaves_no_process_and_resumes_into_its_folder(tmp_path, sig):
     """Ctrl-C reaches the driver only (the pool's workers live in sessions of their own): joblib stops every worker
     with its processes, the driver says the resume command once and exits 130. After a SIGKILL of the driver its
-    workers end their jobs themselves (framework/process/pool_worker.py)."""
-    args = [*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=single",
-            "trainer.max_steps=64", "trainer.seed=1,2,3,4"]
+    workers end their jobs themselves (framework/session/pool_worker.py)."""
+    args = held_at([*STOPPABLE_SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=single",
+                    "trainer.max_steps=64", "trainer.seed=1,2,3,4"], step=8, runs="1_*")
     tag = uuid.uuid4().hex
     proc = _stop_sweep(args, tmp_path, sig, tag)
     sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
     again = _resume_args(proc, tmp_path, args, sweep_dir)
-    assert "Traceback" not in (tmp_path / "first.err").read_text()
+    assert "Traceback" not in (tmp_path / "train.err").read_text()
 
-    out = check_ok(run_train(again, tmp_path, timeout=180))
+    out = check_ok(run_train(again, tmp_path, timeout=180, env=faults_env()))
     _assert_resumed_as_it_was_left(out, before, results)
     assert [(r["job"], r["status"]) for r in _summary_rows(sweep_dir)] == [(str(n), "ok") for n in range(4)]
 
@@ -264,15 +262,15 @@ def test_a_stopped_submitit_sweep_stops_its_tasks_and_resumes_into_its_folder(tm
     """Ctrl-C of a sweep of 2-task ddp jobs under submitit_local: every job's tasks end before the driver, which says
     the resume command once. Run again, rank 0 of the finished job tells its other task there is nothing to do (it
     waited for rank 0's payload before, so finished jobs trained again), the stopped job resumes."""
-    args = [*STOPPABLE_SWEEP, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "strategy=ddp",
-            "trainer.max_steps=8,96"]  # 96 steps: 3 epochs of 32
+    args = held_at([*STOPPABLE_SWEEP, "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                    "strategy=ddp", "trainer.max_steps=8,96"], step=8, runs="1_*")  # 96 steps: 3 epochs of 32
     tag = uuid.uuid4().hex
-    env = {}
-    proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag, env, stop_by_step=48)
+    proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag)
     sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
     first_logs = set((sweep_dir / ".submitit").rglob("*_log.*"))
 
-    again = check_ok(run_train(_resume_args(proc, tmp_path, args, sweep_dir), tmp_path, timeout=180, env=env))
+    again = check_ok(run_train(_resume_args(proc, tmp_path, args, sweep_dir), tmp_path, timeout=180,
+                               env=faults_env()))
     logs = {p: p.read_text() for p in set((sweep_dir / ".submitit").rglob("*_log.*")) - first_logs}
     _assert_resumed_as_it_was_left("".join(text for p, text in logs.items() if p.name.endswith("_0_log.out")),
                                    before, results)
@@ -297,13 +295,13 @@ def test_optuna_gets_the_accuracy_and_a_failed_trial_does_not_stop_the_study(tmp
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert best["best_params"]["trainer.grad_accum"] == 1
     assert round(best["best_value"], 4) == max(float(r["test_acc"]) for r in rows if r["status"] == "ok")
-    assert proc.returncode != 0 and "1 sweep job(s) failed" in proc.stderr  # the sweep still says so
+    assert proc.returncode == 1 and "1 sweep job(s) failed" in proc.stderr  # the sweep still says so
 
 
 
 def test_joblib_slots_split_gpus_and_cores_and_refuse_more_jobs_than_gpus():
-    from framework.errors import ConfigError
-    from framework.launch.job_slots import share
+    from framework.common.errors import ConfigError
+    from framework.session.slots import share
 
     gpus, cores = ["0", "1", "2", "3"], list(range(8))
     assert [(s.gpus, s.cores) for s in (share(k, 2, gpus, cores) for k in range(2))] == [

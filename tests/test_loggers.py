@@ -6,7 +6,7 @@ import csv
 import pytest
 
 from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 SHORT = [*TINY, "trainer.max_steps=8", "trainer.epochs=1"]
 RUN = [*SHORT, "strategy=single"]

@@ -2,9 +2,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.build import build_model
-from framework.paths import CONF_DIR
+from framework.common.paths import CONF_DIR
 
 SHAPES = {"fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 

@@ -5,13 +5,12 @@ import json
 import os
 import shlex
 import signal
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import TRAIN, check_ok, losses_by_step, pin_accelerator, run_dirs, run_train, stop_in_second_job
+from conftest import (check_ok, faults_env, held_at, losses_by_step, pin_accelerator, run_dirs, run_train, start_train,
+                      stop_in_second_job, wait_until_held)
 
 RECORD = "optuna_trials.jsonl"
 
@@ -35,7 +34,7 @@ def summary_rows(sweep_dir) -> list[dict]:
 def test_an_optuna_sweep_stopped_in_a_trial_continues_its_study_to_n_trials(tmp_path, sig):
     args = study_args("hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=0", "optimizer.lr=interval(0.01,0.1)",
                       "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=2")
-    proc, err = stop_in_second_job(args, tmp_path, sig)
+    proc, err, args = stop_in_second_job(args, tmp_path, sig)
     job0, job1 = run_dirs(tmp_path)
     sweep_dir = job0.parent
     assert [(e["job"], e["state"]) for e in record_lines(sweep_dir)] == [(0, "RUNNING"), (0, "COMPLETE"), (1, "RUNNING")]
@@ -50,7 +49,7 @@ def test_an_optuna_sweep_stopped_in_a_trial_continues_its_study_to_n_trials(tmp_
         assert proc.returncode == -signal.SIGKILL
         again = [*pin_accelerator(args), f"hydra.sweep.dir={sweep_dir}"]
 
-    proc = run_train(again, tmp_path)
+    proc = run_train(again, tmp_path, env=faults_env())
     out = check_ok(proc)
     assert "1 trial(s) finished before, 1 stopped (run again), 1 new; n_trials=3" in proc.stderr + out
     assert f"resumed from {job1}/checkpoints/step-" in out  # trial 1 again, with its own job folder and lr
@@ -65,7 +64,7 @@ def test_an_optuna_sweep_stopped_in_a_trial_continues_its_study_to_n_trials(tmp_
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert round(best["best_value"], 4) == max(float(r["test_acc"]) for r in rows)  # over all three trials
 
-    proc = run_train(again, tmp_path)  # a finished study runs nothing more
+    proc = run_train(again, tmp_path, env=faults_env())  # a finished study runs nothing more
     assert "3 trial(s) finished before, 0 stopped (run again), 0 new" in check_ok(proc) + proc.stderr
     assert len(run_dirs(tmp_path)) == 3 and len(record_lines(sweep_dir)) == 7
 
@@ -86,27 +85,22 @@ def test_with_two_slots_a_freed_slot_takes_the_next_trial_while_a_long_one_runs(
 
 
 def test_ctrl_c_with_two_trials_running_side_by_side_stops_both_and_the_sweep_resumes_them(tmp_path):
-    args = study_args("hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1", "optimizer.lr=interval(0.01,0.1)",
-                      "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
-                      "dataset.train_size=4096", "trainer.max_steps=100", "trainer.log_every_n_steps=5",
-                      "trainer.checkpoint_every_n_steps=5")
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    at_step_10 = 0
-    for line in proc.stdout:
-        at_step_10 += " step 10/" in line
-        if at_step_10 == 2:  # both trials past their step-10 checkpoint
-            break
+    args = held_at(study_args("hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1",
+                              "optimizer.lr=interval(0.01,0.1)", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                              "hydra.sweeper.n_jobs=2", "dataset.train_size=4096", "trainer.max_steps=100",
+                              "trainer.log_every_n_steps=5", "trainer.checkpoint_every_n_steps=5"), step=10, runs="[01]_*")
+    proc = start_train(args, tmp_path, faults_env(), start_new_session=True)
+    wait_until_held(proc, tmp_path, count=2)  # both trials at the end of step 10, side by side
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the driver and both jobs get it
-    out, _ = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    out = (tmp_path / "train.out").read_text() + (tmp_path / "train.err").read_text()
     assert proc.returncode == 128 + signal.SIGINT, out
     sweep_dir = run_dirs(tmp_path)[0].parent
     assert [(e["job"], e["state"]) for e in record_lines(sweep_dir)] == [(0, "RUNNING"), (1, "RUNNING")]
     assert out.count("stopped by SIGINT; all workers are stopped; the last complete checkpoint is ") == 2
     [command] = [line.removeprefix("To resume: ") for line in out.splitlines() if line.startswith("To resume: ")]
 
-    proc = run_train(shlex.split(command)[2:], tmp_path, timeout=300)
+    proc = run_train(shlex.split(command)[2:], tmp_path, timeout=300, env=faults_env())
     out = check_ok(proc) + proc.stderr
     assert "0 trial(s) finished before, 2 stopped (run again), 1 new; n_trials=3, 2 at once" in out
     assert out.count("resumed from ") == 2

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, check_ok, read_scalars, run_dirs, run_train
-from framework.process.environment import take_local_rank_argument
+from conftest import TINY, check_ok, read_scalars, root_cause_exit_code, run_dirs, run_train
+from framework.common.errors import ConfigError
+from framework.session.environment import take_local_rank_argument
 
 TORCH_LAUNCH = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2"]  # no --use_env
 DEEPSPEED = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2"]
@@ -52,8 +53,12 @@ def test_a_bad_value_under_the_launcher_ends_every_rank_with_one_message(tmp_pat
     command, env = (TORCH_LAUNCH, {}) if launcher != "deepspeed" else (DEEPSPEED, DS_CPU)
     strategy = "strategy=deepspeed" if launcher == "deepspeed" else "strategy=ddp"
     proc = run_train([strategy, "trainer.batch_size=0"], tmp_path, launcher=command, env=env, timeout=180)
-    assert proc.returncode != 0
-    assert "trainer.batch_size=0 is not allowed: expected an integer >= 1" in proc.stderr + proc.stdout
+    output = proc.stderr + proc.stdout
+    if launcher == "deepspeed":  # its launcher ends with its first failed rank's code
+        assert proc.returncode == 2 and "exits with return code = 2" in output, output
+    else:  # torch's agent: its own code, and each rank's in its failure table
+        assert proc.returncode == 1 and root_cause_exit_code(output) == 2, output
+    assert output.count("error: trainer.batch_size=0 is not allowed: expected an integer >= 1") == 1, output
     # the launcher itself may print its ChildFailedError traceback, as it does for torchrun; ours print none
     assert "framework/run.py" not in proc.stderr and "framework/cli.py" not in proc.stderr
     assert not list(tmp_path.rglob("checkpoints"))
@@ -64,5 +69,5 @@ def test_the_local_rank_argument_is_taken_out_in_every_spelling(monkeypatch):
     assert take_local_rank_argument(["--local-rank=1", "strategy=ddp"]) == ["strategy=ddp"]
     assert os.environ["LOCAL_RANK"] == "1"
     assert take_local_rank_argument(["a=1", "--local_rank", "0", "b=2"]) == ["a=1", "b=2"]
-    with pytest.raises(SystemExit, match="--local_rank='x' is not allowed: expected a local rank"):
+    with pytest.raises(ConfigError, match="--local_rank='x' is not allowed: expected a local rank"):
         take_local_rank_argument(["--local_rank=x"])

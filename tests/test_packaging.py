@@ -54,13 +54,13 @@ def test_installed_command_composes_from_the_packaged_conf(installed, tmp_path):
     paths = check_ok(_command(installed, "hydra-dist", ["--info", "searchpath"], tmp_path))
     assert f"file://{installed / 'framework' / 'conf'}" in paths and str(REPO) not in paths
     imported = subprocess.run(
-        [sys.executable, "-c", "import framework.cli, framework.paths; print(framework.cli.__file__, framework.paths.CONF_DIR)"],
+        [sys.executable, "-c", "import framework.cli, framework.common.paths; print(framework.cli.__file__, framework.common.paths.CONF_DIR)"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True, text=True)
     assert check_ok(imported).split() == [str(installed / "framework" / "cli.py"), str(installed / "framework" / "conf")]
     assert "Configuration groups" in check_ok(_command(installed, "hydra-dist", ["--help"], tmp_path))
     assert not (tmp_path / "outputs").exists(), "--cfg, --info and --help start no run"
     sampled = _command(installed, "hydra-dist-sample", [], tmp_path)
-    assert sampled.returncode == 1 and sampled.stderr.strip().startswith("error: ckpt_path is missing"), sampled.stderr
+    assert sampled.returncode == 2 and sampled.stderr.strip().startswith("error: ckpt_path is missing"), sampled.stderr
     assert not list(tmp_path.iterdir()), "sample.py writes nothing"
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import REPO, check_ok, run_train
 from framework.checkpoints.weights import write_weights
 from framework.config.sample import SampleConfig
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.gpt import GPT
 from framework.results.trained_model import read_trained
 from framework.sample import sample

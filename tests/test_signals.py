@@ -5,42 +5,36 @@ import contextlib
 import os
 import shlex
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TRAIN, check_ok, pin_accelerator, processes_tagged, run_train
+from conftest import REPO, check_ok, faults_env, held_at, processes_tagged, run_train, start_train, wait_until_held
 from framework.checkpoints.store import newest_valid
 
 EXAMPLE = REPO / "examples" / "my_project"
-RUN = ["trainer.max_steps=400", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
+RUN = ["trainer.max_steps=16", "trainer.batch_size=32", "trainer.log_every_n_steps=1",  # waits at step 6: held_at
        "trainer.checkpoint_every_n_steps=4", "dataset.max_train_samples=512", "dataset.max_test_samples=128"]
 
 
-def _start_and_signal(cwd: Path, args: list[str], sig: int, after_step: int = 6, then_wait: float = 0.0,
-                      env: dict | None = None):
+def _start_and_signal(cwd: Path, args: list[str], sig: int, env: dict | None = None,
+                      marker: str = "held_at_step_*", count: int = 1):
+    """Start the run, wait until it reached its point (count files named `marker`: HoldAt's by default, held_at), send
+    sig. Returns the exit code, output, stderr, the seconds the run took to end and the processes it left."""
     tag = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag, **(env or {})}
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if f" step {after_step}/" in line:
-            break
-    time.sleep(then_wait)
+    proc = start_train(args, cwd, {**faults_env(env), "HYDRA_DIST_TEST_TAG": tag})
+    wait_until_held(proc, cwd, count=count, marker=marker)
     sent = time.monotonic()
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
     stopped_after = time.monotonic() - sent
     deadline = time.monotonic() + 10
     while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return proc.returncode, "".join(seen) + out, err, stopped_after, processes_tagged(tag)
+    out, err = (cwd / "train.out").read_text(), (cwd / "train.err").read_text()
+    return proc.returncode, out, err, stopped_after, processes_tagged(tag)
 
 
 def _resume_command(err: str) -> list[str]:
@@ -52,7 +46,8 @@ def _resume_command(err: str) -> list[str]:
 
 @pytest.mark.parametrize("strategy,sig", [("single", signal.SIGTERM), ("ddp", signal.SIGTERM), ("ddp", signal.SIGINT)])
 def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
-    code, out, err, seconds, left = _start_and_signal(tmp_path, [f"strategy={strategy}", *RUN], sig)
+    # the run waits at the end of step 6 (tests/faults/hold.py) until the signal comes
+    code, out, err, seconds, left = _start_and_signal(tmp_path, held_at([f"strategy={strategy}", *RUN], step=6), sig)
     assert code == 128 + sig, err
     assert seconds < 15, f"took {seconds:.1f} s to stop"
     assert left == [], f"processes left behind: {left}"
@@ -67,7 +62,10 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
     if strategy == "single":  # in-process: the signal is honoured at the next step boundary, with a checkpoint
         assert checkpoint.step >= 6
 
-    resumed = check_ok(run_train(_resume_command(err), tmp_path))
+    command = _resume_command(err)
+    if sig == signal.SIGINT:  # the same stop and resume command as SIGTERM's: resumed once per strategy is enough
+        return
+    resumed = check_ok(run_train(command, tmp_path, env=faults_env()))
     assert f"resumed from {checkpoint.path}" in resumed
     assert "done: test accuracy" in resumed
 
@@ -75,15 +73,16 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
 def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):
     """Rank 0 enters a barrier at step 5 that rank 1 never calls; rank 1 goes on into step 6's gradient all-reduce.
     Both main threads sit in gloo, where Python cannot raise KeyboardInterrupt: the workers still end within
-    seconds of Ctrl-C (framework/process/clean_exit.py), not at the agent's SIGKILL 30 s later."""
+    seconds of Ctrl-C (framework/session/exit.py), not at the agent's SIGKILL 30 s later. Ctrl-C comes once both
+    ranks are past step 5 (the callback's files say so)."""
     user_code = os.pathsep.join(filter(None, [str(REPO / "tests" / "user_code"), str(EXAMPLE),
                                               os.environ.get("PYTHONPATH")]))
     args = ["--config-dir", str(EXAMPLE / "conf"), "strategy=ddp", "dataset=blobs", "model=mlp",
             "trainer.batch_size=32", "trainer.epochs=50", "trainer.log_every_n_steps=1", "trainer.stall_timeout=null",
             "+callbacks.barrier._target_=stalling.BarrierOnOneRank", "+callbacks.barrier.step=5",
             "+callbacks.barrier.rank=0"]
-    code, out, err, seconds, left = _start_and_signal(tmp_path, args, signal.SIGINT, after_step=4, then_wait=2.0,
-                                                      env={"PYTHONPATH": user_code})
+    code, out, err, seconds, left = _start_and_signal(tmp_path, args, signal.SIGINT, env={"PYTHONPATH": user_code},
+                                                      marker="at_step_5_rank*", count=2)
     assert code == 128 + signal.SIGINT, err
     assert " step 6/" not in out, "rank 0 was to wait in its barrier"
     assert seconds < 15, f"took {seconds:.1f} s to stop"
@@ -96,24 +95,16 @@ def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):
 def test_workers_end_within_seconds_of_a_sigkilled_driver(tmp_path, strategy):
     """A terminal or a scheduler may SIGKILL the driver, which then stops nothing: its workers, the worker template
     they were forked from and multiprocessing's resource tracker must still end within seconds, not train on into
-    the run folder (and hold the GPUs). The run is far from its end when the driver dies (step 3 of 100000). ddp's
+    the run folder (and hold the GPUs). The run is far from its end when the driver dies (held at step 3 of 16). ddp's
     launch is fsdp's and deepspeed's (torch's elastic agent, framework/launch/elastic.py); horovod's runner has its
     own (horovod/runner/common/util/safe_shell_exec.py: a middleman per worker ends it when the driver is gone)."""
     if strategy == "horovod":
         pytest.importorskip("horovod.torch")
     tag = uuid.uuid4().hex
-    args = [f"strategy={strategy}", "trainer.max_steps=100000", "trainer.batch_size=32", "trainer.log_every_n_steps=1",
-            "dataset=synthetic", "dataset.train_size=4096", "trainer.progress_bar=false"]
-    driver = subprocess.Popen([sys.executable, str(TRAIN), *pin_accelerator(args)], cwd=tmp_path, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_DIST_TEST_TAG": tag},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    args = held_at([f"strategy={strategy}", *RUN, "dataset=synthetic", "trainer.progress_bar=false"], step=3)
+    driver = start_train(args, tmp_path, {**faults_env(), "HYDRA_DIST_TEST_TAG": tag})
     try:
-        seen = []
-        for line in driver.stdout:  # rank 0's progress lines come through the driver's stdout
-            seen.append(line)
-            if " step 3/" in line:
-                break
-        assert driver.poll() is None, "".join(seen)
+        wait_until_held(driver, tmp_path)  # rank 0 waits at step 3, the other ranks in its next collective
         workers = [pid for pid in processes_tagged(tag) if pid != driver.pid]
         assert len(workers) >= 2, "the workers (and the template) run"
         driver.kill()
@@ -129,7 +120,6 @@ def test_workers_end_within_seconds_of_a_sigkilled_driver(tmp_path, strategy):
         for pid in processes_tagged(tag):  # without the fix: they would train on for good
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        driver.stdout.close()
 
 
 def _command(pid: int) -> str:

@@ -10,7 +10,7 @@ from torch import nn
 
 from conftest import REPO, strategy_for
 from framework.strategies.base import Strategy
-from framework.strategies.launchers import Elastic, Horovod, InProcess
+from framework.strategies.starters import Elastic, Horovod, InProcess
 from framework.training.engine import GradientSync, LocalGroup, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
 MAX_PUBLIC_MEMBERS = 16  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
@@ -34,7 +34,7 @@ def public_members(cls: type) -> list[str]:
 def test_the_strategy_base_is_small():
     members = public_members(Strategy)
     assert len(members) <= MAX_PUBLIC_MEMBERS, members
-    assert {"launcher", "join", "parallelize", "validate", "Options"} <= set(members)
+    assert {"starter", "join", "parallelize", "validate", "Options"} <= set(members)
 
 
 def test_an_engine_that_forgets_join_or_parallelize_cannot_be_built():
@@ -67,13 +67,13 @@ def test_a_process_group_that_forgets_a_collective_cannot_be_built():
         NoBarrier(0, 0, 1, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("name,launcher,outer", [
+@pytest.mark.parametrize("name,starter,outer", [
     ("single", InProcess, set()), ("dp", InProcess, set()), ("ddp", Elastic, {"torch"}), ("fsdp", Elastic, {"torch"}),
     ("deepspeed", Elastic, {"torch"}), ("horovod", Horovod, {"horovod"})])
-def test_each_built_in_engine_names_its_launcher(name, launcher, outer):
+def test_each_built_in_engine_names_its_starter(name, starter, outer):
     strategy = strategy_for(f"strategy={name}")
-    assert isinstance(strategy.launcher, launcher) and set(type(strategy).outer_launchers) == outer
-    assert strategy.launcher.processes() == (1 if launcher is InProcess else 2)  # 2 CPU workers without GPUs
+    assert isinstance(strategy.starter, starter) and set(type(strategy).outer_kinds) == outer
+    assert strategy.starter.processes() == (1 if starter is InProcess else 2)  # 2 CPU workers without GPUs
 
 
 def test_abilities_are_protocols_found_on_what_parallelize_returned():

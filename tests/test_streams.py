@@ -167,7 +167,7 @@ def test_a_stream_that_shards_itself_is_refused_a_resume_on_another_world_size(t
 
     from conftest import strategy_for
     from framework.checkpoints.store import Checkpoint
-    from framework.errors import ConfigError
+    from framework.common.errors import ConfigError
     from framework.preflight import _resume_stream
 
     settings = SimpleNamespace(trainer=SimpleNamespace(resume="auto"))

@@ -2,7 +2,7 @@
 import json
 import sys
 
-from conftest import TINY, check_ok, run_dirs, run_train
+from conftest import TINY, check_ok, root_cause_exit_code, run_dirs, run_train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
 
@@ -24,5 +24,6 @@ def test_torchrun_with_auto_strategy_becomes_ddp(tmp_path):
 
 def test_torchrun_with_a_bad_value_fails_on_every_rank_without_hanging(tmp_path):
     proc = run_train(["strategy=ddp", "trainer.batch_size=0"], tmp_path, launcher=TORCHRUN, timeout=120)
-    assert proc.returncode != 0
-    assert "trainer.batch_size=0 is not allowed" in proc.stderr
+    assert proc.returncode == 1  # torchrun's own code for a failed worker group
+    assert root_cause_exit_code(proc.stderr) == 2, proc.stderr  # the first rank to end: a refusal's code
+    assert proc.stderr.count("error: trainer.batch_size=0 is not allowed") == 1, proc.stderr

@@ -20,7 +20,7 @@ from framework.checkpoints.weights import read_weights, write_weights
 from framework.config.hydra_versions import version_base
 from framework.config.optimizer import LrScheduleConfig, SGDConfig
 from framework.config.targets import TargetAllowlist, allowing, current
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.build import build_model
 from framework.models.gpt import GPT
 from framework.models.lenet import LeNet

@@ -116,7 +116,7 @@ def test_a_callback_that_is_not_a_callback_is_refused_in_the_driver(project, tmp
 
 
 def test_under_torchrun_the_refusal_lists_the_strategies_of_every_config_dir(project, tmp_path):
-    """Which strategies fit workers that torchrun started comes from each strategy class (outer_launchers),
+    """Which strategies fit workers that torchrun started comes from each strategy class (outer_kinds),
     the user's own included, not from a list of names."""
     proc = _run(project, tmp_path, ["strategy=dp", "dataset=blobs", *COMMON], timeout=120,
                 launcher=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, find_checkpoint, newest_valid
-from framework.process.environment import restart_attempt
+from framework.session.environment import restart_attempt
 
 
 def choose_checkpoint(resume: str | None, run_dir: Path, warn) -> Checkpoint | None:

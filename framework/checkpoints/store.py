@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from framework.checkpoints.disk import CheckpointNotWritten, remove_quietly, write_failure
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"  # inside CHECKPOINT_DIR: the best checkpoint by the objective, apart from the rolling ones

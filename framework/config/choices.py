@@ -1,9 +1,9 @@
-"""The settings that take one of a few words, as Enums: a schema field typed with one (`precision: Precision`) makes
+"""The settings that take one of a few words, as Enums: a schema field typed with one (`precision: PrecisionChoice`) makes
 OmegaConf refuse any other word while Hydra composes the config, and when the driver types one.
 
 Each member's name is its value (OmegaConf takes a member by its name: `trainer.precision=bf16`), and a member is
 that plain string everywhere else: it equals it (`precision == "bf16"`), hashes like it (dict lookups by the string),
-and str(), f-strings, repr(), json.dumps and TensorBoard's hparams give the bare word, never `Precision.bf16`
+and str(), f-strings, repr(), json.dumps and TensorBoard's hparams give the bare word, never `PrecisionChoice.bf16`
 (Python 3.11 made format() of a str-mixin Enum give the member's name; enum.StrEnum needs 3.11). A member pickles by
 its class (settings travel to the workers pickled)."""
 from __future__ import annotations
@@ -19,7 +19,9 @@ class Choice(str, enum.Enum):
     __repr__ = str.__repr__
 
 
-class Precision(Choice):
+class PrecisionChoice(Choice):
+    """trainer.precision's words (what runs them is framework/training/precision.py's Precision)."""
+
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"  # needs CUDA (GradScaler)

@@ -9,9 +9,9 @@ from typing import Any
 from hydra.errors import InstantiationException
 from hydra.utils import get_object
 
+from framework.common.errors import ConfigError
 from framework.config.extras import missing_extra
 from framework.config.targets import current, instantiate
-from framework.errors import ConfigError
 
 
 def _cause(exc: BaseException) -> BaseException:

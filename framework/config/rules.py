@@ -16,7 +16,7 @@ import enum
 import typing
 from typing import Any, Callable
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 class SettingError(ValueError):

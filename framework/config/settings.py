@@ -17,7 +17,7 @@ from framework.config.strategy_options import StrategyOptions
 from framework.config.targets import TargetAllowlist
 from framework.config.trainer import TrainerConfig
 from framework.config.typed import typed
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 DEFAULT_STEP = "framework.training.step.Supervised"

@@ -29,7 +29,7 @@ import hydra.utils
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 KEY = "allowed_targets"
 # where every built-in component lives (conf/: models, datasets, losses, metrics, steps, callbacks, strategies), and

@@ -7,7 +7,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from framework.config.choices import Accelerator, OnNonfinite, Precision
+from framework.config.choices import Accelerator, OnNonfinite, PrecisionChoice
 from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, one_of, rule, step_range
 
 
@@ -19,7 +19,7 @@ class TrainerConfig(Checked):
     # batch_size / (W * grad_accum) samples per micro-batch
     batch_size: int = rule(128, at_least(1))
     grad_accum: int = rule(1, at_least(1))
-    precision: Precision = Precision.fp32  # fp32 | bf16 | fp16 (fp16 needs CUDA: GradScaler)
+    precision: PrecisionChoice = PrecisionChoice.fp32  # fp32 | bf16 | fp16 (fp16 needs CUDA: GradScaler)
     # clip the global gradient norm to this value (null: no clipping); keeps the default lr 0.2 from diverging
     grad_clip: Optional[float] = rule(1.0, above(0))
     seed: int = rule(42, at_least(0))
@@ -79,7 +79,7 @@ class TrainerConfig(Checked):
 class EngineSettings:
     """The trainer settings a strategy sees (TrainerConfig.engine()); the names are trainer.*'s, for its messages."""
 
-    precision: Precision
+    precision: PrecisionChoice
     batch_size: int
     grad_accum: int
     grad_clip: Optional[float]

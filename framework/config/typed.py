@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from framework.config.rules import SettingError, allowed_text
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from framework.config.components import build_component
 from framework.config.rules import at_least, one_of, require
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def build_augment(node, in_shape):

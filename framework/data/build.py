@@ -26,7 +26,7 @@ from framework.data.batches import describe, take
 from framework.data.collate import KEY as COLLATE_KEY, Collate, split_collates
 from framework.data.streams import LimitedStream, is_stream
 from framework.config.dataset import DatasetConfig
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 SPLITS = ("train", "test")
 _SHAPE_SAMPLES = 8  # samples whose shapes are compared in the driver (all of them would read the whole dataset)

@@ -12,7 +12,7 @@ from typing import Callable
 from torch.utils.data import default_collate
 
 from framework.config.components import build_component
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 KEY = "collate_fn"
 

@@ -12,7 +12,7 @@ shards where their count allows (framework/data/streams.py)."""
 from __future__ import annotations
 
 from framework.config.extras import import_extra
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def from_disk(path: str, split: str | None = None, streaming: bool = False, num_shards: int = 1):

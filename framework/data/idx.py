@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 _DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from framework.config.rules import at_least, between, require
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 DEFAULT_TEXT = Path("/usr/share/dictd/devil.dict.dz")  # dictzip: gzip with an index; dictfmt's header lines first
 

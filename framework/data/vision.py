@@ -14,7 +14,7 @@ import torch
 
 from framework.data.decoded_cache import cached_decode
 from framework.data.idx import check_idx_header, read_idx
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 __all__ = ["IDX_MEAN_STD", "check_idx_header", "locate_idx_files", "read_idx_split", "locate_cifar10",
            "load_cifar10_split", "default_download_dir"]

@@ -18,10 +18,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from framework.checkpoints.disk import free_bytes
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.training.interrupts import Interrupted
-from framework.process.environment import import_path_for_children, threads_per_worker
-from framework.process.lifeline import end_with
+from framework.session.environment import import_path_for_children, threads_per_worker
+from framework.session.lifeline import end_with
 
 
 class WorkersFailed(RuntimeError):
@@ -99,7 +99,7 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
 
 def _worker(driver: int, entry: Callable[[dict], Any], payload: dict) -> Any:
     """What each worker runs: entry(payload), in a process that ends as soon as its driver does. The agent that would
-    stop the workers runs in the driver, so a SIGKILLed driver would leave them training (framework/process/
+    stop the workers runs in the driver, so a SIGKILLed driver would leave them training (framework/session/
     lifeline.py says why they watch the driver themselves)."""
     end_with(driver, _end_now)
     return entry(payload)

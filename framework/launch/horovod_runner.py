@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
-from framework.process.environment import import_path_for_children, threads_per_worker
+from framework.session.environment import import_path_for_children, ranks, threads_per_worker
 from framework.training.interrupts import Interrupted
 
 INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see docs/engines/horovod.md)"
@@ -50,7 +50,7 @@ def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> A
         return entry(payload)
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            rank = os.environ.get("HOROVOD_RANK", "?")
+            rank = ranks().rank
             with contextlib.suppress(OSError):
                 Path(error_dir, f"rank{rank}").write_text(f"{type(exc).__name__}: {exc}")
         raise

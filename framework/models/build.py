@@ -10,7 +10,7 @@ import inspect
 from torch import nn
 
 from framework.config.components import build_component, parameters_of
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def model_facts(model_cfg: dict, in_shape: tuple[int, ...] | None, num_classes: int | None) -> dict:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.config.rules import at_least, between, require
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 class CausalSelfAttention(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 def flat_features(features: nn.Module, in_shape: tuple[int, ...], model_name: str) -> int:

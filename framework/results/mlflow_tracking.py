@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 DEFAULT_STORE = Path("outputs") / "mlflow.db"

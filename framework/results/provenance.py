@@ -28,7 +28,8 @@ import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-PROVENANCE_FILE = "provenance.json"
+from framework.session.resume import PROVENANCE_FILE  # a sweep's resume command reads its command back
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # framework/
 GIT_TIMEOUT_S = 20
 # Environment variables that change what torch, NCCL, the thread pools and the launchers do

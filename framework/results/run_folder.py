@@ -7,12 +7,14 @@ created stops the run here with one clear message instead of a Hydra stack trace
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
+
+from framework.common.errors import ConfigError
+from framework.session.detect import detect
 
 
 def _user_named(config: DictConfig, key: str) -> bool:
@@ -42,9 +44,10 @@ def _claim_or_exit(config: DictConfig, key: str) -> Path | None:
             probe.unlink()
             return None
         return claim(folder)
-    except OSError as exc:
-        sys.exit(f"error: {key}={folder} is not allowed: the output folder cannot be created or written "
-                 f"({exc.strerror}: {exc.filename}); choose a writable folder with {key}=PATH")
+    except OSError as exc:  # a refusal like any other, said by this process's session (Hydra's callbacks only
+        # warn about an exception, so the exit happens here)
+        detect().fail(ConfigError(f"{key}={folder} is not allowed: the output folder cannot be created or written "
+                                  f"({exc.strerror}: {exc.filename}); choose a writable folder with {key}=PATH"))
 
 
 class ClaimRunFolder(Callback):

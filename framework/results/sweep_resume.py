@@ -5,14 +5,11 @@ is reported; a job that had started resumes from its last checkpoint (trainer.re
 run. A finished job of another config is refused in one line (its folder is not overwritten)."""
 from __future__ import annotations
 
-import json
-import shlex
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.errors import ConfigError
-from framework.results.provenance import PROVENANCE_FILE
+from framework.common.errors import ConfigError
 from framework.results.result_file import read_result
 
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -51,16 +48,3 @@ def finished_before(run_dir: Path, cfg: DictConfig) -> dict | None:
 
 def objective_value(result: dict) -> float:
     return result["test_loss"] if result["objective"] == "loss" else result[f"test_{result['objective']}"]
-
-
-def resume_command(sweep_dir: Path, argv: list[str]) -> str:
-    """The command that continues the sweep: the one that started it (the sweep's provenance.json keeps it; else
-    argv), into its folder."""
-    try:
-        argv = json.loads((sweep_dir / PROVENANCE_FILE).read_text())["command"]["argv"]
-    except (OSError, ValueError, KeyError):
-        pass
-    script = argv[0] if argv else "train.py"
-    program = ["hydra-dist"] if Path(script).name == "hydra-dist" else ["python", script]
-    kept = [a for a in argv[1:] if not a.startswith("hydra.sweep.dir=")]
-    return shlex.join([*program, *kept, f"hydra.sweep.dir={sweep_dir}"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from framework.process.clean_exit import end_through_the_interpreter
+from framework.session.exit import end_through_the_interpreter
 from framework.results.job_names import overrides_by_key
 from framework.results.result_file import format_rate, read_result
 from framework.results.seed_groups import (SEED_KEY, Job, SeedGroup, group_by_seed, mean_sd, metric_names,
@@ -115,7 +115,7 @@ def write_summary(sweep_dir: Path) -> str:
 
 class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        end_through_the_interpreter()  # the launcher's pools go with the interpreter (framework/process/clean_exit.py)
+        end_through_the_interpreter()  # the launcher's pools go with the interpreter (framework/session/exit.py)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

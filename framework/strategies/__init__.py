@@ -16,9 +16,9 @@ from framework.config.hydra_versions import version_base
 from framework.config.strategy_options import DDPOptions
 from framework.config.targets import TargetAllowlist, allowing, current
 from framework.config.typed import typed
-from framework.errors import ConfigError
-from framework.paths import CONF_DIR
-from framework.process.environment import HOROVOD, launcher_name, outer_launcher
+from framework.common.errors import ConfigError
+from framework.common.paths import CONF_DIR
+from framework.session.environment import HOROVOD, Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.single import SingleStrategy
@@ -30,17 +30,17 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def resolve_auto(cfg: DictConfig, launcher: str | None) -> str:
-    """strategy=auto becomes ddp over all GPUs (or the workers an outer torch launcher started) when there are
-    several, else single (with single's options only). Returns the note to show, or an empty string."""
+def resolve_auto(cfg: DictConfig, outer_kind: str | None) -> str:
+    """strategy=auto becomes ddp over all GPUs (or over the ranks torchrun & co. started: outer_kind TORCH) when there
+    are several, else single (with single's options only). Returns the note to show, or an empty string."""
     if cfg.strategy.name != "auto":
         return ""
-    if launcher == HOROVOD:  # auto's options are ddp's: guessing horovod would run it without its own settings
+    if outer_kind == HOROVOD:  # auto's options are ddp's: guessing horovod would run it without its own settings
         raise ConfigError("strategy=auto is not allowed under horovodrun: name the engine the workers were started "
                           "for, strategy=horovod")
     accelerator = cfg.trainer.accelerator
     cuda = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
-    several = launcher is not None or (cuda and torch.cuda.device_count() > 1)
+    several = outer_kind is not None or (cuda and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
     if not several:  # auto's options are ddp's: a bad one is refused even where single runs without them
         typed(DDPOptions, cfg.strategy, GROUP)
@@ -78,17 +78,17 @@ def build_strategy(options, trainer) -> Strategy:
     return strategy_class({"_target_": options._target_})(options, trainer.engine())
 
 
-def choose_strategy(cfg: DictConfig, external: bool) -> tuple[type[Strategy], str]:
-    """Resolve strategy=auto and find the strategy class; under an outer launcher only a strategy whose launcher can
-    train with the workers that launcher started (Strategy.outer_launchers) is allowed. Returns (class, note)."""
-    launcher = outer_launcher() if external else None
-    note = resolve_auto(cfg, launcher)
+def choose_strategy(cfg: DictConfig, outer: Ranks | None) -> tuple[type[Strategy], str]:
+    """Resolve strategy=auto and find the strategy class; where another program started the ranks (`outer`, the
+    session's) only a strategy that can train with them (Strategy.outer_kinds) is allowed. Returns (class, note)."""
+    kind = outer.kind if outer is not None else None
+    note = resolve_auto(cfg, kind)
     cls = strategy_class(cfg.strategy)
-    if launcher is not None and launcher not in cls.outer_launchers:
-        fits = ", ".join(strategies_for_launcher(launcher))
+    if kind is not None and kind not in cls.outer_kinds:
+        fits = ", ".join(strategies_for_outer_kind(kind))
         raise ConfigError(
-            f"strategy={cfg.strategy.name} is not allowed under {launcher_name()}: the launcher already started "
-            f"several workers; use strategy={fits}{' or auto' if launcher != HOROVOD else ''}")
+            f"strategy={cfg.strategy.name} is not allowed under {outer.started_by}: the launcher already started "
+            f"several workers; use strategy={fits}{' or auto' if kind != HOROVOD else ''}")
     return cls, note
 
 
@@ -110,8 +110,9 @@ def strategy_names() -> list[str]:
         return hydra.config_loader().get_group_options(GROUP)
 
 
-def strategies_for_launcher(launcher: str) -> list[str]:
-    """Names of the group's strategies whose class can train with the workers of this kind of outer launcher."""
+def strategies_for_outer_kind(kind: str) -> list[str]:
+    """Names of the group's strategies whose class can train with ranks of this kind (TORCH, HOROVOD) that another
+    program started."""
     fits = []
     with _config_search_path():
         for name in strategy_names():
@@ -119,13 +120,13 @@ def strategies_for_launcher(launcher: str) -> list[str]:
                 options = compose(f"{GROUP}/{name}")[GROUP]
                 # an entry of this command's own search path (conf/, the user's --config-dir) is trusted as composed
                 with allowing(TargetAllowlist.of_command(options)):
-                    fits_launcher = options.get("name") != "auto" and launcher in strategy_class(options).outer_launchers
-                if fits_launcher:
+                    fits_kind = options.get("name") != "auto" and kind in strategy_class(options).outer_kinds
+                if fits_kind:
                     fits.append(name)
             except Exception:  # an entry that does not compose or import cannot be suggested
                 continue
     return fits
 
 
-__all__ = ["Strategy", "build_strategy", "choose_strategy", "class_path", "resolve_auto", "strategies_for_launcher",
+__all__ = ["Strategy", "build_strategy", "choose_strategy", "class_path", "resolve_auto", "strategies_for_outer_kind",
            "strategy_class", "strategy_names"]

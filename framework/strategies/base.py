@@ -1,6 +1,6 @@
 """The engine interface: what a strategy is, in three parts, each a small object of its own.
 
-    launcher      how the training processes start (framework/strategies/launchers.py: InProcess, Elastic, Horovod)
+    starter       how the training processes start (framework/strategies/starters.py: InProcess, Elastic, Horovod)
     join()        the process group a worker joins: rank, world, device and the collectives
                   (framework/training/engine.py: ProcessGroup, LocalGroup; framework/strategies/groups.py)
     parallelize() what the loop trains: the model in the engine's wrapper, its optimizer, the precision that runs
@@ -27,7 +27,7 @@ from torch import nn
 from framework.config.strategy_options import StrategyOptions
 from framework.config.trainer import EngineSettings
 from framework.models.blocks import auto_units
-from framework.strategies.launchers import Launcher
+from framework.strategies.starters import Starter
 from framework.training.checkpoint_io import FILE, CheckpointFormat
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
@@ -42,15 +42,15 @@ class Strategy(ABC):
     channels_last_refusal: str | None = None
     # True: parallelize() takes the model in CPU memory and puts it on the device itself (piece by piece)
     moves_model_itself = False
-    # Kinds of outer launcher (framework.process.environment: TORCH, HOROVOD) whose already-started workers this
-    # strategy can train with (its launcher's, framework/strategies/launchers.py); under any other, the driver refuses
-    # it before training. Known from the class, before any strategy is built.
-    outer_launchers: frozenset[str] = frozenset()
+    # Kinds of outer ranks (framework.session.environment: TORCH, HOROVOD) that another program (torchrun, srun,
+    # horovodrun) started and this strategy can train with (its starter's, framework/strategies/starters.py); under
+    # any other, the driver refuses it before training. Known from the class, before any strategy is built.
+    outer_kinds: frozenset[str] = frozenset()
 
-    def __init__(self, options: StrategyOptions, trainer: EngineSettings, launcher: Launcher,
+    def __init__(self, options: StrategyOptions, trainer: EngineSettings, starter: Starter,
                  checkpoint_format: CheckpointFormat = FILE):
         self.options, self.trainer, self.name = options, trainer, options.name
-        self.launcher = launcher
+        self.starter = starter
         self.checkpoint_format = checkpoint_format
 
     def validate(self) -> None:

@@ -9,12 +9,11 @@ import torch
 from torch import nn
 
 from framework.config.strategy_options import DDPOptions, ElasticOptions
-from framework.errors import ConfigError
-from framework.process.environment import launched_externally
-from framework.process.slurm import scheduler_name
+from framework.common.errors import ConfigError
+from framework.session.environment import ranks
 from framework.strategies.base import Strategy
 from framework.strategies.groups import TorchGroup
-from framework.strategies.launchers import Elastic
+from framework.strategies.starters import Elastic
 from framework.training.checkpoint_io import FILE, CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -26,14 +25,14 @@ class ElasticStrategy(Strategy):
 
     Options = ElasticOptions
     options: ElasticOptions
-    outer_launchers = Elastic.outer_launchers
-    _describe_note = ""  # what the engine adds to the launcher's line in hydra-dist-devices
+    outer_kinds = Elastic.outer_kinds
+    _describe_note = ""  # what the engine adds to the starter's line in hydra-dist-devices
     _worker_modules: tuple[str, ...] = ()  # the engine's own modules, imported once in the worker template
 
     def __init__(self, options: ElasticOptions, trainer, checkpoint_format: CheckpointFormat = FILE):
-        launcher = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks,
-                           self._describe_note, self._worker_modules, self._worker_environment(trainer.cuda))
-        super().__init__(options, trainer, launcher, checkpoint_format)
+        starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks,
+                          self._describe_note, self._worker_modules, self._worker_environment(trainer.cuda))
+        super().__init__(options, trainer, starter, checkpoint_format)
 
     def _worker_environment(self, cuda: bool) -> dict[str, str]:
         """Variables the engine's own modules read when imported (in the worker template)."""
@@ -44,7 +43,7 @@ class ElasticStrategy(Strategy):
 
     @property
     def backend(self) -> str:
-        return self.launcher.backend
+        return self.starter.backend
 
     def validate(self) -> None:
         stall = self.trainer.stall_timeout
@@ -62,13 +61,13 @@ class ElasticStrategy(Strategy):
         """nccl refuses two ranks on one GPU ("Duplicate GPU detected"), and each worker takes GPU local_rank modulo
         the GPUs it sees. Under SLURM/submitit each task may see GPUs of its own (--gpus-per-task), so only torch's
         launchers, whose workers all see the node's GPUs, are counted here."""
-        gpus, workers = torch.cuda.device_count(), self.launcher.nproc_per_node()
-        if not launched_externally():
+        gpus, workers, outer = torch.cuda.device_count(), self.starter.nproc_per_node(), ranks()
+        if outer is None:
             if workers > gpus:
                 raise ConfigError(
                     f"strategy.nproc_per_node={workers} is not allowed with nccl: this machine has {gpus} GPU(s) and "
                     f"nccl needs one GPU per worker; use at most {gpus}, or strategy.backend=gloo")
-        elif scheduler_name() is None and workers > gpus:
+        elif outer.scheduler is None and workers > gpus:
             raise ConfigError(
                 f"strategy={self.name} with nccl is not allowed with {workers} workers on this node: the launcher "
                 f"started them (LOCAL_WORLD_SIZE={workers}) and the node shows each of them {gpus} GPU(s), so two "
@@ -91,13 +90,13 @@ class DDPStrategy(ElasticStrategy):
     options: DDPOptions
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        o = self.options
-        if o.sync_batchnorm:
+        options = self.options
+        if options.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[group.device.index] if group.device.type == "cuda" else None,
-            find_unused_parameters=o.find_unused_parameters, bucket_cap_mb=o.bucket_cap_mb,
-            gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
+            find_unused_parameters=options.find_unused_parameters, bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=options.gradient_as_bucket_view, static_graph=options.static_graph,
         )
         module = ddp.module
         # evaluation runs the module itself: ranks may hold different numbers of test batches, and DDP's forward

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from framework.config.strategy_options import DeepSpeedOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
@@ -113,7 +113,7 @@ class DeepSpeedStrategy(ElasticStrategy):
             raise ConfigError("trainer.on_nonfinite=skip is not allowed with strategy=deepspeed: DeepSpeed's engine "
                               "owns the optimizer step and cannot skip one on request (with fp16 its loss scaler "
                               "skips overflowing steps by itself); use trainer.on_nonfinite=stop")
-        self.engine_config(self.launcher.processes())  # raises on a strategy.config key that contradicts the config
+        self.engine_config(self.starter.processes())  # raises on a strategy.config key that contradicts the config
 
     def engine_config(self, processes: int) -> dict:
         return deepspeed_config(self.options, self.trainer, processes)
@@ -122,11 +122,11 @@ class DeepSpeedStrategy(ElasticStrategy):
         return replace(super().speedup_modules(model), compiled=[])  # parallelize() calls engine.compile()
 
     def save_settings(self, run_dir: Path) -> None:
-        text = json.dumps(self.engine_config(self.launcher.processes()), indent=2)
+        text = json.dumps(self.engine_config(self.starter.processes()), indent=2)
         (run_dir / CONFIG_FILE).write_text(text + "\n")
 
     def join(self) -> ProcessGroup:
-        for name, value in self._worker_environment(self.trainer.cuda).items():  # under an outer launcher too
+        for name, value in self._worker_environment(self.trainer.cuda).items():  # under torchrun & co. too
             os.environ.setdefault(name, value)
         group = super().join()
         if group.device.type == "cuda":

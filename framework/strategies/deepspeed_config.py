@@ -6,7 +6,7 @@ from typing import Any
 
 from framework.config.strategy_options import DeepSpeedOptions
 from framework.config.trainer import TrainerConfig
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 CONFIG_FILE = "deepspeed_config.json"
 _NEVER = 2**31 - 1  # DeepSpeed's own progress print; our loop logs instead

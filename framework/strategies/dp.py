@@ -5,9 +5,9 @@ import torch
 from torch import nn
 
 from framework.config.strategy_options import DPOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.strategies.base import Strategy
-from framework.strategies.launchers import InProcess
+from framework.strategies.starters import InProcess
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision, autocast_dtype

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
 from framework.config.strategy_options import FSDPOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_units import tied_parameters, with_running_statistics, without_tied
@@ -120,28 +120,28 @@ class FSDPStrategy(ElasticStrategy):
         return SpeedupModules(recomputed=units, compiled=units)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        o = self.options
+        options = self.options
         compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
         # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
         policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
-        offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
+        offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
-        options = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
-                       reshard_after_forward=o.reshard_after_forward, mp_policy=policy, offload_policy=offload)
+        sharding = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
+                        reshard_after_forward=options.reshard_after_forward, mp_policy=policy, offload_policy=offload)
         # BatchNorm in fp32, each its own unit before the blocks around it: its input cast up, its output down to the
         # compute dtype for the layers after it
         norms = with_running_statistics(model) if compute else []
         for norm in norms:
-            fully_shard(norm, **{**options, "mp_policy": MixedPrecisionPolicy(
+            fully_shard(norm, **{**sharding, "mp_policy": MixedPrecisionPolicy(
                 param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=compute)})
         for unit in self.shard_units(model):
             if not any(unit is norm for norm in norms):
-                fully_shard(unit, **options)
-        fully_shard(model, **options)
+                fully_shard(unit, **sharding)
+        fully_shard(model, **sharding)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
-                           DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, o.cpu_offload), model,
-                           reshard_after_forward=o.reshard_after_forward)
+                           DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
+                           reshard_after_forward=options.reshard_after_forward)
 
 
 class DcpCheckpoints(CheckpointIO):

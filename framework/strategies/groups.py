@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from framework.launch.horovod_runner import broadcast_from_rank0
-from framework.launch.store import launch_store
-from framework.process.environment import threads_per_worker
+from framework.session.environment import ranks, threads_per_worker
+from framework.session.store import launch_store
 from framework.training.engine import ProcessGroup
 
 
@@ -24,16 +24,15 @@ def torch_device(cuda: bool, local_rank: int) -> torch.device:
 
 
 class TorchGroup(ProcessGroup):
-    """torch.distributed's default group, joined from the environment a launcher leaves (RANK, LOCAL_RANK,
-    WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT): torch's elastic agent, torchrun, SLURM tasks."""
+    """torch.distributed's default group, joined at the ranks whoever started this process gave it (the session's
+    ranks: torch's elastic agent, torchrun, SLURM tasks), over their rendezvous store."""
 
     @classmethod
     def join(cls, backend: str, cuda: bool, timeout_s: float) -> "TorchGroup":
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-        world_size = int(os.environ["WORLD_SIZE"])
+        given = ranks()
+        rank, local_rank, world_size = given.rank, given.local_rank, given.world_size
         device = torch_device(cuda, local_rank)
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(
-            int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(given.local_world_size))))
         if not dist.is_initialized():
             dist.init_process_group(
                 backend, store=launch_store(rank, world_size), rank=rank, world_size=world_size,

@@ -6,11 +6,11 @@ import torch
 from torch import nn
 
 from framework.config.strategy_options import HorovodOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.launch.horovod_runner import INSTALL, import_horovod
 from framework.strategies.base import Strategy
 from framework.strategies.groups import HorovodGroup
-from framework.strategies.launchers import Horovod
+from framework.strategies.starters import Horovod
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -32,23 +32,24 @@ class HorovodStrategy(Strategy):
     Options = HorovodOptions
     options: HorovodOptions
     channels_last_refusal = "Horovod's collectives take contiguous tensors only"
-    outer_launchers = Horovod.outer_launchers
+    outer_kinds = Horovod.outer_kinds
 
     def __init__(self, options: HorovodOptions, trainer):
         super().__init__(options, trainer, Horovod(options, trainer.cuda))
 
     def validate(self) -> None:
-        o, grad_accum, launcher = self.options, self.trainer.grad_accum, self.launcher
-        if o.backward_passes_per_step != grad_accum:
+        options, grad_accum, starter = self.options, self.trainer.grad_accum, self.starter
+        if options.backward_passes_per_step != grad_accum:
             raise ConfigError(
-                f"strategy.backward_passes_per_step={o.backward_passes_per_step!r} is not allowed: it is "
+                f"strategy.backward_passes_per_step={options.backward_passes_per_step!r} is not allowed: it is "
                 f"trainer.grad_accum ({grad_accum}), the one setting for gradient accumulation; set trainer.grad_accum "
                 "instead")
-        if launcher.under_horovodrun():
+        if starter.under_horovodrun():
             self._validate_under_horovodrun()
-        elif o.hosts is not None and o.np > sum(o.host_slots().values()):
-            raise ConfigError(f"strategy.np={o.np} is not allowed with strategy.hosts={o.hosts!r}: they offer only "
-                              f"{sum(o.host_slots().values())} slot(s); raise the slots or lower strategy.np")
+        elif options.hosts is not None and options.np > sum(options.host_slots().values()):
+            raise ConfigError(f"strategy.np={options.np} is not allowed with strategy.hosts={options.hosts!r}: they "
+                              f"offer only {sum(options.host_slots().values())} slot(s); raise the slots or lower "
+                              "strategy.np")
         hvd = import_horovod()
         if not hvd.gloo_built():
             raise ConfigError(f"strategy=horovod is not allowed: this horovod has no gloo controller; rebuild it: {INSTALL}")
@@ -58,37 +59,37 @@ class HorovodStrategy(Strategy):
                 "it on a GPU machine (HYDRA_DIST_HOROVOD_NCCL=1, see docs/engines/horovod.md), or use "
                 "trainer.accelerator=cpu"
             )
-        local_workers = launcher.local_workers()
-        if self.trainer.cuda and o.hosts is None and local_workers > torch.cuda.device_count():
+        local_workers = starter.local_workers()
+        if self.trainer.cuda and options.hosts is None and local_workers > torch.cuda.device_count():
             gpus = torch.cuda.device_count()
             raise ConfigError(f"strategy.np={local_workers} is not allowed: this machine has {gpus} GPU(s) and horovod "
                               f"with NCCL needs one GPU per worker; use at most {gpus} on this machine")
-        if o.op == "adasum" and not hvd.mpi_built():
+        if options.op == "adasum" and not hvd.mpi_built():
             raise ConfigError("strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built "
                               "with MPI (ours uses gloo); use average or sum")
-        if o.op == "adasum" and grad_accum > 1:
+        if options.op == "adasum" and grad_accum > 1:
             raise ConfigError("strategy.op=adasum is not allowed with trainer.grad_accum > 1 in this framework; "
                               "use average or sum")
 
     def _validate_under_horovodrun(self) -> None:
-        started, o = self.launcher.processes(), self.options
-        if o.np is not None and o.np != started:
-            raise ConfigError(f"strategy.np={o.np} is not allowed under horovodrun, which started {started} workers: "
+        started, options = self.starter.processes(), self.options
+        if options.np is not None and options.np != started:
+            raise ConfigError(f"strategy.np={options.np} is not allowed under horovodrun, which started {started} workers: "
                               "leave strategy.np unset (horovodrun -np decides)")
-        if o.hosts is not None:
-            raise ConfigError(f"strategy.hosts={o.hosts!r} is not allowed under horovodrun: its -H option decides "
+        if options.hosts is not None:
+            raise ConfigError(f"strategy.hosts={options.hosts!r} is not allowed under horovodrun: its -H option decides "
                               "the hosts; leave strategy.hosts unset")
 
     def join(self) -> ProcessGroup:
         return HorovodGroup.join(import_horovod(), self.trainer.cuda)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        hvd, o = group.hvd, self.options
+        hvd, options = group.hvd, self.options
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(
             make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if o.compression == "fp16" else hvd.Compression.none,
-            op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[o.op],
+            compression=hvd.Compression.fp16 if options.compression == "fp16" else hvd.Compression.none,
+            op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[options.op],
             backward_passes_per_step=self.trainer.grad_accum,
         )
         # Not hvd.broadcast_optimizer_state: on a fresh optimizer it first takes a step with zero gradients to

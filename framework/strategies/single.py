@@ -6,7 +6,7 @@ from torch import nn
 
 from framework.config.strategy_options import SingleOptions
 from framework.strategies.base import Strategy
-from framework.strategies.launchers import InProcess
+from framework.strategies.starters import InProcess
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision

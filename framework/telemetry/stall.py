@@ -20,7 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
-from framework.process.clean_exit import exit_now
+from framework.session.exit import exit_now
 
 STALL_DIR, HEARTBEAT_DIR, SUMMARY = "stall", ".heartbeat", "summary.txt"
 _DRIVER_PID = "HYDRA_DIST_DRIVER_PID"

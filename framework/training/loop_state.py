@@ -72,7 +72,7 @@ class RunInfo:
 class LoopState:
     """What every hook gets. Read: where the loop is (step, epoch, epochs, total_steps, checkpoint_due, totals), who
     this process is (rank, world_size, is_main, device, devices), what it trains (model, optimizer, lr(), lrs()), the run
-    (run_dir, options, hparams(), model_record, objective, higher_is_better). Call: say(), the collectives (on
+    (run_dir, options, hparams(), model_record, objective, higher_is_better, stop_signalled). Call: say(), the collectives (on
     every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
 
     def __init__(self, options: TrainerConfig, group: ProcessGroup, wrapped: Wrapped, run: RunInfo,
@@ -91,6 +91,7 @@ class LoopState:
         self.stop_reason: str | None = None  # request_stop()'s reason: the run ends after this evaluation
         self.evaluation_contexts: list = []  # what evaluate_inside() added; the loop enters each per evaluation
         self._group, self._wrapped, self._checkpointer, self._hparams = group, wrapped, checkpointer, run.hparams
+        self._stop = run.stop
 
     # ---- who this process is, and the collectives (every rank must call a collective, or the others wait) ----
     @property
@@ -140,6 +141,11 @@ class LoopState:
     def hparams(self) -> dict:
         """The run's hyperparameters, as the HParams tab shows them."""
         return {**self._hparams, "processes": self.world_size, "epochs": self.epochs}
+
+    @property
+    def stop_signalled(self) -> bool:
+        """A signal asked the run to stop: it stops at this step's boundary, once the hooks return."""
+        return self._stop.requested
 
     @property
     def objective(self) -> str:

@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from framework.config.components import build_component
 from framework.config.optimizer import LrScheduleConfig
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 KEY = "lr_schedule.scheduler"
 _PER_GROUP_LRS = ("max_lr", "base_lr", "min_lr")  # absolute lrs a scheduler takes per group (a list) or for all

@@ -16,7 +16,7 @@ from torch import nn
 from framework.config.components import build_component
 from framework.config.rules import at_least, require
 from framework.data.build import ClassIds
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 
 class Accuracy:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from hydra.errors import InstantiationException
 
 from framework.config.optimizer import OptimizerConfig
+from framework.common.errors import ConfigError
 from framework.config.targets import instantiate
-from framework.errors import ConfigError
 from framework.training.param_groups import ParamGroups
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 KEY = "optimizer.param_groups"
 DEFAULT = "default"

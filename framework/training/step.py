@@ -18,7 +18,7 @@ import torch
 
 from framework.data.batches import batch_size, describe, float_outputs, leaves
 from framework.data.build import is_pair
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.training.metrics import per_sample_losses, scored_positions
 
 

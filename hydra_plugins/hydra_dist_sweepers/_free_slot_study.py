@@ -27,7 +27,7 @@ from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_p
 from omegaconf import OmegaConf
 from optuna.trial import Trial, TrialState
 
-from framework.launch.job_slots import interrupt_slot_holders, parallel_jobs
+from framework.session.slots import interrupt_slot_holders, parallel_jobs
 
 from ._trial_record import TrialRecord, frozen_trial, is_finished
 

@@ -24,7 +24,7 @@ import time
 import torch
 
 from framework.callbacks.base import Callback
-from framework.process.environment import restart_attempt
+from framework.session.environment import restart_attempt
 
 KEY = "callbacks.faults.plan"
 STEP_POINTS = ("kill_after_step", "kill_in_eval", "nan_loss", "raise_after_step")

@@ -28,11 +28,15 @@ class StallingBlobs(Blobs):
 
 
 class BarrierOnOneRank(Callback):
-    """At `step`, `rank` enters a collective the others never call."""
+    """At `step`, `rank` enters a collective the others never call (the others go on into the next step's gradient
+    all-reduce). Every rank first writes <run folder>/at_step_<step>_rank<r>: what a test waits for before it acts."""
 
     def __init__(self, step: int = 5, rank: int = 0):
         self.step, self.rank = step, rank
 
     def on_train_step_end(self, state, step: int) -> None:
-        if step == self.step and _rank() == self.rank:
+        if step != self.step:
+            return
+        (state.run_dir / f"at_step_{step}_rank{_rank()}").touch()
+        if _rank() == self.rank:
             dist.barrier()

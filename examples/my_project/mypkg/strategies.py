@@ -12,7 +12,7 @@ from framework.config.rules import non_empty_text, rule
 from framework.config.strategy_options import ElasticOptions
 from framework.strategies.base import Strategy
 from framework.strategies.groups import TorchGroup
-from framework.strategies.launchers import Elastic
+from framework.strategies.starters import Elastic
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import Wrapped
 from framework.training.precision import Precision
@@ -37,14 +37,14 @@ class AveragedGradients(Precision):
 
 class AnnouncingDDP(Strategy):
     Options = AnnouncingOptions
-    outer_launchers = Elastic.outer_launchers  # torchrun's and SLURM's workers are ours to train with too
+    outer_kinds = Elastic.outer_kinds  # the ranks torchrun and SLURM started are ours to train with too
 
     def __init__(self, options: AnnouncingOptions, trainer):
         backend = ("nccl" if trainer.cuda else "gloo") if options.backend == "auto" else options.backend
         super().__init__(options, trainer, Elastic(options, trainer.cuda, backend, trainer.log_all_ranks))
 
     def join(self):
-        group = TorchGroup.join(self.launcher.backend, self.trainer.cuda, self.options.timeout)
+        group = TorchGroup.join(self.starter.backend, self.trainer.cuda, self.options.timeout)
         print(f"[{self.name}] rank {group.rank}/{group.world_size} joined: {self.options.banner}", flush=True)
         return group
 

@@ -1,7 +1,7 @@
 """The key-value store of a job's rendezvous (torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT), one per
 process and restart attempt: the process group is built on it, and under an outer launcher rank 0 hands its
 payload (the typed config and the run folder) to the other ranks through it before any group exists
-(framework/launch/outer.py)."""
+(framework/session/channel.py)."""
 from __future__ import annotations
 
 import datetime
@@ -9,7 +9,7 @@ import os
 
 import torch.distributed as dist
 
-from framework.process.environment import restart_attempt
+from framework.session.environment import restart_attempt
 
 STORE_TIMEOUT = datetime.timedelta(minutes=10)
 _stores: dict[int, dist.Store] = {}

@@ -1,7 +1,7 @@
-"""How a strategy's training processes start: in the driver's own process, by torch's elastic agent (ddp, fsdp,
-deepspeed, and a user's engine started like them), or by Horovod's runner. Under an outer launcher (torchrun,
-SLURM, horovodrun) the processes exist already: `outer_launchers` says whose workers a launcher can train with, and
-the counts come from the environment those launchers leave."""
+"""How a strategy's training processes start (its starter): in the driver's own process, by torch's elastic agent
+(ddp, fsdp, deepspeed, and a user's engine started like them), or by Horovod's runner. Where another program started
+the ranks already (torchrun, SLURM, horovodrun: the session's outer ranks, framework/session/environment.py),
+`outer_kinds` says whose ranks a starter's strategy can train with, and the counts are theirs."""
 from __future__ import annotations
 
 import os
@@ -13,16 +13,16 @@ import torch
 from framework.config.strategy_options import ElasticOptions, HorovodOptions
 from framework.launch.elastic import launch_elastic, start_worker_template
 from framework.launch.horovod_runner import launch_horovod
-from framework.process.environment import HOROVOD, TORCH, launched_externally, outer_launcher, threads_per_worker
+from framework.session.environment import HOROVOD, TORCH, ranks, threads_per_worker
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
 
-class Launcher(ABC):
+class Starter(ABC):
     runs_in_process = True  # launch() trains in the driver process (so the driver handles Ctrl-C for it)
-    # kinds of outer launcher (framework.process.environment: TORCH, HOROVOD) whose already-started workers this
-    # launcher's strategy can train with; under any other, the driver refuses the strategy before training
-    outer_launchers: frozenset[str] = frozenset()
+    # kinds of outer ranks (framework.session.environment: TORCH, HOROVOD) whose already-started processes this
+    # starter's strategy can train with; under any other, the driver refuses the strategy before training
+    outer_kinds: frozenset[str] = frozenset()
 
     @abstractmethod
     def processes(self) -> int:
@@ -40,7 +40,7 @@ class Launcher(ABC):
         """The driver is about to check the run (a few seconds) before launch(): start what can start already."""
 
 
-class InProcess(Launcher):
+class InProcess(Starter):
     """This process is the only worker (single, dp)."""
 
     def __init__(self, description: str):
@@ -56,12 +56,12 @@ class InProcess(Launcher):
         return entry(payload)
 
 
-class Elastic(Launcher):
+class Elastic(Starter):
     """One process per GPU (or CPU workers on gloo), started by torch's elastic agent, or by an outer torchrun /
     scheduler that already started them; they join a torch.distributed group (framework/strategies/groups.py)."""
 
     runs_in_process = False
-    outer_launchers = frozenset({TORCH})
+    outer_kinds = frozenset({TORCH})
 
     def __init__(self, options: ElasticOptions, cuda: bool, backend: str, log_all_ranks: bool, note: str = "",
                  preload: tuple[str, ...] = (), environment: dict[str, str] | None = None):
@@ -72,15 +72,17 @@ class Elastic(Launcher):
         self.environment = environment or {}
 
     def nproc_per_node(self) -> int:
-        if launched_externally():
-            return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        outer = ranks()
+        if outer is not None:
+            return outer.local_world_size
         if self.options.nproc_per_node is not None:
             return self.options.nproc_per_node
         return torch.cuda.device_count() if self.cuda else CPU_WORKERS_WITHOUT_GPU
 
     def processes(self) -> int:
-        if launched_externally():
-            return int(os.environ["WORLD_SIZE"])
+        outer = ranks()
+        if outer is not None:
+            return outer.world_size
         return self.options.nnodes * self.nproc_per_node()
 
     def describe(self) -> str:
@@ -91,17 +93,18 @@ class Elastic(Launcher):
                 f"backend {self.backend}, started by torch's elastic agent{self.note}")
 
     def launch(self, entry, payload):
-        o = self.options
-        if o.nproc_per_node is None and not self.cuda:
-            _say_cpu_workers(o.name, "nproc_per_node")
+        options = self.options
+        if options.nproc_per_node is None and not self.cuda:
+            _say_cpu_workers(options.name, "nproc_per_node")
         return launch_elastic(
-            entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=o.nnodes, rdzv_backend=o.rdzv_backend,
-            rdzv_endpoint=o.rdzv_endpoint, node_rank=o.node_rank, max_restarts=o.max_restarts, run_id=o.run_id,
+            entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=options.nnodes,
+            rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint, node_rank=options.node_rank,
+            max_restarts=options.max_restarts, run_id=options.run_id,
             log_all_ranks=self.log_all_ranks, log_dir=os.path.join(payload.run_dir, "worker_logs"),
             preload=self._preloaded())
 
     def warm_up(self) -> None:
-        if not launched_externally():
+        if ranks() is None:
             start_worker_template(self._preloaded())
 
     def _preloaded(self) -> tuple[str, ...]:
@@ -110,11 +113,11 @@ class Elastic(Launcher):
         return self.preload
 
 
-class Horovod(Launcher):
+class Horovod(Starter):
     """Horovod's own runner (horovod.runner.run, gloo controller), or the workers horovodrun started."""
 
     runs_in_process = False
-    outer_launchers = frozenset({HOROVOD})
+    outer_kinds = frozenset({HOROVOD})
 
     def __init__(self, options: HorovodOptions, cuda: bool):
         self.options, self.cuda = options, cuda
@@ -122,18 +125,19 @@ class Horovod(Launcher):
     @staticmethod
     def under_horovodrun() -> bool:
         """horovodrun (or another Horovod launcher) started the workers, this process among them."""
-        return outer_launcher() == HOROVOD
+        outer = ranks()
+        return outer is not None and outer.kind == HOROVOD
 
     def processes(self) -> int:
         if self.under_horovodrun():
-            return int(os.environ["HOROVOD_SIZE"])
+            return ranks().world_size
         if self.options.np is not None:
             return self.options.np
         return torch.cuda.device_count() if self.cuda else CPU_WORKERS_WITHOUT_GPU
 
     def local_workers(self) -> int:
         if self.under_horovodrun():
-            return int(os.environ["HOROVOD_LOCAL_SIZE"])
+            return ranks().local_world_size
         return self.processes() if self.options.hosts is None else max(self.options.host_slots().values())
 
     def describe(self) -> str:
@@ -141,10 +145,10 @@ class Horovod(Launcher):
         return f"{self.processes()} process(es) on {where}, started by Horovod's runner"
 
     def launch(self, entry, payload):
-        o = self.options
-        if o.np is None and not self.cuda:
-            _say_cpu_workers(o.name, "np")
-        return launch_horovod(entry, payload, np=self.processes(), hosts=o.hosts, local_workers=self.local_workers())
+        if self.options.np is None and not self.cuda:
+            _say_cpu_workers(self.options.name, "np")
+        return launch_horovod(entry, payload, np=self.processes(), hosts=self.options.hosts,
+                              local_workers=self.local_workers())
 
 
 def _say_cpu_workers(name: str, option: str) -> None:

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 SLOT_DIR = ".job_slots"
-_claimed: list["Slot"] = []  # this process's slot, once claimed (a joblib worker process runs many jobs)
+_claimed: list["JobSlot"] = []  # this process's slot, once claimed (a joblib worker process runs many jobs)
 
 
 @dataclass(frozen=True)
-class Slot:
+class JobSlot:
     index: int
     of: int
     gpus: tuple[str, ...]  # as CUDA_VISIBLE_DEVICES names them (indices or UUIDs)
@@ -72,7 +72,7 @@ def count_gpus_elsewhere() -> int:
     return int(child.stdout.split()[-1])
 
 
-def share(slot: int, slots: int, gpus: list[str], cores: list[int]) -> Slot:
+def share(slot: int, slots: int, gpus: list[str], cores: list[int]) -> JobSlot:
     per_job = len(gpus) // slots
     if gpus and per_job == 0:
         raise ConfigError(
@@ -81,7 +81,7 @@ def share(slot: int, slots: int, gpus: list[str], cores: list[int]) -> Slot:
         )
     per_job_cores = max(1, len(cores) // slots)
     job_cores = cores[slot * per_job_cores:(slot + 1) * per_job_cores] or [cores[slot % len(cores)]]
-    return Slot(slot, slots, tuple(gpus[slot * per_job:(slot + 1) * per_job]), tuple(job_cores))
+    return JobSlot(slot, slots, tuple(gpus[slot * per_job:(slot + 1) * per_job]), tuple(job_cores))
 
 
 def _lock_lowest_free(folder: Path, slots: int) -> int:
@@ -98,7 +98,7 @@ def _lock_lowest_free(folder: Path, slots: int) -> int:
     raise RuntimeError(f"no free parallel job slot in {folder}: more than {slots} jobs run at once")
 
 
-def claim_slot(sweep_dir: Path, n_jobs: int) -> Slot:
+def claim_slot(sweep_dir: Path, n_jobs: int) -> JobSlot:
     """This worker process's slot; pins GPUs and cores the first time, the same slot afterwards."""
     if _claimed:
         return _claimed[0]
@@ -148,7 +148,7 @@ def slot_holders(sweep_dir: Path) -> list[int]:
 
 def interrupt_slot_holders(sweep_dir: Path) -> None:
     """Ctrl-C for the jobs running in this sweep's slots, which the terminal's does not reach (each pool worker lives
-    in a session of its own: framework/process/pool_worker.py); each stops as on Ctrl-C, with a checkpoint of the
+    in a session of its own: pool_worker.py); each stops as on Ctrl-C, with a checkpoint of the
     step it was at."""
     for pid in slot_holders(sweep_dir):
         try:

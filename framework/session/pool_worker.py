@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import signal
 
-from framework.process.lifeline import end_with
+from framework.session.lifeline import end_with
 
 _followed: list[int] = []  # the driver's pid, once this worker process watches it
 
 
-def follow_the_driver() -> None:
+def end_with_the_driver() -> None:
     """In a pool worker, before its first job (then again a no-op): a session of its own, ended with the driver."""
     if _followed:
         return
