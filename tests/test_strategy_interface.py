@@ -69,7 +69,8 @@ def test_a_process_group_that_forgets_a_collective_cannot_be_built():
 
 @pytest.mark.parametrize("name,starter,outer", [
     ("single", InProcess, set()), ("dp", InProcess, set()), ("ddp", Elastic, {"torch"}), ("fsdp", Elastic, {"torch"}),
-    ("deepspeed", Elastic, {"torch"}), ("horovod", Horovod, {"horovod"})])
+    ("deepspeed", Elastic, {"torch"}), ("horovod", Horovod, {"horovod"}), ("tp", Elastic, {"torch"}),
+    ("pp", Elastic, {"torch"})])
 def test_each_built_in_engine_names_its_starter(name, starter, outer):
     strategy = strategy_for(f"strategy={name}")
     assert isinstance(strategy.starter, starter) and set(type(strategy).outer_kinds) == outer

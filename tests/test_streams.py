@@ -203,7 +203,7 @@ def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ran
 
 def test_a_mesh_refuses_the_streams_it_cannot_read_alike_on_its_peers():
     from conftest import strategy_for
-    from framework.errors import ConfigError
+    from framework.common.errors import ConfigError
 
     tp, pp = strategy_for("strategy=tp"), strategy_for("strategy=pp")
     tp._check_stream(CountingStream(8))  # dealt by the framework: tensor-parallel peers read the same blocks

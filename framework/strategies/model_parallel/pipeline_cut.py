@@ -13,7 +13,7 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.data.batches import leaves, tree_map
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 from framework.models.blocks import has_forward
 from framework.telemetry.flops import silenced
 

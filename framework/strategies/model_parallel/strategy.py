@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from framework.common.errors import ConfigError
 from framework.config.strategy_options import MeshOptions
 from framework.data.streams import is_stream, shards_itself
-from framework.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first
-from framework.process.environment import launched_externally
+from framework.session.environment import ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
 from framework.strategies.fsdp_units import without_tied
@@ -43,7 +43,7 @@ class MeshStrategy(ElasticStrategy):
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
     def __init__(self, options: MeshOptions, trainer):
-        if options.nproc_per_node is None and not trainer.cuda and not launched_externally():
+        if options.nproc_per_node is None and not trainer.cuda and ranks() is None:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
@@ -61,7 +61,7 @@ class MeshStrategy(ElasticStrategy):
     def validate(self) -> None:
         super().validate()
         o, t, shape = self.options, self.trainer, self.shape
-        workers = self.launcher.processes()
+        workers = self.starter.processes()
         if shape.workers != workers:
             product = " x ".join(f"strategy.{k}={v}" for k, v in o.degrees.items() if v > 1) or "strategy.tp=1"
             raise ConfigError(f"{product} = {shape.workers} worker(s) is not allowed with {workers} worker(s): the "

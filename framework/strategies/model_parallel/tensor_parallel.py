@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from framework.config.strategy_options import MeshOptions
-from framework.errors import ConfigError
+from framework.common.errors import ConfigError
 
 # style name -> (what it does, the ParallelStyle). Sequence styles keep the residual stream split along dim 1.
 STYLES = {
