@@ -183,8 +183,14 @@ def check_ok(proc: subprocess.CompletedProcess) -> str:
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """Every Hydra job folder under root/outputs (a folder with a .hydra subfolder)."""
-    return sorted(p.parent for p in (root / "outputs").rglob(".hydra"))
+    """Every Hydra job folder under root/outputs (a folder with a .hydra subfolder). Read while a run may be writing
+    there: a folder it renames away during the walk (checkpoints/best.old) means walk again."""
+    while (root / "outputs").is_dir():
+        try:
+            return sorted(p.parent for p in (root / "outputs").rglob(".hydra"))
+        except FileNotFoundError:
+            continue
+    return []
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -143,17 +143,20 @@ class FitMark(Callback):
 
 
 def trained_epochs(lines: list[str]) -> list[list[int]]:
-    """The ids of the batches made in each epoch after the last `fit` mark: one list per epoch ("start e" lines)."""
-    lines = lines[max(i for i, line in enumerate(lines) if line.startswith("fit")) + 1:]
+    """The ids of the batches made in each epoch after the last `fit` mark: one list per epoch ("start e" lines). A
+    DataLoader worker may mark its start before the trainer marks `fit` (workers prefetch as soon as the loader's
+    iterator exists): its batches after the mark belong to the last start written before it."""
+    fit = max(i for i, line in enumerate(lines) if line.startswith("fit"))
     epochs: dict[int, list[int]] = {}
     current = None
-    for line in lines:
+    for index, line in enumerate(lines):
         kind, *values = line.split()
         if kind == "start":
             current = int(values[0])
-            epochs.setdefault(current, [])
-        elif kind == "batch":
-            epochs[current].extend(int(v) for v in values)
+            if index > fit:
+                epochs.setdefault(current, [])
+        elif kind == "batch" and index > fit:
+            epochs.setdefault(current, []).extend(int(v) for v in values)
     return [epochs[e] for e in sorted(epochs)]
 
 

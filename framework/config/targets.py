@@ -162,7 +162,17 @@ class TargetAllowlist:
         names: those are ours alone, checked first."""
         if _HYDRA_WHITELIST is None:
             return None
-        return _HYDRA_WHITELIST([*BUILT_IN, *self.allowed, *sorted(self.exact)], reset=True)
+        # Hydra checks what a name resolves to: a library's alias (transformers.BertModel is
+        # transformers.models.bert.modeling_bert.BertModel) is trusted as named, so its resolved name goes in too
+        exact = sorted({*self.exact, *filter(None, map(_resolved_identity, self.exact))})
+        return _HYDRA_WHITELIST([*BUILT_IN, *self.allowed, *exact], reset=True)
+
+
+def _resolved_identity(name: str) -> str | None:
+    try:
+        return _identity(get_object(name))
+    except Exception:  # one that does not import is left to the builder, which says so
+        return None
 
 
 def _identity(obj: Any) -> str | None:
