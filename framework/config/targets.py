@@ -20,6 +20,7 @@ execution whitelist (its `_execution_whitelist_`), so its checks agree with ours
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -162,10 +163,14 @@ class TargetAllowlist:
         names: those are ours alone, checked first."""
         if _HYDRA_WHITELIST is None:
             return None
-        # Hydra checks what a name resolves to: a library's alias (transformers.BertModel is
-        # transformers.models.bert.modeling_bert.BertModel) is trusted as named, so its resolved name goes in too
-        exact = sorted({*self.exact, *filter(None, map(_resolved_identity, self.exact))})
-        return _HYDRA_WHITELIST([*BUILT_IN, *self.allowed, *exact], reset=True)
+        return _HYDRA_WHITELIST([*BUILT_IN, *self.allowed, *self._exact_as_resolved], reset=True)
+
+    @functools.cached_property
+    def _exact_as_resolved(self) -> list[str]:
+        """The exact targets and what each resolves to, once per allowlist (every build asks): Hydra checks the
+        resolved name, and a library's alias (transformers.BertModel is transformers.models.bert.modeling_bert.
+        BertModel) is trusted as named."""
+        return sorted({*self.exact, *filter(None, map(_resolved_identity, self.exact))})
 
 
 def _resolved_identity(name: str) -> str | None:
