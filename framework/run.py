@@ -62,7 +62,7 @@ def train_as_follower(session: Follower) -> None:
     refusal, which ends this rank too; or nothing, when rank 0 found the sweep's job finished before."""
     message = session.hear()
     if "refusal" in message:
-        return session.fail(ConfigError(message["refusal"]))
+        return session.refused(message["refusal"])
     if "payload" in message:
         payload = message["payload"]
         with allowing(payload.settings.targets):  # the `_target_`s rank 0 allowed this run to build

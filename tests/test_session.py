@@ -24,6 +24,7 @@ from framework.run import run
 from framework.session import situations
 from framework.session.detect import situation, sweep_driver
 from framework.session.environment import HOROVOD, TORCH, Ranks, ranks, read_ranks
+from framework.strategies import strategies_for_outer_kind
 from framework.session.situations import (Direct, Follower, OuterRank0, PoolJob, SchedulerRank0, SweepJob,
                                           SweepUnderRanks)
 
@@ -187,6 +188,27 @@ def test_rank_0_tells_the_others_once(sessions, told):
     with pytest.raises(SystemExit):  # a failure while training: the others train, and end with their group
         session.fail(WorkersFailed("rank 1 failed"))
     assert told == [{"payload": "the payload"}]
+
+
+@pytest.mark.parametrize("follower,waits", [(RANK1, False), (Ranks(HOROVOD, 1, 1, 2, 2), True)])
+def test_a_rank_refused_by_rank_0_under_horovodrun_waits_for_horovodrun_to_stop_it(told, monkeypatch, capsys,
+                                                                                     follower, waits):
+    """horovodrun stops relaying every rank's output once one exits non-zero: a rank > 0 that ended before rank 0
+    cut rank 0's `error:` line off mid-word. torchrun's ranks write to the console themselves: no wait."""
+    slept = []
+    monkeypatch.setattr(situations.time, "sleep", slept.append)
+    with pytest.raises(SystemExit) as ended:
+        situation(None, follower).refused("trainer.batch_size=0 is not allowed")
+    assert ended.value.code == 2 and capsys.readouterr().err == ""
+    assert slept == ([situations.RANK0_END_WAIT_S] if waits else [])
+
+
+def test_a_strategy_for_other_workers_is_refused_naming_those_for_the_launchers_workers(tmp_path):
+    """Every strategy whose class trains with the ranks a launcher started is named, however its options
+    interpolate the rest of the config (horovod's: ${trainer.grad_accum})."""
+    assert strategies_for_outer_kind(HOROVOD) == ["horovod"]
+    assert {"ddp", "fsdp", "deepspeed", "tp", "pp"} <= set(strategies_for_outer_kind(TORCH))
+    assert {"horovod", "dp", "single", "auto"}.isdisjoint(strategies_for_outer_kind(TORCH))
 
 
 # situation: (exit code, whether it prints the command that resumes, and which)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from framework.common.errors import ConfigError
 from framework.session.channel import hear_rank0, tell_followers, told_followers
-from framework.session.environment import Ranks
+from framework.session.environment import HOROVOD, Ranks
 from framework.session.exit import exit_now
 from framework.session.pool_worker import end_with_the_driver
 from framework.session.resume import run_resume_command, sweep_resume_command
@@ -33,6 +34,7 @@ from framework.session.slots import claim_slot
 from framework.session.slurm import wait_for_local_jobs
 
 REFUSED, FAILED = 2, 1  # exit codes: a refusal before training (bad input), a failure while training
+RANK0_END_WAIT_S = 30  # how long a rank > 0 refused by rank 0 under horovodrun waits for horovodrun to stop it
 
 
 def exit_code(exc: BaseException) -> int:
@@ -190,6 +192,14 @@ class Follower(Session):
         if self.ranks.scheduler:
             say_error(exc)
         return self._end(exit_code(exc))
+
+    def refused(self, refusal: str) -> None:
+        """Rank 0's refusal, which rank 0 said and is ending with. Under horovodrun this rank waits to be stopped:
+        horovodrun stops every rank as soon as one exits non-zero and stops relaying their output then, so a rank
+        > 0 that ended first cut rank 0's message off mid-line."""
+        if self.ranks.kind == HOROVOD and not self.ranks.scheduler:
+            time.sleep(RANK0_END_WAIT_S)  # horovodrun's SIGTERM ends it once rank 0 exited
+        return self.fail(ConfigError(refusal))
 
     def _end(self, code: int) -> None:
         if self.in_sweep_task:  # rank 0's task reports the job to the sweep

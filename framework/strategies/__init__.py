@@ -118,8 +118,9 @@ def strategies_for_outer_kind(kind: str) -> list[str]:
         for name in strategy_names():
             try:
                 options = compose(f"{GROUP}/{name}")[GROUP]
-                # an entry of this command's own search path (conf/, the user's --config-dir) is trusted as composed
-                with allowing(TargetAllowlist.of_command(options)):
+                # an entry of this command's own search path (conf/, the user's --config-dir) is trusted as named;
+                # its other values may interpolate the rest of the config (${trainer.grad_accum}): not resolved here
+                with allowing(TargetAllowlist.of_command({"_target_": options.get("_target_")})):
                     fits_kind = options.get("name") != "auto" and kind in strategy_class(options).outer_kinds
                 if fits_kind:
                     fits.append(name)
