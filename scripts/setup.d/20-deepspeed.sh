@@ -14,8 +14,15 @@ if [ "${HYDRA_DIST_SKIP_DEEPSPEED:-0}" = 1 ]; then
     echo "setup: skipping DeepSpeed (HYDRA_DIST_SKIP_DEEPSPEED=1); strategy=deepspeed will not be available"
     exit 0
 fi
+# The communication op DeepSpeed compiles at its first use, compiled now (about a minute, once: cached under
+# ~/.cache/torch_extensions), so a user's first run, or the first test under its timeout, does not pay for it.
+build_comm_op() {
+    "$py" -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null 2>&1 \
+        || echo "setup: warning: DeepSpeed's communication op did not build now; it builds at first use" >&2
+}
 # Installed already: done (find_spec, not an import: importing DeepSpeed takes seconds).
 if "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)" 2>/dev/null; then
+    build_comm_op
     exit 0
 fi
 for tool in g++ ninja; do
@@ -33,4 +40,5 @@ DS_BUILD_OPS=0 "$py" -m pip install --quiet --disable-pip-version-check --no-bui
     | grep -v "^WARNING: Location" || true
 "$py" -c "import deepspeed" >/dev/null 2>&1 \
     || { echo "setup: DeepSpeed install failed (see pip output above)" >&2; exit 1; }
+build_comm_op
 echo "setup: DeepSpeed $("$py" -c "import importlib.metadata as m; print(m.version('deepspeed'))") installed"
