@@ -97,7 +97,7 @@ class UnevenStream(IterableDataset):
         self.epoch = epoch
 
     def __iter__(self):
-        if self.probe and (torch.utils.data.get_worker_info() is None or torch.utils.data.get_worker_info().id == 0):
+        if self.probe:  # every DataLoader worker, before its own batches (a worker's batches may come first)
             record("start", [self.epoch])
         rank, _ = _rank()
         info = torch.utils.data.get_worker_info()
