@@ -48,6 +48,18 @@ def _test_accelerator(request):
         torch.cuda.set_device(device)
 
 
+def pytest_configure(config):
+    """The tests that stop a run with Ctrl-C send SIGINT to processes they start, which inherit this process's ignored
+    and blocked signals across exec: a suite started as a shell's background job (`make test &`, a CI script run
+    with `&`) has SIGINT and SIGQUIT ignored, so every driver it started ignored the test's Ctrl-C and the workers
+    outlived the agent's SIGINT until its SIGKILL 30 s later. The stop signals are put back to Python's own."""
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL),
+                         (signal.SIGQUIT, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT})
+
+
 @pytest.fixture(autouse=True)
 def _ranks_read_per_test():
     """A process reads its ranks once (framework/session/environment.py); each test reads them again, so that one
