@@ -24,9 +24,9 @@ from framework.run import run
 from framework.session import situations
 from framework.session.detect import situation, sweep_driver
 from framework.session.environment import HOROVOD, TORCH, Ranks, ranks, read_ranks
-from framework.strategies import strategies_for_outer_kind
 from framework.session.situations import (Direct, Follower, OuterRank0, PoolJob, SchedulerRank0, SweepJob,
                                           SweepUnderRanks)
+from framework.strategies import strategies_for_outer_kind
 
 TORCHRUN = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 HOROVODRUN = {"HOROVOD_RANK": "1", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "2"}
@@ -203,7 +203,7 @@ def test_a_rank_refused_by_rank_0_under_horovodrun_waits_for_horovodrun_to_stop_
     assert slept == ([situations.RANK0_END_WAIT_S] if waits else [])
 
 
-def test_a_strategy_for_other_workers_is_refused_naming_those_for_the_launchers_workers(tmp_path):
+def test_a_strategy_for_other_workers_is_refused_naming_those_for_the_launchers_workers():
     """Every strategy whose class trains with the ranks a launcher started is named, however its options
     interpolate the rest of the config (horovod's: ${trainer.grad_accum})."""
     assert strategies_for_outer_kind(HOROVOD) == ["horovod"]
