@@ -23,9 +23,10 @@ def pipeline(schedule: str) -> list[str]:
     return ["strategy=pp", f"strategy.schedule={schedule}", *MESH]
 
 
-def train(cwd: Path, args: list[str], env: dict | None = None, faults: str | None = None) -> Path:
+def train(cwd: Path, args: list[str], env: dict | None = None, faults: str | None = None,
+          launcher: list[str] | None = None) -> Path:
     cwd.mkdir(parents=True, exist_ok=True)
-    check_ok(run_train(args, cwd, env=env, timeout=300, faults=faults))
+    check_ok(run_train(args, cwd, env=env, timeout=300, faults=faults, launcher=launcher))
     [run_dir] = run_dirs(cwd)
     return run_dir
 

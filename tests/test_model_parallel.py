@@ -5,11 +5,14 @@ sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split poi
 stages per rank), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
 report their compute, bubble and communication per rank. A run killed on one mesh resumes on another (tp=2 -> ddp,
 pp=2 -> tp=2) and continues the same curve. Real train.py processes; tests/test_model_parallel_checks.py has the
-refusals, tests/test_model_parallel_user.py a user's model with a plan from YAML."""
+refusals, tests/test_model_parallel_user.py a user's model with a plan from YAML. Under torchrun the mesh is built
+from the ranks it started, with the same losses."""
+import sys
+
 import pytest
 import torch
 
-from conftest import losses_by_step, read_scalars
+from conftest import losses_by_step, read_scalars, run_dirs
 from mesh_runs import COMMON, MESH, STEPS, assert_same_losses, killed_then_resumed, pipeline, result, train
 
 pytestmark = pytest.mark.slow
@@ -70,6 +73,16 @@ def _assert_whole_weights(run_dir):
     assert list(saved) == list(model.state_dict())
     assert all(saved[k].shape == v.shape for k, v in model.state_dict().items())
     assert torch.equal(saved["wte.weight"], saved["head.weight"]), "the tied copies stepped alike"
+
+
+@pytest.mark.parametrize("mesh", ["tp2_sequence_parallel", "pp2_1F1B"])
+def test_under_torchrun_the_mesh_is_made_of_its_ranks_with_the_loss_of_one_process(single, tmp_path, mesh):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    run_dir = train(tmp_path, [*CHAR_LM, *MESHES[mesh]], launcher=torchrun)
+    assert_same_losses(single["losses"], run_dir)
+    done = result(run_dir)
+    assert (done["processes"], done["strategy"]) == (2, mesh[:2])
+    assert len(run_dirs(tmp_path)) == 1, "one run folder: the ranks torchrun started follow rank 0's"
 
 
 def test_a_tensor_parallel_run_killed_resumes_under_ddp(single, tmp_path):
