@@ -105,6 +105,11 @@ def with_faults(args: list[str], env: dict | None, plan: str | None) -> tuple[li
             faults_env(env))
 
 
+def torchrun(nproc_per_node: int = 2) -> list[str]:
+    """The launcher prefix of `torchrun --nproc_per_node=N --standalone`, for run_train(..., launcher=...)."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}", "--standalone"]
+
+
 def run_train(args: list[str], cwd: Path, timeout: int = 240, env: dict | None = None,
               launcher: list[str] | None = None, faults: str | None = None) -> subprocess.CompletedProcess:
     """train.py as a real subprocess, on the test's accelerator unless args name one (see pin_accelerator); faults:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, driver_says, kill_in_checkpoint, losses_by_step, needs_gpu, pin_accelerator, read_scalars,
-                      run_dirs, run_train, strategy_for)
+from conftest import (REPO, TRAIN, assert_killed_run_resumes, check_ok, driver_says, kill_in_checkpoint, losses_by_step,
+                      needs_gpu, pin_accelerator, read_scalars, run_dirs, run_train, strategy_for, torchrun)
 
 try:
     import deepspeed  # noqa: F401  (only to know whether it is installed; the runs import it themselves)
@@ -229,8 +229,7 @@ def test_without_deepspeed_the_strategy_says_how_to_install_it_and_others_never_
 
 
 def test_under_torchrun_deepspeed_uses_the_started_workers(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
-    out = check_ok(run_train(["strategy=deepspeed", "strategy.zero_stage=1", *COMMON], tmp_path, launcher=torchrun))
+    out = check_ok(run_train(["strategy=deepspeed", "strategy.zero_stage=1", *COMMON], tmp_path, launcher=torchrun()))
     assert out.count("done: test accuracy") == 1
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())

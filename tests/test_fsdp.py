@@ -4,11 +4,11 @@ and clipping), holds about half of ddp's optimizer state per rank, checkpoints t
 resumes a ddp checkpoint and is resumed by ddp, and refuses bad settings in the driver. Real train.py processes."""
 import json
 import math
-import sys
 
 import pytest
 
-from conftest import assert_killed_run_resumes, check_ok, driver_says, losses_by_step, needs_gpu, read_scalars, run_dirs, run_train
+from conftest import (assert_killed_run_resumes, check_ok, driver_says, losses_by_step, needs_gpu, read_scalars, run_dirs,
+                      run_train, torchrun)
 
 STEPS = 20
 # 32 steps per epoch, so 20 steps stay in epoch 1; a checkpoint every 8 steps (8, 16, and 20 at the end).
@@ -184,8 +184,7 @@ def test_bad_values_fail_in_the_driver(tmp_path, overrides, message):
 
 def test_under_torchrun_like_ddp(tmp_path):
     """torchrun started the workers: fsdp joins them (Strategy.outer_kinds), one run folder, both ranks train."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
-    out = check_ok(run_train(["strategy=fsdp", *COMMON, "trainer.max_steps=4"], tmp_path, launcher=launcher))
+    out = check_ok(run_train(["strategy=fsdp", *COMMON, "trainer.max_steps=4"], tmp_path, launcher=torchrun()))
     assert out.count("done: test accuracy") == 1
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())

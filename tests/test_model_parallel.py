@@ -7,12 +7,10 @@ report their compute, bubble and communication per rank. A run killed on one mes
 pp=2 -> tp=2) and continues the same curve. Real train.py processes; tests/test_model_parallel_checks.py has the
 refusals, tests/test_model_parallel_user.py a user's model with a plan from YAML. Under torchrun the mesh is built
 from the ranks it started, with the same losses."""
-import sys
-
 import pytest
 import torch
 
-from conftest import losses_by_step, read_scalars, run_dirs
+from conftest import losses_by_step, read_scalars, run_dirs, torchrun
 from mesh_runs import COMMON, MESH, STEPS, assert_same_losses, killed_then_resumed, pipeline, result, train
 
 pytestmark = pytest.mark.slow
@@ -77,8 +75,7 @@ def _assert_whole_weights(run_dir):
 
 @pytest.mark.parametrize("mesh", ["tp2_sequence_parallel", "pp2_1F1B"])
 def test_under_torchrun_the_mesh_is_made_of_its_ranks_with_the_loss_of_one_process(single, tmp_path, mesh):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
-    run_dir = train(tmp_path, [*CHAR_LM, *MESHES[mesh]], launcher=torchrun)
+    run_dir = train(tmp_path, [*CHAR_LM, *MESHES[mesh]], launcher=torchrun())
     assert_same_losses(single["losses"], run_dir)
     done = result(run_dir)
     assert (done["processes"], done["strategy"]) == (2, mesh[:2])

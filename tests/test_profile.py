@@ -26,7 +26,8 @@ def test_profiled_steps_give_a_trace_per_rank_and_a_breakdown_that_sums_to_the_s
     scalars = read_scalars(run_dir)
     exposed_communication = []
     for rank in (0, 1):
-        trace = json.loads((run_dir / "profile" / f"rank{rank}.trace.json").read_text())
+        trace_file = run_dir / "profile" / f"rank{rank}.trace.json"
+        trace = json.loads(trace_file.read_text())
         spans = _step_spans_ms(trace)
         assert len(spans) == LAST - FIRST + 1
         assert any(e.get("name", "").startswith("gloo:") for e in trace["traceEvents"]), "gloo's collectives traced"
@@ -37,7 +38,7 @@ def test_profiled_steps_give_a_trace_per_rank_and_a_breakdown_that_sums_to_the_s
         assert sum(parts) == pytest.approx(step, rel=0.1, abs=0.2)
         assert step == pytest.approx(sum(spans) / len(spans), rel=0.1)  # the trace's own step ranges
         assert parts[0] > 0  # LeNet computes
-        exposed_communication.append(breakdown_of(run_dir / "profile" / f"rank{rank}.trace.json").communication_ms)
+        exposed_communication.append(breakdown_of(trace_file).communication_ms)  # unrounded
         logged = {name: scalars[f"profile/{name}_ms/rank{rank}"] for name in
                   ("step", "computation", "communication", "idle")}
         assert all(values[0][0] == LAST for values in logged.values())

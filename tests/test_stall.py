@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TRAIN, pin_accelerator, processes_tagged, run_dirs
+from conftest import REPO, TRAIN, pin_accelerator, processes_tagged, run_dirs, torchrun
 
 EXAMPLE = REPO / "examples" / "my_project"
 USER_CODE = REPO / "tests" / "user_code"
 STALL_TIMEOUT = 8
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+TORCHRUN = torchrun()
 # Blobs of 512 samples, 16 per rank and step: rank 1's 300th read is in step 19; checkpoints at steps 8 and 16
 RUN = ["dataset=blobs", "model=mlp", "trainer.batch_size=32",
        "trainer.epochs=50", "trainer.log_every_n_steps=4", "trainer.checkpoint_every_n_steps=8",

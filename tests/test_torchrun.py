@@ -1,10 +1,9 @@
 """`torchrun --nproc_per_node=2 train.py strategy=ddp`: we detect the workers, launch nothing, make one folder."""
 import json
-import sys
 
-from conftest import TINY, check_ok, root_cause_exit_code, run_dirs, run_train
+from conftest import TINY, check_ok, root_cause_exit_code, run_dirs, run_train, torchrun
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+TORCHRUN = torchrun()
 
 
 def test_external_torchrun_makes_exactly_one_run_folder(tmp_path):

@@ -3,14 +3,12 @@ dir (`--config-dir`), selected on the command line like the built-ins. Real trai
 import json
 import os
 import shutil
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import REPO, check_ok, driver_says, losses_by_step, read_scalars, run_dirs, run_train
-from test_torchrun import TORCHRUN
+from conftest import REPO, check_ok, driver_says, losses_by_step, read_scalars, run_dirs, run_train, torchrun
 
 EXAMPLE = REPO / "examples" / "my_project"  # docs/your-own-code.md, "Your own model and data", shows
 # Extra pieces for the bad-input cases, added to a copy of the example.
@@ -68,7 +66,7 @@ def test_own_strategy_under_torchrun(project, tmp_path):
     """The other ranks never run Hydra, but compose the config to join: from the user's --config-dir too, where
     their own strategy lives."""
     out = check_ok(_run(project, tmp_path, ["strategy=announcing_ddp", "strategy.banner=hi", "dataset=blobs",
-                                            *COMMON], launcher=TORCHRUN))
+                                            *COMMON], launcher=torchrun()))
     assert out.count("done: test accuracy") == 1
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
@@ -119,7 +117,7 @@ def test_under_torchrun_the_refusal_lists_the_strategies_of_every_config_dir(pro
     """Which strategies fit workers that torchrun started comes from each strategy class (outer_kinds),
     the user's own included, not from a list of names."""
     proc = _run(project, tmp_path, ["strategy=dp", "dataset=blobs", *COMMON], timeout=120,
-                launcher=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"])
+                launcher=torchrun(1))
     assert proc.returncode != 0
     assert "strategy=dp is not allowed under torchrun" in proc.stderr, proc.stderr
     fits = "use strategy=announcing_ddp, ddp, deepspeed, fsdp, pp, tp, tp_function, tp_plan or auto"
