@@ -4,11 +4,12 @@ and -sc (shell completion)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 
 import hydra
-from hydra.errors import ConfigCompositionException, HydraException
+from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -107,6 +108,12 @@ def composition_error_line(exc: HydraException) -> str:
     """One line for a failed composition. Hydra raises ConfigCompositionException from the OmegaConf error of an
     override: a key error is an override of a key the config lacks (said as Hydra says it, with the keys there are),
     another error a value the schema refuses (the key, the value and what is allowed)."""
+    if isinstance(exc, OverrideParseException):  # named, and the grammar page, whatever Hydra words around the parser
+        said = " ".join(str(exc.message).split("\nSee ")[0].replace("^", "").split())
+        said = re.sub(r"^Error when parsing index: \d+, string: .* out of \[.*\]\. ", "", said)  # Hydra 1.4's
+        said = said.removeprefix(f"Error parsing override '{exc.override}' ")  # Hydra 1.3's words before the parser's
+        return (f"Could not parse the override {exc.override!r}: {said} (the override grammar: "
+                "https://hydra.cc/docs/advanced/override_grammar/basic)")
     cause = exc.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         if isinstance(exc, ConfigCompositionException) and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
