@@ -239,12 +239,13 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:
     t = s.trainer
-    processes = strategy.starter.processes()
-    if t.batch_size % (processes * t.grad_accum):
+    shares, processes = strategy.batch_shares(), strategy.starter.processes()
+    if t.batch_size % (shares * t.grad_accum):
+        over = f"{shares} process(es)" if shares == processes else (
+            f"{shares} data-parallel rank(s) (of {processes} processes)")
         raise ConfigError(
-            f"trainer.batch_size={t.batch_size} is not allowed with {processes} process(es) x "
-            f"trainer.grad_accum={t.grad_accum}: the global batch must divide evenly; use a multiple of "
-            f"{processes * t.grad_accum}"
+            f"trainer.batch_size={t.batch_size} is not allowed with {over} x trainer.grad_accum={t.grad_accum}: "
+            f"the global batch must divide evenly; use a multiple of {shares * t.grad_accum}"
         )
     if samples is not None and t.batch_size > samples:
         raise ConfigError(

@@ -83,6 +83,10 @@ CASES = {
     "sequence_parallel_with_own_plan": (["strategy=tp", "strategy.sequence_parallel=true",
                                          "+strategy.plan={head:colwise}"],
                                         "strategy.sequence_parallel=true is not allowed with strategy.plan"),
+    "batch_not_split_over_data_parallel_ranks": (
+        ["strategy=tp", "strategy.dp_shard=2", "trainer.batch_size=18", "trainer.grad_accum=2"],
+        "trainer.batch_size=18 is not allowed with 2 data-parallel rank(s) (of 4 processes) x trainer.grad_accum=2: "
+        "the global batch must divide evenly; use a multiple of 4"),
 }
 
 
@@ -97,7 +101,9 @@ def test_good_meshes_pass_the_driver(tmp_path):
     for overrides in (["strategy=tp"], ["strategy=pp"],
                       ["strategy=pp", "strategy.schedule=Interleaved1F1B", "model.n_layer=4"],
                       ["strategy=tp", "strategy.dp_shard=2"], ["strategy=tp", "strategy.sequence_parallel=true"],
-                      ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"]):
+                      ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"],
+                      # the batch splits over the data-parallel ranks only: 1 here, so 3 micro-batches of 5
+                      ["strategy=tp", "trainer.batch_size=15", "trainer.grad_accum=3"]):
         assert driver_says([*CHAR_LM, *overrides], tmp_path) == "", overrides
 
 

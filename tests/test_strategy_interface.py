@@ -13,7 +13,8 @@ from framework.strategies.base import Strategy
 from framework.strategies.starters import Elastic, Horovod, InProcess
 from framework.training.engine import GradientSync, LocalGroup, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
-MAX_PUBLIC_MEMBERS = 16  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
+MAX_PUBLIC_MEMBERS = 17  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
+# 17: batch_shares, over how many processes the driver checks that a batch splits (a mesh's data-parallel ranks)
 
 
 def public_members(cls: type) -> list[str]:

@@ -65,6 +65,11 @@ class Strategy(ABC):
         (pipeline stages; a stream model-parallel peers must read alike), given `example`, a batch of one real input
         as the model takes it, and `train`, the built training split (in the driver, after the dry run)."""
 
+    def batch_shares(self) -> int:
+        """Over how many processes each global batch is split (each reads its own share of the data): every process
+        here; a mesh's data-parallel ranks only (its tensor- and pipeline-parallel peers read the same share)."""
+        return self.starter.processes()
+
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """The blocks trainer.activation_checkpointing recomputes one at a time (framework/models/blocks.py), and
         what trainer.compile compiles in place before parallelize(): here the whole model, one graph inside the

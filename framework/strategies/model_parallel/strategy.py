@@ -57,6 +57,9 @@ class MeshStrategy(ElasticStrategy):
     def shape(self) -> MeshShape:
         return self._shape(self.options)
 
+    def batch_shares(self) -> int:
+        return self.shape.dp_size
+
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
         super().validate()
