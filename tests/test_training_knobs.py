@@ -4,9 +4,9 @@ state carried across a resume), the lr of every group as logged tags, weights/*.
 (a run folder's config is data: a package it names is refused before it is imported, unless allowed_targets names
 it). tests/test_training_knobs_runs.py runs the same through real runs of every engine."""
 import json
-import os
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ from framework.models.lenet import LeNet
 from framework.results.trained_model import load_model
 from framework.run import RESOLVED_CONFIG
 from framework.telemetry.scalars import lr_scalars
-from framework.training.lr_schedule import TorchSchedule, build_lr_schedule
+from framework.training.lr_schedule import build_lr_schedule
 from framework.training.optim import build_optimizer
 from framework.training.param_groups import ParamGroups, group_lrs, group_settings
 
@@ -287,6 +287,15 @@ def test_a_scheduler_torch_refuses_is_one_line(scheduler, says):
     assert str(error.value).startswith(says)
 
 
+def test_one_cycle_on_a_run_of_unknown_length_says_what_it_misses():
+    """A stream without trainer.max_steps: OneCycleLR gets no total_steps from the run, and the line says which key
+    gives it."""
+    with pytest.raises(ConfigError) as error:
+        _schedule({"_target_": "torch.optim.lr_scheduler.OneCycleLR", "max_lr": 0.4}, _optimizer(), total_steps=None)
+    assert str(error.value).endswith("; this run's length is unknown (a stream): give trainer.max_steps, or "
+                                     "lr_schedule.scheduler.total_steps"), error.value
+
+
 def test_the_driver_refuses_lr_schedule_torch_without_a_scheduler(tmp_path):
     assert driver_says(["dataset=synthetic", "lr_schedule=torch"], tmp_path).startswith(
         "lr_schedule.scheduler is missing: lr_schedule=torch names a torch.optim.lr_scheduler class by _target_")
@@ -408,7 +417,7 @@ def test_hydra_gets_the_same_list_as_its_execution_whitelist_where_it_has_one():
     assert set(whitelist.whitelist) >= {"mine.*", "a.B", "torch.*", "framework.models.*"} and whitelist.reset
 
 
-def _run_folder(tmp_path, model_target: str) -> "Path":
+def _run_folder(tmp_path, model_target: str) -> Path:
     """A run folder as train.py leaves one (its resolved config, weights/best.*), naming `model_target`."""
     run = tmp_path / "shared_run"
     cfg = composed("dataset=synthetic", "dataset.train_size=64", "dataset.test_size=32", "trainer.accelerator=cpu")

@@ -141,8 +141,12 @@ def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: i
         return make(optimizer, **extra)
     except Exception as exc:  # the scheduler's own refusal, whatever its type
         shown = ", ".join(f"{KEY}.{k}={v}" for k, v in given.items()) or "no arguments"
+        unknown_length = ("" if total_steps or "total_steps" in given or "total_steps" not in
+                          inspect.signature(cls).parameters else
+                          "; this run's length is unknown (a stream): give trainer.max_steps, or "
+                          f"{KEY}.total_steps")
         raise ConfigError(f"{KEY}._target_={target} refused its arguments ({shown}): {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())}") from None
+                          f"{' '.join(str(exc).split())}{unknown_length}") from None
 
 
 def _run_facts(cls: type, given: dict, optimizer: torch.optim.Optimizer, total_steps: int | None,
