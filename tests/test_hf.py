@@ -120,8 +120,9 @@ def _first_test_batch(task: str, root) -> dict:
 def test_a_transformers_model_trains_with_its_own_loss_and_is_saved_in_its_own_format(conf, tmp_path, task, strategy):
     if strategy == "deepspeed":
         pytest.importorskip("deepspeed", reason="the deepspeed extra")
-    out = check_ok(run_train(["--config-dir", str(conf), *TASKS[task], *STRATEGIES[strategy], *RUN], tmp_path,
-                             timeout=400))
+    proc = run_train(["--config-dir", str(conf), *TASKS[task], *STRATEGIES[strategy], *RUN], tmp_path, timeout=400)
+    out = check_ok(proc)
+    assert "Writing model shards" not in proc.stderr, "transformers' progress bar at each save_pretrained"
     [run_dir] = run_dirs(tmp_path)
     losses = [v for _, v in read_scalars(run_dir)["loss/train"]]
     assert sum(losses[-2:]) < 0.85 * sum(losses[:2]), losses

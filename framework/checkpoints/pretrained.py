@@ -4,6 +4,7 @@ hydra-dist. Written by rank 0 from the full state dict the weights file holds (g
 model), into a temporary folder renamed into place, so a reader never sees half of one."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -21,10 +22,24 @@ def write_pretrained(run_dir: Path, name: str, module, state: dict) -> Path:
     folder = run_dir / PRETRAINED_DIR / name
     partial = folder.with_name(f".{name}.tmp")
     shutil.rmtree(partial, ignore_errors=True)
-    module.save_pretrained(partial, state_dict=state)
+    with _no_progress_bar():  # transformers draws a bar for each shard it writes, at every best and last save
+        module.save_pretrained(partial, state_dict=state)
     old = folder.with_name(f".{name}.old")
     if folder.exists():
         folder.rename(old)
     partial.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+@contextlib.contextmanager
+def _no_progress_bar():
+    from transformers.utils import logging  # optional library (the hf extra): the model being saved imported it
+
+    was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            logging.enable_progress_bar()
