@@ -5,7 +5,6 @@ GPU."""
 import math
 import os
 import re
-import sys
 
 import pytest
 import torch

@@ -267,7 +267,7 @@ def test_a_sweeps_driver_stopped_by_ctrl_c_says_the_command_once(tmp_path, capsy
     finally:
         HydraConfig.instance().cfg = None
     assert ended.value.code == 128 + signal.SIGINT
-    assert capsys.readouterr().err.count(f"To resume: python ") == 1
+    assert capsys.readouterr().err.count("To resume: python ") == 1
 
 
 @pytest.mark.parametrize("name", ["sweep job", "submitit rank 0"])

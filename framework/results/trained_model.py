@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from framework.checkpoints.weights import WEIGHTS_DIR, read_weights
 from framework.common.errors import ConfigError
 from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
 from framework.config.targets import TargetAllowlist, allowing
