@@ -20,11 +20,11 @@ RUN = ["trainer.max_steps=16", "trainer.batch_size=32", "trainer.log_every_n_ste
 
 
 def _start_and_signal(cwd: Path, args: list[str], sig: int, env: dict | None = None,
-                      marker: str = "held_at_step_*", count: int = 1):
+                      marker: str = "held_at_step_*", count: int = 1, **popen):
     """Start the run, wait until it reached its point (count files named `marker`: HoldAt's by default, held_at), send
     sig. Returns the exit code, output, stderr, the seconds the run took to end and the processes it left."""
     tag = uuid.uuid4().hex
-    proc = start_train(args, cwd, {**faults_env(env), "HYDRA_DIST_TEST_TAG": tag})
+    proc = start_train(args, cwd, {**faults_env(env), "HYDRA_DIST_TEST_TAG": tag}, **popen)
     wait_until_held(proc, cwd, count=count, marker=marker)
     sent = time.monotonic()
     proc.send_signal(sig)
@@ -68,6 +68,19 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
     resumed = check_ok(run_train(command, tmp_path, env=faults_env()))
     assert f"resumed from {checkpoint.path}" in resumed
     assert "done: test accuracy" in resumed
+
+
+def test_sigint_stops_workers_whose_driver_was_started_ignoring_it(tmp_path):
+    """A script's `python train.py ... &` (a shell without job control) starts the driver with SIGINT ignored, and its
+    workers inherited that through the worker template: the agent's stop (it passes SIGINT on) reached workers that
+    trained on until its SIGKILL 30 s later. They take SIGINT as Ctrl-C again."""
+    code, out, err, seconds, left = _start_and_signal(
+        tmp_path, held_at(["strategy=ddp", *RUN], step=6), signal.SIGINT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert code == 128 + signal.SIGINT, err
+    assert seconds < 15, f"took {seconds:.1f} s to stop"
+    assert left == [], f"processes left behind: {left}"
+    assert "stopped by SIGINT; all workers are stopped" in err and "Traceback" not in err, err
 
 
 def test_ctrl_c_ends_workers_blocked_in_collectives_within_seconds(tmp_path):

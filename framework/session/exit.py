@@ -83,6 +83,10 @@ def end_soon_after_a_stop_signal(grace: float = STOP_GRACE_S) -> None:
     if _watching or threading.current_thread() is not threading.main_thread():
         return
     _watching = True
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # inherited: a script's `train.py &` (no job control) starts the driver with SIGINT ignored, and the worker
+        # template passes that on; the agent stops its workers with SIGINT all the same (then SIGKILL, 30 s later)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
