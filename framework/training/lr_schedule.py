@@ -141,12 +141,16 @@ def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: i
         return make(optimizer, **extra)
     except Exception as exc:  # the scheduler's own refusal, whatever its type
         shown = ", ".join(f"{KEY}.{k}={v}" for k, v in given.items()) or "no arguments"
-        unknown_length = ("" if total_steps or "total_steps" in given or "total_steps" not in
-                          inspect.signature(cls).parameters else
-                          "; this run's length is unknown (a stream): give trainer.max_steps, or "
-                          f"{KEY}.total_steps")
+        unknown_length = ("; this run's length is unknown (a stream): give trainer.max_steps, or "
+                          f"{KEY}.total_steps" if not total_steps and _takes_the_runs_length(cls, given) else "")
         raise ConfigError(f"{KEY}._target_={target} refused its arguments ({shown}): {type(exc).__name__}: "
                           f"{' '.join(str(exc).split())}{unknown_length}") from None
+
+
+def _takes_the_runs_length(cls: type, given: dict) -> bool:
+    """The scheduler takes total_steps (OneCycleLR) and the config gives neither it nor epochs: the run's steps."""
+    return ("total_steps" in inspect.signature(cls).parameters and given.get("total_steps") is None
+            and given.get("epochs") is None)
 
 
 def _run_facts(cls: type, given: dict, optimizer: torch.optim.Optimizer, total_steps: int | None,
@@ -157,8 +161,7 @@ def _run_facts(cls: type, given: dict, optimizer: torch.optim.Optimizer, total_s
     group's lr_scale."""
     parameters = inspect.signature(cls).parameters
     extra = {}
-    if "total_steps" in parameters and given.get("total_steps") is None and given.get("epochs") is None \
-            and total_steps:
+    if total_steps and _takes_the_runs_length(cls, given):
         extra["total_steps"] = int(total_steps)
     if issubclass(cls, ReduceLROnPlateau):
         wanted = "max" if higher_is_better else "min"
