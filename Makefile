@@ -1,6 +1,6 @@
 # The two commands of the README. Each sets up what it needs first (idempotent, quick when done):
 # train only the core (torch, torchvision, Hydra, TensorBoard, the dataset); test everything, engines included.
-.PHONY: setup setup-all setup-core setup-gpu-tests train test test-hydra14 test-gpu
+.PHONY: setup setup-all setup-core setup-gpu-tests train test test-all test-hydra14 test-gpu
 PY := .venv/bin/python
 
 setup setup-all:
@@ -15,10 +15,19 @@ setup-gpu-tests:
 train: setup-core
 	$(PY) train.py $(ARGS)
 
-# Two test files at a time (pytest-xdist; a file's tests stay together, so its module fixtures run once); then the
-# in-process tests again against Hydra 1.4.
+# Two test files at a time (pytest-xdist; a file's tests stay together, so its module fixtures run once), the
+# heaviest files first (tests/conftest.py orders them by tests/support/file_weights.json; xdist keeps that order).
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
+# Every in-process test, the distributed units, and the first real run of every engine, launcher and launch situation
+# (tests marked core); then the in-process tests again against Hydra 1.4. About 9 minutes on 2 cores (docs/testing.md).
 test: setup
-	$(PY) -m pytest -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow or core" --durations=15 $(PYTEST_ARGS)
+	$(MAKE) test-hydra14
+
+# Everything (what CI runs): every process test too. About 25 minutes on 2 cores.
+test-all: setup
+	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
 
 # The in-process tests (not those tests/conftest.py marks slow: they start processes) against Hydra 1.4 and its

@@ -18,7 +18,7 @@ $PY train.py strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/outputs/runs/ddp_2_ranks"
 # docs/images/tensorboard_per_gpu_charts.png: the Custom Scalars page (one chart per metric, one line per rank) of
 # a ddp run whose rank 1 sleeps 20 ms in every step (the slow_rank fault), so the straggler shows
-PYTHONPATH=tests/faults $PY train.py +callbacks.faults._target_=fault_injection.FaultInjection \
+PYTHONPATH=tests/support/faults $PY train.py +callbacks.faults._target_=fault_injection.FaultInjection \
     "+callbacks.faults.plan='slow_rank:0.02:1'" strategy=ddp trainer.epochs=2 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 hydra.run.dir="$work/per_gpu/outputs/runs/ddp_rank1_slowed"
 serve "$work/outputs" 6123
@@ -28,7 +28,7 @@ shot 1400,750 tensorboard_per_rank_throughput.png "http://127.0.0.1:6123/#scalar
 shot 1400,1000 tensorboard_per_gpu_charts.png "http://127.0.0.1:6124/#custom_scalars"
 # docs/images/tensorboard_profile_breakdown.png: the Text tab of a ddp run profiled over steps 20-24 (trainer.profile),
 # whose rank 1 sleeps 20 ms in every step: rank 0's time goes to communication (waiting in the all-reduce)
-PYTHONPATH=tests/faults $PY train.py +callbacks.faults._target_=fault_injection.FaultInjection \
+PYTHONPATH=tests/support/faults $PY train.py +callbacks.faults._target_=fault_injection.FaultInjection \
     "+callbacks.faults.plan='slow_rank:0.02:1'" strategy=ddp trainer.max_steps=30 dataset.max_train_samples=16384 \
     dataset.max_test_samples=2048 trainer.log_every_n_steps=8 "trainer.profile=[20,24]" \
     hydra.run.dir="$work/profile/outputs/runs/ddp_profiled"

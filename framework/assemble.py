@@ -69,7 +69,7 @@ def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task
     t, modules = s.trainer, strategy.speedup_modules(task.model)
     model = apply_speedups(task.model, task.channels_last, group.device, move=not strategy.moves_model_itself,
                            checkpointed=modules.recomputed if t.activation_checkpointing else (),
-                           compiled=modules.compiled if t.compile else ())
+                           compiled=modules.compiled if t.compile else (), backend=t.compile_backend)
     workers = group.dp_size * len(group.devices)  # data-parallel processes x the GPUs each drives (dp's replicas)
     return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers, groups), group)
 

@@ -75,6 +75,18 @@ def one_of(*choices, allowed: str = "") -> Rule:
                 lambda v: any(v == c and type(v) is type(c) for c in choices))
 
 
+def compile_backend() -> Rule:
+    """A backend torch.compile knows, its debugging ones included (torch.compiler.list_backends(exclude_tags=()))."""
+    return Rule("a backend of torch.compiler.list_backends(exclude_tags=()): inductor, aot_eager, eager, cudagraphs, ...",
+                lambda v: v in _compile_backends(), lambda v: isinstance(v, str))
+
+
+def _compile_backends() -> list[str]:
+    import torch  # asked only when a backend is checked: torch.compiler's registry imports torch._dynamo
+
+    return torch.compiler.list_backends(exclude_tags=())
+
+
 def non_empty_text() -> Rule:
     return Rule("a non-empty string", lambda v: bool(v.strip()), lambda v: isinstance(v, str))
 

@@ -8,7 +8,8 @@ from typing import List, Optional, Union
 import torch
 
 from framework.config.choices import Accelerator, OnNonfinite, PrecisionChoice
-from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, one_of, rule, step_range
+from framework.config.rules import (Checked, SettingError, above, at_least, at_least_number, compile_backend, one_of, rule,
+                                    step_range)
 
 
 @dataclass
@@ -33,6 +34,9 @@ class TrainerConfig(Checked):
     num_workers: int = rule(0, at_least(0))  # DataLoader worker processes (only with dataset.in_memory=false)
     accelerator: Accelerator = Accelerator.auto  # auto | cpu | gpu (auto: the GPU when there is one)
     compile: bool = False  # torch.compile the model (the first steps and evaluation pay for compiling)
+    # torch.compile's backend: inductor generates kernels; aot_eager runs what dynamo and AOTAutograd traced with eager
+    # kernels (no code generation: a quick check that a model compiles under an engine)
+    compile_backend: str = rule("inductor", compile_backend())
     # memory for compute: each of the model's blocks (the units fsdp shards) keeps only its input in forward and
     # runs again in backward (torch.utils.checkpoint); framework/training/speedups.py
     activation_checkpointing: bool = False
@@ -65,7 +69,7 @@ class TrainerConfig(Checked):
         """What of the trainer's settings a strategy must agree with (its engine's own batch, accumulation,
         precision and clipping, a compile it may refuse, ...): the strategy gets only these."""
         return EngineSettings(precision=self.precision, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                              grad_clip=self.grad_clip, compile=self.compile,
+                              grad_clip=self.grad_clip, compile=self.compile, compile_backend=self.compile_backend,
                               activation_checkpointing=self.activation_checkpointing, on_nonfinite=self.on_nonfinite,
                               stall_timeout=self.stall_timeout, log_all_ranks=self.log_all_ranks,
                               cuda=self.cuda_wanted)
@@ -84,6 +88,7 @@ class EngineSettings:
     grad_accum: int
     grad_clip: Optional[float]
     compile: bool
+    compile_backend: str
     activation_checkpointing: bool
     on_nonfinite: OnNonfinite
     stall_timeout: Optional[float]

@@ -144,7 +144,8 @@ class DeepSpeedStrategy(ElasticStrategy):
             model=model, optimizer=make_optimizer(model.parameters()), config=self.engine_config(group.world_size),
             dist_init_required=False)
         if self.trainer.compile:
-            engine.compile()  # the engine's own: compiles the module it wraps in place, inside its ZeRO hooks
+            # the engine's own: compiles the module it wraps in place, inside its ZeRO hooks
+            engine.compile(backend=self.trainer.compile_backend)
         io = DeepSpeedCheckpoints(group.rank, group.world_size, group.cuda_devices, self.options.zero_stage)
         return DeepSpeedWrapped(engine, ds_optimizer, DeepSpeedPrecision(self.trainer.precision, group.device, engine),
                                 io, engine.module)

@@ -44,10 +44,12 @@ class SpeedupModules:
 
 
 def apply_speedups(model: nn.Module, channels_last: bool, device: torch.device, move: bool = True,
-                   checkpointed: Sequence[nn.Module] = (), compiled: Sequence[nn.Module] = ()) -> nn.Module:
+                   checkpointed: Sequence[nn.Module] = (), compiled: Sequence[nn.Module] = (),
+                   backend: str = "inductor") -> nn.Module:
     """The model in channels_last layout (resolved already: batches and model must agree), on `device`
     (move=False: where it is, for a strategy that places it itself), with the `checkpointed` blocks recomputed in
-    backward and the `compiled` modules (the model itself, or its blocks) torch.compile'd. Both happen in place, so
+    backward and the `compiled` modules (the model itself, or its blocks) torch.compile'd with `backend`. Both happen
+    in place, so
     the parameter names stay the user's (no `_orig_mod.` or `_checkpoint_wrapped_module.` in any checkpoint), and
     before a strategy wraps the model (fsdp shards the checkpointed, compiled blocks, as torchtitan does)."""
     if channels_last:
@@ -57,7 +59,7 @@ def apply_speedups(model: nn.Module, channels_last: bool, device: torch.device, 
     for block in checkpointed:
         recompute_in_backward(block)
     for module in compiled:
-        module.compile()
+        module.compile(backend=backend)
     return model
 
 

@@ -1,0 +1,1 @@
+"""Distributed units on a persistent gloo world (tests/conftest.py)."""

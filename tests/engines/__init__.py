@@ -1,0 +1,1 @@
+"""The engines' real runs, compared with one process (tests/conftest.py)."""

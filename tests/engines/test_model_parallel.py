@@ -1,0 +1,110 @@
+"""strategy=tp and strategy=pp train the built-in char LM (a 4-block GPT, 32 wide, its head tied to the token
+embedding) on CPU workers (gloo) with the loss of one process at every step, to 1e-5 in fp32, clipping and
+accumulation on: tensor parallel over 2 workers (its sequence-parallel plan: norms and residuals split along the
+sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split point, 1F1B, Interleaved1F1B with 2
+stages per rank), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
+report their compute, bubble and communication per rank. A checkpoint written on one mesh resumes on another (tp=2
+-> ddp, pp=2 -> tp=2) and continues the same curve. Real train.py processes, shared through the run cache;
+tests/unit/test_model_parallel_checks.py has the refusals, tests/engines/test_model_parallel_user.py a user's model
+with a plan from YAML. Under torchrun the mesh is built from the ranks it started, with the same losses."""
+import pytest
+import torch
+
+from support.mesh_runs import (
+    COMMON,
+    MESH,
+    STEPS,
+    assert_continues,
+    assert_same_losses,
+    pipeline,
+    result,
+    resumed_from_step_4,
+    train,
+)
+from support.processes import torchrun
+from support.run_files import losses_by_step, read_scalars
+
+CHAR_LM = ["experiment=char_lm", "model.n_layer=4", "model.n_embd=32", "model.n_head=4", "dataset.block_size=32",
+           "dataset.max_train_samples=1024", "dataset.max_test_samples=64", *COMMON]
+MESHES = {
+    "tp2_sequence_parallel": ["strategy=tp", "strategy.sequence_parallel=true", *MESH],
+    "pp2_GPipe_split_at_blocks.3": [*pipeline("GPipe"), "strategy.split_points=[blocks.3]"],
+    "pp2_1F1B": pipeline("1F1B"),
+    "pp2_Interleaved1F1B": pipeline("Interleaved1F1B"),
+    "dp_shard2_x_tp2": ["strategy=tp", "strategy.dp_shard=2", *MESH],
+}
+
+
+@pytest.fixture(scope="module")
+def single(runs):
+    run_dir = train(runs, [*CHAR_LM, "strategy=single"])
+    return {"losses": losses_by_step(run_dir), "result": result(run_dir)}
+
+
+CORE = ("tp2_sequence_parallel", "pp2_1F1B")  # make test's: one tensor and one pipeline parallel run
+
+
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=pytest.mark.core) if m in CORE else m for m in MESHES])
+def test_the_char_lm_on_a_mesh_has_the_loss_of_one_process_at_every_step(runs, single, mesh):
+    run_dir = train(runs, [*CHAR_LM, *MESHES[mesh]])
+    assert_same_losses(single["losses"], run_dir)
+    done = result(run_dir)
+    workers = 4 if mesh.startswith("dp_shard2") else 2
+    assert done["processes"] == workers and done["steps"] == STEPS
+    assert done["test_loss"] == pytest.approx(single["result"]["test_loss"], rel=1e-5), "evaluation on every rank"
+    assert done["test_bits_per_char"] == pytest.approx(single["result"]["test_bits_per_char"], rel=1e-5)
+    scalars = read_scalars(run_dir)
+    peers = 2  # the ranks of one data-parallel rank (tp or pp peers: neighbours on the mesh) report the same loss
+    for r in range(workers):
+        assert scalars[f"loss/train/rank{r}"] == scalars[f"loss/train/rank{r - r % peers}"]
+    shares = [scalars[f"throughput/samples_per_sec/rank{r}"][-1][1] for r in range(workers)]
+    assert sum(shares) == pytest.approx(scalars["throughput/samples_per_sec"][-1][1], rel=0.05)
+    if mesh.startswith("pp"):  # each stage's compute, bubble and communication per step, one line per rank
+        for r in range(2):
+            for tag in ("time/wait_ms", "time/comm_ms", "time/forward_ms", "time/backward_ms", "time/busy_ms"):
+                values = [v for _, v in scalars[f"{tag}/rank{r}"]]
+                assert len(values) == STEPS and min(values) >= 0, (tag, r, values)
+            assert scalars[f"time/forward_ms/rank{r}"][-1][1] > 0
+        # the first stage waits for the last stage's first backward: its bubble is real
+        assert sum(v for _, v in scalars["time/wait_ms/rank0"]) > 0
+    checkpoint = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+    assert {".metadata", "training_state.pt"} | {f"__{r}_0.distcp" for r in range(workers)} <= {
+        p.name for p in checkpoint.iterdir()}
+    _assert_whole_weights(run_dir)
+
+
+def _assert_whole_weights(run_dir):
+    """weights/last.pt holds every tensor of the whole model, as one process writes it (a pipeline's stages gathered
+    to rank 0, tensor-parallel shards made whole), and loads into the plain GPT."""
+    from framework.results.trained_model import load_model
+
+    saved = torch.load(run_dir / "weights" / "last.pt", weights_only=True)["model"]
+    model = load_model(run_dir, "last")
+    assert list(saved) == list(model.state_dict())
+    assert all(saved[k].shape == v.shape for k, v in model.state_dict().items())
+    assert torch.equal(saved["wte.weight"], saved["head.weight"]), "the tied copies stepped alike"
+
+
+@pytest.mark.parametrize("mesh", ["tp2_sequence_parallel", "pp2_1F1B"])
+def test_under_torchrun_the_mesh_is_made_of_its_ranks_with_the_loss_of_one_process(runs, single, mesh):
+    run = runs.train([*CHAR_LM, *MESHES[mesh]], launcher=torchrun()).ok()
+    assert_same_losses(single["losses"], run.run_dir)
+    done = result(run.run_dir)
+    assert (done["processes"], done["strategy"]) == (2, mesh[:2])
+    assert len(run.jobs) == 1, "one run folder: the ranks torchrun started follow rank 0's"
+
+
+def test_a_tensor_parallel_checkpoint_resumes_under_ddp(runs, single):
+    """DCP shards of tp=2 (the sequence-parallel run's step-4 checkpoint) read by ddp's two workers, each loading the
+    whole model (a single-file engine reads DCP)."""
+    tp = train(runs, [*CHAR_LM, *MESHES["tp2_sequence_parallel"]])
+    run_dir, _ = resumed_from_step_4(runs, tp, [*CHAR_LM, "strategy=ddp", "strategy.nproc_per_node=2"])
+    assert_continues(single["losses"], run_dir)
+
+
+def test_a_pipeline_checkpoint_resumes_under_tensor_parallel(runs, single):
+    """Stage shards (the tied head's optimizer state under the embedding's name) read by tp=2's ranks."""
+    pp = train(runs, [*CHAR_LM, *MESHES["pp2_1F1B"]])
+    run_dir, _ = resumed_from_step_4(runs, pp, [*CHAR_LM, "strategy=tp", *MESH])
+    assert_continues(single["losses"], run_dir)
+    assert result(run_dir)["strategy"] == "tp"

@@ -1,0 +1,69 @@
+"""train.py as a user runs it: real processes, real gloo process groups, real TensorBoard files. The three runs here
+(TINY: 2 epochs of 2,048 Fashion-MNIST images) are shared with other tests through the run cache."""
+import pytest
+
+from support.processes import TINY
+from support.run_files import read_scalars
+
+
+def _lenet_parameters() -> int:
+    from framework.models.lenet import LeNet
+
+    return sum(p.numel() for p in LeNet((1, 28, 28), 10).parameters())
+
+
+def _decreasing(series):
+    values = [v for _, v in series]
+    return values[-1] < values[0]
+
+
+def tiny(runs, strategy: str):
+    return runs.train([f"strategy={strategy}", *TINY]).ok()
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("strategy,ranks", [("single", 1), ("dp", 1), ("ddp", 2)])
+def test_strategy_trains_and_logs_per_rank_metrics(runs, strategy, ranks):
+    run = tiny(runs, strategy)
+    run_dir, out = run.run_dir, run.stdout
+    assert run_dir.name.endswith(f"_{strategy}_lenet")
+    scalars = read_scalars(run_dir)
+    for r in range(ranks):
+        rates = scalars[f"throughput/samples_per_sec/rank{r}"]
+        assert rates and all(v > 0 for _, v in rates)
+        assert _decreasing(scalars[f"loss/train/rank{r}"])
+    assert f"throughput/samples_per_sec/rank{ranks}" not in scalars
+    # the default optimizer, SGD with momentum: one fp32 momentum buffer per parameter, replicated per rank
+    momentum_state_mib = 4 * _lenet_parameters() / 2**20
+    for r in range(ranks):
+        for _, mib in scalars[f"memory/optimizer_state_mib/rank{r}"]:
+            assert momentum_state_mib <= mib < momentum_state_mib * 1.01
+    assert _decreasing(scalars["loss/train"])
+    assert {"loss/val", "acc/val", "time/step_ms", "time/data_ms", "lr", "throughput/samples_per_sec"} <= set(scalars)
+    result = run.result()
+    assert result["processes"] == ranks and len(result["per_rank_samples_per_sec"]) == ranks
+    assert result["test_acc"] > 0.5  # 10 classes: chance is 0.1
+    assert "done: test accuracy" in out and str(run_dir) in out
+    if strategy == "dp":
+        assert out.count("nn.DataParallel runs the model on the CPU") == 1
+
+
+@pytest.mark.core
+def test_ddp_progress_lines_come_from_rank_0_only(runs):
+    out = tiny(runs, "ddp").stdout
+    assert out.count("training LeNet") == 1
+    assert out.count("test accuracy") == 3  # each epoch's line (2 epochs) and the final line, once each
+
+
+@pytest.mark.core
+def test_hparams_are_written_for_the_hparams_tab(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(tiny(runs, "single").run_dir))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert session.hparams["strategy"].string_value == "single"
+    assert session.hparams["global_batch"].number_value == 64
+    assert "hparam/test_acc" in acc.Tags()["scalars"]

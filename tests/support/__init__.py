@@ -1,0 +1,1 @@
+"""Helpers of the tests (tests/conftest.py lists them)."""

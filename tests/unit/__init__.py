@@ -1,0 +1,1 @@
+"""In-process tests: nothing here starts a process (tests/conftest.py)."""

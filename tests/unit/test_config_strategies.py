@@ -1,0 +1,66 @@
+"""The built-in strategies compose from closed schemas: a key one lacks fails while Hydra composes, with one line
+listing the keys it has. strategy=auto (ddp's options) still resolves. A user's strategy with keys of its own starts
+from the open copy of the schema it extends (examples/my_project/conf/strategy/announcing_ddp.yaml) and is typed by
+its own Options in the driver, which refuses its typos. In this process; the one real `python train.py` is
+tests/runs/test_refusals.py's."""
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from framework.config.settings import settings_of
+from framework.config.strategy_options import DDPOptions, SingleOptions
+from support.driver import composed, composition_says, driver_says, strategy_for
+from support.processes import EXAMPLE
+
+
+@pytest.mark.parametrize("strategy,known", [("single", "name"), ("dp", "device_ids"), ("ddp", "bucket_cap_mb"),
+                                            ("fsdp", "shard_modules"), ("deepspeed", "zero_stage"),
+                                            ("horovod", "backward_passes_per_step"), ("auto", "bucket_cap_mb")])
+def test_a_key_a_built_in_strategy_lacks_fails_while_hydra_composes(strategy, known):
+    line = composition_says(f"strategy={strategy}", "strategy.bucket_cap=30")
+    assert line.startswith("Could not override 'strategy.bucket_cap': strategy has no key 'bucket_cap' (its keys: ")
+    assert known in line.partition("(its keys: ")[2]
+
+
+def test_strategy_auto_still_resolves_to_single_or_ddp_with_its_options():
+    from framework.strategies import resolve_auto
+
+    assert type(strategy_for("strategy=auto", "trainer.accelerator=cpu").options) is SingleOptions
+    cfg = composed("strategy=auto", "strategy.nproc_per_node=3", "strategy.backend=gloo")
+    assert resolve_auto(cfg, outer_kind="torch").startswith("strategy=auto chose ddp")
+    options = settings_of(cfg, DDPOptions).strategy
+    assert (options.name, options.nproc_per_node, options.backend) == ("ddp", 3, "gloo")
+
+
+def test_a_users_strategy_with_keys_of_its_own_composes_and_its_typo_stops_in_the_driver(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    common = ["dataset=blobs", "model=mlp", "trainer.batch_size=30", "strategy=announcing_ddp"]
+    says = lambda *more: driver_says([*common, *more], tmp_path, config_dir=EXAMPLE / "conf")  # noqa: E731
+    assert says("strategy.banner=hi", "strategy.nproc_per_node=3") == ""  # its own key, and ddp's
+    assert says("strategy.backend=mpi") == "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo"
+    typo = says("strategy.bannr=hi")
+    assert typo.startswith("strategy.bannr is not allowed: strategy has no key 'bannr' (its keys: ")
+    assert typo.endswith(", banner)")
+
+
+def test_extending_a_closed_built_in_node_with_a_key_of_its_own_fails_while_hydra_composes(tmp_path):
+    """Why examples/my_project/conf/strategy/announcing_ddp.yaml starts from /schema/open/strategy/ddp."""
+    from framework.common.paths import config_dir_override
+
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "mine.yaml").write_text("defaults: [ddp, _self_]\nbanner: hi\n")
+    with pytest.raises(ConfigCompositionException):
+        composed("strategy=mine", config_dir_override(str(tmp_path)))
+
+
+def test_a_strategy_of_the_elastic_options_starts_from_their_open_copy(tmp_path):
+    from framework.common.paths import config_dir_override
+
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "mine.yaml").write_text("defaults: [/schema/open/strategy/elastic@_here_, _self_]\n"
+                                                     "_target_: mypkg.Mine\nname: mine\nbanner: hi\n")
+    node = composed("strategy=mine", "strategy.nproc_per_node=3", config_dir_override(str(tmp_path))).strategy
+    assert (node.banner, node.nproc_per_node, node.backend) == ("hi", 3, "auto") and "bucket_cap_mb" not in node
+    assert composition_says("strategy=mine", "strategy.backend=mpi", config_dir_override(str(tmp_path))) == \
+        "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo"

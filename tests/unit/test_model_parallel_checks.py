@@ -1,0 +1,213 @@
+"""strategy=tp / strategy=pp: everything a mesh, a plan or a split point can get wrong is one line in the driver,
+before any worker starts (conftest.driver_says: the driver's own composition and checks, in this process); and the
+arithmetic the workers rely on (each rank's place on the mesh, the model's pieces and stages, the plan's patterns),
+in-process. tests/test_model_parallel.py trains them."""
+import shutil
+import textwrap
+
+import pytest
+import torch
+
+from support.driver import driver_says
+from support.processes import REPO
+
+EXAMPLE = REPO / "examples" / "my_project"
+CHAR_LM = ["experiment=char_lm", "model.n_layer=2", "model.n_embd=32", "model.n_head=4", "dataset.block_size=32",
+           "trainer.batch_size=16", "dataset.max_train_samples=512", "dataset.max_test_samples=64"]
+USER = ["experiment=task_residual_lm", "trainer.batch_size=16"]
+
+CASES = {
+    "degrees_not_the_workers": (
+        ["strategy=tp", "strategy.dp_shard=2", "strategy.nproc_per_node=2"],
+        "strategy.dp_shard=2 x strategy.tp=2 = 4 worker(s) is not allowed with 2 worker(s): the degrees' product must "
+        "be the number of workers"),
+    "degree_zero": (["strategy=tp", "strategy.tp=0"], "strategy.tp=0 is not allowed: expected an integer >= 1"),
+    "heads_not_divisible": (["strategy=tp", "model.n_head=2", "strategy.tp=4"],
+                            "strategy.tp=4 is not allowed with model.n_head=2: tensor parallel gives each rank "
+                            "model.n_head / tp of them; use a tp that divides 2"),
+    "width_not_divisible": (["strategy=tp", "strategy.tp=3"],
+                            "strategy.tp=3 is not allowed with blocks.0.attn.q=colwise: its out_features (32) does not "
+                            "divide by 3; use a tp that divides 32"),
+    "sequence_not_divisible": (["strategy=tp", "strategy.tp=4", "strategy.sequence_parallel=true",
+                                "dataset.block_size=30"],
+                               "strategy.tp=4 is not allowed with dataset.block_size=30"),
+    "sequence_without_tp": (["strategy=pp", "strategy.sequence_parallel=true"],
+                            "strategy.sequence_parallel=true is not allowed with strategy.tp=1"),
+    "fp16": (["strategy=tp", "trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=tp"),
+    "split_point_unknown": (["strategy=pp", "strategy.split_points=[blocks.7]"],
+                            "strategy.split_points: 'blocks.7' is not allowed for GPT: a split point names a piece of "
+                            "the model where a stage begins (wte, wpe, drop, blocks.0, blocks.1, ln_f, head)"),
+    "split_points_too_many": (["strategy=pp", "strategy.split_points=[blocks.0,blocks.1]"],
+                              "strategy.split_points=['blocks.0', 'blocks.1'] is not allowed: 2 stages need 1 split "
+                              "point(s)"),
+    "split_points_out_of_order": (["strategy=pp", "strategy.pp=3", "strategy.microbatches=4",
+                                   "strategy.split_points=[ln_f,blocks.1]"],
+                                  "strategy.split_points=['ln_f', 'blocks.1'] is not allowed: they must follow the "
+                                  "model's order"),
+    "split_point_breaks_the_forward": (
+        ["strategy=pp", "strategy.split_points=[wpe]"],
+        "strategy.split_points=['wpe'] is not allowed for GPT: its forward does not run as pipeline stages (stage 1 "
+        "of 2, holding wte: TypeError: 'NoneType' object is not callable); a model pipeline parallel cuts runs its "
+        "modules in the order they are registered, skips a module that is None"),
+    "more_stages_than_blocks": (["strategy=pp", "strategy.schedule=Interleaved1F1B", "strategy.microbatches=4",
+                                 "strategy.stages_per_rank=2", "model.n_layer=3"],
+                                "strategy.pp x strategy.stages_per_rank = 4 stages is not allowed for GPT: it has 3 "
+                                "blocks to share out"),
+    "microbatches_not_dividing": (["strategy=pp", "strategy.microbatches=3"],
+                                  "strategy.microbatches=3 is not allowed with a micro-batch of 16"),
+    "too_few_microbatches_for_1f1b": (["strategy=pp", "strategy.microbatches=1"],
+                                      "strategy.microbatches=1 is not allowed with strategy.schedule=1F1B and "
+                                      "strategy.pp=2: 1F1B needs at least as many microbatches as stages"),
+    "schedule_unknown": (["strategy=pp", "strategy.schedule=ZeroBubble"],
+                         "strategy.schedule='ZeroBubble' is not allowed: expected GPipe, 1F1B, Interleaved1F1B"),
+    "virtual_stages_with_gpipe": (["strategy=pp", "strategy.schedule=GPipe", "strategy.stages_per_rank=2"],
+                                  "strategy.stages_per_rank=2 is not allowed with strategy.schedule=GPipe"),
+    "interleaved_with_one_stage": (["strategy=pp", "strategy.schedule=Interleaved1F1B", "strategy.stages_per_rank=1"],
+                                   "strategy.stages_per_rank=1 is not allowed with strategy.schedule=Interleaved1F1B"),
+    "pipeline_option_without_pp": (["strategy=tp", "strategy.microbatches=4"],
+                                   "strategy.microbatches=4 is not allowed with strategy.pp=1"),
+    "plan_without_tp": (["strategy=pp", "+strategy.plan={head:colwise}"],
+                        "strategy.plan is not allowed with strategy.tp=1"),
+    "plan_style_unknown": (["strategy=tp", "+strategy.plan={head:diagonal}"],
+                           "strategy.plan.head='diagonal' is not allowed: expected one of colwise, rowwise, sequence"),
+    "plan_matches_nothing": (["strategy=tp", "+strategy.plan={decoder:colwise}"],
+                             "strategy.plan: pattern 'decoder' is not allowed for GPT: it matches no module"),
+    "plan_style_on_a_norm": (["strategy=tp", "+strategy.plan={ln_f:colwise}"],
+                             "strategy.plan: ln_f=colwise is not allowed: ln_f is a LayerNorm, and colwise splits "
+                             "nn.Linear or nn.Embedding"),
+    "plan_and_function": (["strategy=tp", "+strategy.plan={head:colwise}",
+                           "+strategy.parallelize={_target_:mypkg.nowhere.split}"],
+                          "strategy.plan and strategy.parallelize are not allowed together"),
+    "function_not_importable": (["strategy=tp", "+strategy.parallelize={_target_:mypkg.nowhere.split}"],
+                                "strategy.parallelize._target_=mypkg.nowhere.split is not allowed: it cannot be "
+                                "imported"),
+    "sequence_parallel_with_own_plan": (["strategy=tp", "strategy.sequence_parallel=true",
+                                         "+strategy.plan={head:colwise}"],
+                                        "strategy.sequence_parallel=true is not allowed with strategy.plan"),
+    "batch_not_split_over_data_parallel_ranks": (
+        ["strategy=tp", "strategy.dp_shard=2", "trainer.batch_size=18", "trainer.grad_accum=2"],
+        "trainer.batch_size=18 is not allowed with 2 data-parallel rank(s) (of 4 processes) x trainer.grad_accum=2: "
+        "the global batch must divide evenly; use a multiple of 4"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_mesh_settings_fail_in_the_driver(tmp_path, name):
+    overrides, message = CASES[name]
+    line = driver_says([*CHAR_LM, *overrides], tmp_path)
+    assert message in line, line
+
+
+def test_good_meshes_pass_the_driver(tmp_path):
+    for overrides in (["strategy=tp"], ["strategy=pp"],
+                      ["strategy=pp", "strategy.schedule=Interleaved1F1B", "model.n_layer=4"],
+                      ["strategy=tp", "strategy.dp_shard=2"], ["strategy=tp", "strategy.sequence_parallel=true"],
+                      ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"],
+                      # the batch splits over the data-parallel ranks only: 1 here, so 3 micro-batches of 5
+                      ["strategy=tp", "trainer.batch_size=15", "trainer.grad_accum=3"]):
+        assert driver_says([*CHAR_LM, *overrides], tmp_path) == "", overrides
+
+
+@pytest.fixture
+def user_project(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    return EXAMPLE / "conf"
+
+
+def test_a_users_plan_from_yaml_passes_and_a_bad_one_is_refused(tmp_path, user_project):
+    assert driver_says([*USER, "strategy=tp_plan"], tmp_path, config_dir=user_project) == ""
+    assert driver_says([*USER, "strategy=tp_plan", "strategy.dp_shard=2"], tmp_path, config_dir=user_project) == ""
+    assert driver_says([*USER, "strategy=tp_function"], tmp_path, config_dir=user_project) == ""  # a function
+    line = driver_says([*USER, "strategy=tp_plan", "strategy.tp=3"], tmp_path, config_dir=user_project)
+    assert "strategy.tp=3 is not allowed with blocks.0.up=colwise: its out_features (128) does not divide by 3" in line
+    line = driver_says([*USER, "strategy=tp"], tmp_path, config_dir=user_project)
+    assert "strategy.tp=2 is not allowed for ResidualLM: it has no tensor_parallel_plan; give strategy.plan" in line
+
+
+def test_a_model_whose_forward_cannot_be_cut_is_refused_with_the_contract(tmp_path, user_project):
+    """TinyLM (an embedding, a GRU and a head, mypkg/tasks.py) calls each of its modules without asking whether a
+    stage holds it, and has no blocks to share out."""
+    line = driver_says(["experiment=task_char_lm", "trainer.batch_size=16", "strategy=pp"], tmp_path,
+                       config_dir=user_project)
+    assert "strategy.pp x strategy.stages_per_rank = 2 stages is not allowed for TinyLM: it has 0 blocks" in line
+    line = driver_says(["experiment=task_char_lm", "trainer.batch_size=16", "strategy=pp",
+                        "strategy.split_points=[rnn]"], tmp_path, config_dir=user_project)
+    assert ("strategy.split_points=['rnn'] is not allowed for TinyLM: its forward does not run as pipeline stages "
+            "(stage 1 of 2, holding embed: TypeError") in line
+    assert "skips a module that is None" in line and "docs/model-parallel.md" in line
+
+
+def test_a_users_strategy_yaml_with_a_bad_pattern_is_refused(tmp_path, user_project):
+    conf = tmp_path / "conf"
+    shutil.copytree(user_project, conf)
+    (conf / "strategy" / "bad_plan.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - /schema/strategy/tp@_here_
+          - _self_
+        _target_: framework.strategies.model_parallel.strategy.MeshStrategy
+        name: bad_plan
+        tp: 2
+        plan:
+          blocks.*.fc: colwise
+        """))
+    line = driver_says([*USER, "strategy=bad_plan"], tmp_path / "run", config_dir=conf)
+    assert "strategy.plan: pattern 'blocks.*.fc' is not allowed for ResidualLM: it matches no module" in line, line
+
+
+# ---- what the workers rely on, in-process ------------------------------------------------------------------
+
+def test_each_rank_knows_its_place_and_its_data_parallel_rank():
+    from framework.strategies.model_parallel.shape import MeshShape
+
+    shape = MeshShape(pp=2, dp_shard=2, tp=2)
+    assert shape.workers == 8 and shape.dp_size == 2
+    # tensor parallel peers are neighbours; the pipeline axis is the outermost
+    assert shape.coordinates(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert shape.coordinates(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "tp": 0}
+    assert [shape.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert MeshShape(dp_replicate=2, dp_shard=2).dp_rank(3) == 3
+    # the DeviceMesh lays ranks out the same way
+    mesh = torch.arange(8).view(shape.sizes)
+    for rank in range(8):
+        c = shape.coordinates(rank)
+        assert mesh[c["pp"], c["dp_replicate"], c["dp_shard"], c["tp"]] == rank
+
+
+def test_the_gpt_cuts_into_stages_that_run_as_the_whole_model():
+    from framework.models.gpt import GPT
+    from framework.strategies.model_parallel.pipeline_cut import pieces, stage_pieces, view
+
+    torch.manual_seed(0)
+    model = GPT((8,), 11, n_layer=4, n_head=2, n_embd=8)
+    assert pieces(model) == ["wte", "wpe", "drop", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln_f", "head"]
+    stages = stage_pieces(model, 3, None)  # 4 blocks over 3 stages: the first takes one more
+    assert stages == [["wte", "wpe", "drop", "blocks.0", "blocks.1"], ["blocks.2"], ["blocks.3", "ln_f", "head"]]
+    ids = torch.randint(0, 11, (2, 8))
+    x = ids
+    for names in stages:
+        stage = view(model, set(names))
+        assert set(n.split(".")[0] for n, _ in stage.named_parameters()) <= {n.split(".")[0] for n in names}
+        x = stage(x)
+    assert torch.equal(x, model(ids))
+    # a view shares the model's own parameters (one optimizer, one checkpoint name per parameter)
+    assert view(model, set(stages[0])).wte.weight is model.wte.weight
+
+
+def test_plan_patterns_match_one_name_part_per_star():
+    from framework.models.gpt import GPT
+    from framework.strategies.model_parallel.tensor_parallel import matches, resolve
+
+    assert matches("blocks.*.mlp.0", "blocks.11.mlp.0") and not matches("blocks.*", "blocks.1.mlp")
+    model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
+    resolved = resolve(model, GPT.tensor_parallel_plan)
+    assert len(resolved) == 2 * 6 and resolved["blocks.1.attn.proj"] == "rowwise"
+
+
+def test_the_mesh_recomputes_and_compiles_the_blocks():
+    """trainer.activation_checkpointing and trainer.compile act on the blocks (on a pipeline rank, those it holds)."""
+    from framework.models.gpt import GPT
+    from support.driver import strategy_for
+
+    model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
+    modules = strategy_for("strategy=pp").speedup_modules(model)
+    assert modules.recomputed == modules.compiled == list(model.blocks)

@@ -1,0 +1,214 @@
+"""Streaming splits in-process (framework/data/streams.py): how a stream is dealt over ranks and DataLoader workers,
+that every sample goes to exactly one of them, that the steps taken so far are the stream's first samples whatever
+the world size, resuming by the dataset's state or by count, the agreed steps of ranks with uneven shares (a 1-rank
+group whose peer is simulated by what the all-reduce adds), and the refusals, each one line."""
+import itertools
+
+import pytest
+import torch
+from stream_probe import CountingStream, ProbeCollate, StatefulStream, UnevenStream
+
+from framework.data.collate import Collate
+from framework.data.streams import Filler, StreamLoader, eval_stream
+from support.driver import driver_says
+from support.processes import USER_CODE
+
+PROBE_COLLATE = Collate(ProbeCollate(), "probe", own=True)
+
+
+def _loader(dataset, rank=0, world=1, micro=4, workers=0, agree=None):
+    return StreamLoader(dataset, None, torch.device("cpu"), micro, rank, world, workers, agree=agree)
+
+
+def _ids(batch) -> list[int]:
+    return [int(i) for i in batch[0][:, 0].tolist()]
+
+
+def _steps(loader, k=1, count=None):
+    """The ids of each step's real micro-batches, for `count` steps (or all)."""
+    return [[i for b in itertools.islice(s.batches, s.real) for i in _ids(b)]
+            for s in itertools.islice(loader.shares(k), count)]
+
+
+@pytest.mark.parametrize("world,micro,workers", [(1, 4, 0), (2, 4, 0), (3, 3, 0), (2, 4, 2)])
+def test_every_sample_goes_to_exactly_one_rank_and_worker(world, micro, workers):
+    stream = CountingStream(37)
+    per_rank = [sum(_steps(_loader(stream, r, world, micro, workers)), []) for r in range(world)]
+    assert sorted(sum(per_rank, [])) == sorted(stream.order())
+    # ranks differ by at most one micro-batch: blocks of `micro` are dealt in turn
+    batches = [-(-len(ids) // micro) for ids in per_rank]
+    assert max(batches) - min(batches) <= 1
+
+
+def test_the_steps_taken_are_the_streams_first_samples_and_the_rest_reshards_onto_another_world_size():
+    stream, micro, k = CountingStream(50), 3, 2
+    order = stream.order()
+    loaders = [_loader(stream, r, 2, micro) for r in range(2)]
+    taken = [sum(_steps(loader, k, count=3), []) for loader in loaders]
+    done = 3 * k * micro * 2  # three steps of a global batch of 12
+    assert sorted(taken[0] + taken[1]) == sorted(order[:done])
+    records = [loader.state() for loader in loaders]
+    rest = []
+    for rank in range(3):  # three ranks go on from there, micro-batches of 2
+        loader = _loader(stream, rank, 3, 2)
+        loader.restore(done, records)
+        rest += sum(_steps(loader), [])
+    assert sorted(rest) == sorted(order[done:])
+
+
+def test_a_stateful_stream_resumes_from_its_own_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAM_PROBE_DIR", str(tmp_path))
+    stream = StatefulStream(40)
+    loader = _loader(stream, 0, 1, 4)
+    first = sum(_steps(loader, 1, count=3), [])
+    record = loader.state()
+    assert record["state"] == {"epoch": 0, "next": 12} and record["position"] == 12
+    again = _loader(StatefulStream(40), 0, 1, 4)
+    how = again.restore(12, [record])
+    assert "the dataset's state" in how
+    rest = sum(_steps(again), [])
+    assert first + rest == stream.order()
+    assert "loaded 12" in (tmp_path / "rank0.txt").read_text()  # read from its state, not re-read from the start
+
+
+def test_a_stream_without_state_is_fast_forwarded_by_count():
+    stream = CountingStream(40)
+    loader = _loader(stream, 0, 1, 4)
+    first = sum(_steps(loader, 1, count=2), [])
+    again = _loader(CountingStream(40), 0, 1, 4)
+    assert "count" in again.restore(8, [loader.state()])
+    assert first + sum(_steps(again), []) == stream.order()
+
+
+def test_a_self_sharded_stream_resumes_each_worker_where_it_was():
+    stream = UnevenStream(big=30, small=10)
+    reference = sum(_steps(_loader(stream, 0, 1, 4, workers=2)), [])
+    loader = _loader(stream, 0, 1, 4, workers=2)
+    first = sum(_steps(loader, 1, count=3), [])  # worker 0, 1, 0
+    record = loader.state()
+    assert record["next"] == 1 and [r["items"] for r in record["readers"]] == [8, 4]
+    again = _loader(stream, 0, 1, 4, workers=2)
+    again.restore(12, [record])
+    assert first + sum(_steps(again), []) == reference
+    assert sorted(reference) == list(range(30))
+
+
+def test_steps_of_uneven_ranks_agree_and_weigh_the_samples_they_had():
+    # alone: 10 samples in micro-batches of 4, grad_accum 2 -> a step of 8, then one of 2 (and a filler) that ends it
+    shares = list(_loader(CountingStream(10), micro=4).shares(2))
+    assert [(s.real, s.samples, s.last) for s in shares] == [(2, 8, False), (1, 2, True)]
+    assert shares[1].scale == pytest.approx(1 / 2)
+    assert len(list(shares[1].batches)) == 2  # the filler runs too: every rank runs grad_accum micro-batches
+
+    # a peer with 6 samples more per step and more data after: this rank runs fillers, weighted 0, until it is done
+    def peer(t):
+        here, more = t.tolist()
+        return torch.tensor([here + 6, more or 1])
+    loader = _loader(CountingStream(4), micro=4, agree=peer)
+    shares = list(itertools.islice(loader.shares(1), 3))
+    assert [(s.real, s.samples, s.last) for s in shares] == [(1, 10, False), (0, 6, False), (0, 6, False)]
+    assert shares[0].scale == pytest.approx(1 / 10)
+    filler = next(shares[1].batches)
+    assert _ids(filler) == [int(i) for i in CountingStream(4).order()]  # its last batch again
+
+
+def test_evaluation_over_a_stream_gives_fillers_while_a_peer_has_batches():
+    stream = CountingStream(5, shuffle=False)
+    prepare = lambda b: b  # noqa: E731
+    seen = list(eval_stream(stream, prepare, torch.device("cpu"), 4, 0, 1, 0, Collate(torch.utils.data.default_collate),
+                            None, lambda t: t))
+    assert [_ids(b) for b in seen] == [[0, 1, 2, 3], [4]]
+    calls = iter([1, 1, 1, 0])  # the peer has three batches
+    seen = list(eval_stream(stream, prepare, torch.device("cpu"), 4, 0, 1, 0, Collate(torch.utils.data.default_collate),
+                            None, lambda t: t + next(calls) * (1 - t)))
+    assert [isinstance(b, Filler) for b in seen] == [False, False, True]
+    assert _ids(seen[2].batch) == [4]  # its last batch again, not scored
+
+
+STREAM_YAML = """
+train:
+  _target_: stream_probe.CountingStream
+  size: 100
+test:
+  _target_: stream_probe.CountingStream
+  size: 40
+  seed: 1
+"""
+
+
+@pytest.fixture
+def stream_conf(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(USER_CODE))
+    conf = tmp_path / "conf"
+    (conf / "dataset").mkdir(parents=True)
+    (conf / "dataset" / "stream.yaml").write_text(STREAM_YAML)
+    return conf
+
+
+BASE = ["dataset=stream", "model=linear", "trainer.batch_size=16", "lr_schedule=constant"]
+
+
+def test_the_driver_accepts_a_stream_and_refuses_what_it_cannot_use(stream_conf, tmp_path):
+    assert driver_says([*BASE, "strategy=ddp"], tmp_path, stream_conf) == ""
+    said = driver_says([*BASE, "dataset.train._target_=stream_probe.Nothing", "~dataset.train.size"], tmp_path,
+                       stream_conf)
+    assert said == ("dataset.train._target_=stream_probe.Nothing is not allowed: the stream (Nothing) yielded no "
+                    "sample; a streaming dataset (an IterableDataset) must yield at least one sample each time it is "
+                    "iterated")
+    said = driver_says([*BASE, "lr_schedule=warmup_cosine"], tmp_path, stream_conf)
+    assert said.startswith("lr_schedule=warmup_cosine is not allowed without trainer.max_steps: dataset.train is a "
+                           "stream")
+    assert driver_says([*BASE, "lr_schedule=warmup_cosine", "trainer.max_steps=20"], tmp_path, stream_conf) == ""
+    said = driver_says([*BASE, "dataset.train_share=0.5"], tmp_path, stream_conf)
+    assert said.startswith("dataset.train_share=0.5 is not allowed: dataset.train is a stream")
+
+
+def test_a_stream_that_shards_itself_is_refused_a_resume_on_another_world_size(tmp_path):
+    from types import SimpleNamespace
+
+    from framework.checkpoints.store import Checkpoint
+    from framework.common.errors import ConfigError
+    from framework.preflight import _resume_stream
+    from support.driver import strategy_for
+
+    settings = SimpleNamespace(trainer=SimpleNamespace(resume="auto"))
+    checkpoint = Checkpoint(tmp_path / "step-00000009", {"world_size": 2})
+    single, ddp = strategy_for("strategy=single"), strategy_for("strategy=ddp", "strategy.nproc_per_node=2")
+    _resume_stream(settings, ddp, checkpoint, UnevenStream(8, 4))  # the same world size
+    _resume_stream(settings, single, checkpoint, CountingStream(8))  # the framework deals it anew
+    with pytest.raises(ConfigError) as refused:
+        _resume_stream(settings, single, checkpoint, UnevenStream(8, 4))
+    assert str(refused.value) == (
+        f"trainer.resume=auto is not allowed with 1 worker(s): checkpoint {tmp_path / 'step-00000009'} stopped "
+        "mid-stream on 2 workers, and dataset.train (UnevenStream) shards itself, so its position is per rank and "
+        "cannot be split anew; use 2 workers, or trainer.resume=none")
+
+
+def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ranks_their_own():
+    """A 2 x 2 mesh (dp_shard=2 x tp=2): the worker deals a stream by the data-parallel place (group.dp_rank,
+    dp_size), so both tensor-parallel peers of a data-parallel rank get its batches, and the two data-parallel ranks
+    share the stream out between them."""
+    from framework.strategies.model_parallel.shape import MeshShape
+
+    shape = MeshShape(dp_shard=2, tp=2)
+    by_rank = {rank: _steps(_loader(CountingStream(40), shape.dp_rank(rank), shape.dp_size,
+                                    agree=lambda t: t * shape.dp_size))
+               for rank in range(shape.workers)}
+    peers = [[r for r in by_rank if shape.dp_rank(r) == d] for d in range(shape.dp_size)]
+    assert all(len(group) == 2 for group in peers)
+    for group in peers:
+        assert by_rank[group[0]] == by_rank[group[1]]
+    first, second = (sum(by_rank[group[0]], []) for group in peers)
+    assert not set(first) & set(second) and sorted(first + second) == list(range(40))
+
+
+def test_a_mesh_refuses_the_streams_it_cannot_read_alike_on_its_peers():
+    from framework.common.errors import ConfigError
+    from support.driver import strategy_for
+
+    tp, pp = strategy_for("strategy=tp"), strategy_for("strategy=pp")
+    tp._check_stream(CountingStream(8))  # dealt by the framework: tensor-parallel peers read the same blocks
+    with pytest.raises(ConfigError, match=r"^strategy.tp=2 is not allowed with a dataset.train that shards itself"):
+        tp._check_stream(UnevenStream(8, 4))
+    with pytest.raises(ConfigError, match=r"^strategy.pp=2 is not allowed with a streaming dataset.train"):
+        pp._check_stream(CountingStream(8))

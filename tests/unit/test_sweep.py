@@ -1,0 +1,66 @@
+"""`train.py -m`: one folder per job named by what varies, none from workers, one summary table at the end, and a
+seed sweep's mean ± sd per config (table, csv and TensorBoard's HParams)."""
+import pytest
+from omegaconf import OmegaConf
+
+from framework.common.errors import ConfigError
+from framework.results.job_names import job_name, short_keys, short_value, varying_keys
+from framework.results.result_file import write_result
+from framework.results.seed_groups import Job, group_by_seed
+from framework.results.sweep_resume import finished_before
+
+# Tiny jobs: 2 steps of LeNet on random images, one evaluation
+SEED_SWEEP = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=128", "dataset.test_size=64",
+              "trainer.batch_size=32", "trainer.max_steps=2", "trainer.log_every_n_steps=1",
+              "optimizer.lr=0.1,0.001", "trainer.seed=1,2,3"]
+
+
+def test_what_varies_comes_from_sweep_overrides_and_the_sweepers_params():
+    assert varying_keys(["strategy=single", "optimizer.lr=0.1,0.01", "trainer.seed=range(1,4)", "+x.y=1,2"],
+                        None) == ["optimizer.lr", "trainer.seed", "x.y"]
+    # an experiment's (or Optuna's) params, unless the command line pins the key to one value
+    params = {"strategy": "single,dp,ddp", "model": "choice(lenet, simple_cnn)", "trainer.epochs": "2",
+              "optimizer.lr": "tag(log, interval(0.0001, 0.01))"}
+    assert varying_keys(["model=lenet"], params) == ["strategy", "optimizer.lr"]
+    assert varying_keys(["strategy=single,ddp"], params) == ["strategy", "model", "optimizer.lr"]
+
+
+def test_job_names_are_short_and_fit_a_folder():
+    assert short_keys(["optimizer.lr", "trainer.seed", "model.width", "dataset.width", "model"]) == {
+        "optimizer.lr": "lr", "trainer.seed": "seed", "model.width": "model.width",
+        "dataset.width": "dataset.width", "model": "model"}
+    assert short_value("0.0012345678912") == "0.001235"  # Optuna's floats
+    assert short_value("/data/sets/imagenet/") == "imagenet"
+    assert short_value("'[1, 2]'") == "-1,-2-"
+    long = short_value("a" * 30 + "b")
+    assert len(long) == 24 and long != short_value("a" * 30 + "c")
+    overrides = ["strategy=ddp", "optimizer.lr=0.01", "++trainer.seed=3", "model=lenet"]
+    assert job_name(["optimizer.lr", "trainer.seed"], overrides) == "lr=0.01_seed=3"
+    assert len(job_name(["a", "b", "c", "d", "e"], [f"{k}={'x' * 40}" for k in "abcde"])) == 120
+
+
+def test_seed_groups_count_failures_and_mark_the_lowest_loss_for_a_loss_objective():
+    def result(loss):
+        return {"objective": "loss", "objective_higher_is_better": False, "test_loss": loss, "train_loss": loss,
+                "samples_per_sec": 10.0, "metrics": []}
+
+    jobs = [Job(0, ["optimizer.lr=0.1", "trainer.seed=1"], result(1.0)),
+            Job(1, ["optimizer.lr=0.1", "trainer.seed=2"], result(3.0)),
+            Job(2, ["optimizer.lr=0.2", "trainer.seed=1"], result(1.5)),
+            Job(3, ["optimizer.lr=0.2", "trainer.seed=2"], None)]
+    first, second = group_by_seed(jobs)
+    assert (first.n, first.failed, first.mean("test_loss"), first.sd("test_loss")) == (2, 0, 2.0, 2 ** 0.5)
+    assert (second.n, second.failed, second.mean("test_loss"), second.sd("test_loss")) == (1, 1, 1.5, None)
+    assert (first.best, second.best) == (False, True)
+    assert group_by_seed([Job(0, ["optimizer.lr=0.1"], result(1.0)), Job(1, ["optimizer.lr=0.2"], result(2.0))]) == []
+
+
+def test_a_finished_job_of_another_config_is_refused_not_overwritten(tmp_path):
+    job = tmp_path / "0_seed=1"
+    job.mkdir()
+    assert finished_before(job, OmegaConf.create({"trainer": {"seed": 1}})) is None  # nothing finished there yet
+    (job / "resolved_config.yaml").write_text("trainer:\n  seed: 1\n  max_steps: 12\n")
+    write_result(job, {"objective": "acc", "test_acc": 0.5})
+    assert finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 12}}))["test_acc"] == 0.5
+    with pytest.raises(ConfigError, match=r"0_seed=1 finished there with another config \(trainer.max_steps differ\)"):
+        finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 20}}))
