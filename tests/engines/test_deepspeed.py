@@ -13,7 +13,7 @@ from torch import nn
 
 from support.driver import command_in_process, driver_says
 from support.marks import needs_gpu
-from support.processes import assert_killed_run_resumes, check_ok, kill_in_checkpoint, run_eval, run_train, torchrun
+from support.processes import assert_killed_run_resumes, check_ok, kill_in_checkpoint, run_train, torchrun
 from support.references import ADAM, STEPS, adam, deepspeed_on_every_gpu
 from support.run_files import losses_by_step, read_scalars, run_dirs, walk
 
@@ -174,12 +174,15 @@ def test_bf16_trains_in_bf16_with_fp32_weights_and_evaluates_the_same_way(runs):
     assert {v.dtype for v in weights.values()} == {torch.float32}
 
 
-def test_zero3_weights_are_gathered_module_by_module_with_the_users_keys(runs, tmp_path):
+def test_zero3_weights_are_gathered_module_by_module_with_the_users_keys(runs, tmp_path, monkeypatch, capsys):
     """weights/last.pt of a ZeRO-3 run holds the plain model's keys (no engine or compile prefix) and gives the run's
-    own test loss in eval.py on one process; the gather takes one module's parameters at a time."""
+    own test loss in eval.py on one process (its command in this process: the weights are the subject); the gather
+    takes one module's parameters at a time."""
     weights = torch.load(zero(runs, 3) / "weights" / "last.pt", map_location="cpu", weights_only=True)
     assert list(weights["model"]) == list(LeNet((1, 28, 28), 10).state_dict())
-    out = check_ok(run_eval([f"ckpt_path={zero(runs, 3) / 'weights' / 'last.pt'}", "strategy=single"], tmp_path))
+    code, out, err = command_in_process("eval_main", ["eval.py", f"ckpt_path={zero(runs, 3) / 'weights' / 'last.pt'}",
+                                                      "strategy=single"], tmp_path, monkeypatch, capsys)
+    assert code == 0, out + err
     result = json.loads((zero(runs, 3) / "result.json").read_text())
     assert f"test loss {result['test_loss']:.4f}" in out
 

@@ -17,8 +17,8 @@ from framework.assemble import build_task
 from framework.config.settings import settings_of
 from framework.strategies import strategy_class
 from framework.worker import seed_everything
-from support.driver import composed
-from support.processes import assert_killed_run_resumes, check_ok, run_eval, run_train, user_code_env
+from support.driver import command_in_process, composed
+from support.processes import assert_killed_run_resumes, check_ok, run_train, user_code_env
 from support.references import EMA_ENGINES, ENGINES, EVAL_EVERY, FROZEN, GROUP_SCALES, LR, RICH_STEPS, rich, rich_run
 from support.run_files import assert_same_losses, losses_by_step, read_scalars, run_dirs
 
@@ -153,11 +153,13 @@ def test_evaluation_every_n_steps_keeps_the_best_checkpoint(runs, engine):
 
 
 @pytest.mark.parametrize("engine", list(SCHEDULER))
-def test_every_rank_trains_compiled_and_recomputed_blocks_and_eval_py_loads_the_weights(runs, tmp_path, engine):
+def test_every_rank_trains_compiled_and_recomputed_blocks_and_eval_py_loads_the_weights(runs, tmp_path, engine,
+                                                                                        monkeypatch, capsys):
     """Each rank's probe (support/user_code/speedup_probe.py) names what the worker really compiled and recomputes;
     the weights keep the plain model's keys (no _orig_mod. or _checkpoint_wrapped_module.), and eval.py on one
     process gets the run's own result from them: the EMA's (weights/ema.pt, which the run's evaluations scored)
-    where the engine has one, the last weights' elsewhere."""
+    where the engine has one, the last weights' elsewhere. eval.py's command runs in this process (strategy=single
+    evaluates in its driver): its subject is the weights, not a process."""
     run = rich_of(runs, engine)
     probes = [json.loads(p.read_text()) for p in sorted(run.run_dir.glob("speedup_probe.rank*.json"))]
     assert len(probes) == run.result()["processes"]
@@ -169,7 +171,9 @@ def test_every_rank_trains_compiled_and_recomputed_blocks_and_eval_py_loads_the_
     which = "ema" if engine in EMA_ENGINES else "last"
     weights = torch.load(run.run_dir / "weights" / f"{which}.pt", map_location="cpu", weights_only=True)["model"]
     assert list(weights) == list(LeNet((1, 28, 28), 10).state_dict())
-    check_ok(run_eval([f"ckpt_path={run.run_dir / 'weights' / f'{which}.pt'}", "strategy=single"], tmp_path))
+    code, out, err = command_in_process("eval_main", ["eval.py", f"ckpt_path={run.run_dir / 'weights' / f'{which}.pt'}",
+                                                      "strategy=single"], tmp_path, monkeypatch, capsys)
+    assert code == 0, out + err
     [report] = (tmp_path / "outputs").rglob("eval.json")
     evaluated = json.loads(report.read_text())
     assert evaluated["test_acc"] == pytest.approx(run.result()["test_acc"], abs=1e-6)

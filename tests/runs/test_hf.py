@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from support.driver import command_in_process
 from support.hf_pieces import make_conf
-from support.processes import check_ok, run_eval
 from support.run_files import read_scalars, walk
 
 datasets = pytest.importorskip("datasets", reason="the hf extra: pip install '.[hf]'")
@@ -50,7 +50,7 @@ def _first_test_batch(task: str, root) -> dict:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("task", list(TASKS))
 def test_a_transformers_model_trains_with_its_own_loss_and_is_saved_in_its_own_format(runs, conf, tmp_path, task,
-                                                                                     strategy):
+                                                                                     strategy, monkeypatch, capsys):
     if strategy == "deepspeed":
         pytest.importorskip("deepspeed", reason="the deepspeed extra")
     run_dir, sweep = strategy_jobs(runs, conf, task)[strategy]
@@ -69,9 +69,12 @@ def test_a_transformers_model_trains_with_its_own_loss_and_is_saved_in_its_own_f
     batch = _first_test_batch(task, conf.parent)
     with torch.no_grad():
         assert torch.allclose(ours(**batch).logits, theirs(**batch).logits, atol=1e-5)
-    if strategy in ("single", "fsdp"):  # eval.py on the run: its model, data and step
-        check_ok(run_eval(["--config-dir", str(conf), f"ckpt_path='{run_dir}'", "strategy=single",  # a sweep job's "="
-                           "allowed_targets=[transformers.*,datasets.*]"], tmp_path / "eval", timeout=300))
+    if strategy in ("single", "fsdp"):  # eval.py on the run (its command in this process): its model, data and step
+        (tmp_path / "eval").mkdir()
+        code, out, err = command_in_process("eval_main", [
+            "eval.py", "--config-dir", str(conf), f"ckpt_path='{run_dir}'",  # quoted: a sweep job's folder has an "="
+            "strategy=single", "allowed_targets=[transformers.*,datasets.*]"], tmp_path / "eval", monkeypatch, capsys)
+        assert code == 0, out + err
         [report] = walk(tmp_path / "eval", "eval.json")
         evaluated = json.loads(report.read_text())
         assert evaluated["test_loss"] == pytest.approx(result["test_loss"], rel=1e-4)

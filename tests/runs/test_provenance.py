@@ -1,5 +1,5 @@
-"""provenance.json: what code (the user's project and hydra-dist), command, versions, packages, machine and
-environment a run ran with; a resumed run says when its code changed; no git never stops a run."""
+"""provenance.json of a real run: what code (the user's project and hydra-dist), command, versions, packages, machine
+and environment it ran with; a resumed run says when its code changed. The parts in-process: tests/unit/test_provenance.py."""
 import json
 import subprocess
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""sample.py / hydra-dist-sample: text from a char LM that train.py trained (a real run, then the real command), the
-weights file's vocabulary, and GPT.generate's sampling (in process)."""
+"""sample.py / hydra-dist-sample: text from a char LM that train.py trained (a shared run, then the real command), the
+weights file's vocabulary, the seed, the prompt's refusal. Generation in-process: tests/unit/test_sample.py."""
 
 import pytest
 

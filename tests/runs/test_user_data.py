@@ -1,7 +1,7 @@
-"""Users' own data shapes (examples/my_project): variable-length samples padded by the user's collate_fn, samples
-that are inputs only with a step of the user's own, a model whose num_classes defaults to None, one Dataset taking
-`train` for both splits, and per-token losses and accuracy that leave the padding out. Real train.py and eval.py
-processes where the behaviour is a run, in-process checks where it is not."""
+"""Users' own data shapes as real train.py and eval.py runs (examples/my_project): variable-length samples padded by the
+user's collate_fn, samples that are inputs only with a step of the user's own, a model whose num_classes defaults to
+None, a stream with DataLoader workers, and the supervised step refused for inputs only. In-process:
+tests/unit/test_user_data.py."""
 import json
 import os
 import subprocess
@@ -15,7 +15,6 @@ from support.processes import REPO, check_ok, pin_accelerator, run_train
 from support.run_cache import example_project
 from support.run_files import read_scalars, run_dirs, walk
 
-EXAMPLE = REPO / "examples" / "my_project"
 FAST = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=adam",
         "optimizer.lr=0.01", "lr_schedule=constant"]
 
@@ -117,29 +116,16 @@ def test_a_model_whose_num_classes_defaults_to_none_trains_on_a_regression(proje
         run_dir / "weights" / "last.pt", weights_only=True)["model"]["net.3.weight"].shape == (1, 32)
 
 
-BAD = {
-    "collate_not_callable": (["experiment=task_tagging", "dataset.collate_fn._target_=mypkg.bad.not_a_function"],
-                             "dataset.collate_fn._target_=mypkg.bad.not_a_function is not allowed: it built a int, "
-                             "which cannot be called as collate_fn(samples)"),
-    "collate_fails": (["experiment=task_tagging", "dataset.collate_fn._target_=mypkg.bad.BrokenCollate"],
-                      "dataset.collate_fn._target_=mypkg.bad.BrokenCollate failed on the first batch "
-                      "(dataset.train[0:2]): RuntimeError: stack expects each tensor to be equal size"),
-    "variable_length_without_collate": (["experiment=task_tagging", "dataset.collate_fn=null"],
-                                        "dataset samples differ in shape (dataset.train[0]: "),
-    "inputs_only_with_supervised_step": (["experiment=task_autoencoder", "step=supervised"],
-                                         "dataset.train[0] is a Tensor, not an (input, target) pair; "
-                                         "step=framework.training.step.Supervised needs (inputs, targets): for "
-                                         "inputs only"),
-    "one_dataset_neither_split": (["model=mlp", "dataset=blobs_by_train", "dataset._target_=mypkg.bad.unsplit"],
-                                  "dataset._target_=mypkg.bad.unsplit needs dataset.val_fraction (the share of its "
-                                  "samples held out for testing, e.g. 0.1), or a constructor taking `train`"),
-}
+# the in-process refusals: tests/unit/test_user_data.py; this one as a real process too
+SUPERVISED_STEP_FOR_INPUTS_ONLY = (["experiment=task_autoencoder", "step=supervised"],
+                                   "dataset.train[0] is a Tensor, not an (input, target) pair; "
+                                   "step=framework.training.step.Supervised needs (inputs, targets): for inputs only")
 
 
 def test_inputs_only_with_the_supervised_step_stop_the_run_with_one_line(project, tmp_path):
-    proc = _run(project, tmp_path, ["strategy=ddp", *FAST, *BAD["inputs_only_with_supervised_step"][0]], timeout=120)
+    proc = _run(project, tmp_path, ["strategy=ddp", *FAST, *SUPERVISED_STEP_FOR_INPUTS_ONLY[0]], timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "training " not in proc.stdout
-    assert f"error: {BAD['inputs_only_with_supervised_step'][1]}" in proc.stderr, proc.stderr
+    assert f"error: {SUPERVISED_STEP_FOR_INPUTS_ONLY[1]}" in proc.stderr, proc.stderr
 
 
 

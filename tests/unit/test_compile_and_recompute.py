@@ -102,3 +102,23 @@ def test_dp_replicas_would_run_the_first_gpus_module():
     assert replica._compiled_call_impl is block._compiled_call_impl
 
 
+
+
+def test_the_compile_backend_reaches_the_compiled_module():
+    """trainer.compile_backend: `eager` runs dynamo's graph as is, `aot_eager` through AOTAutograd too (torch has no
+    public count of either: its dynamo counters)."""
+    counters = torch._dynamo.utils.counters
+    for backend, through_aot_autograd in (("eager", False), ("aot_eager", True)):
+        torch._dynamo.reset()
+        counters.clear()
+        model = small_gpt(dropout=0.0)
+        apply_speedups(model, False, CPU, compiled=[model], backend=backend)
+        model(torch.randint(0, 20, (2, 16)))
+        assert counters["stats"]["unique_graphs"] == 1
+        assert bool(counters["aot_autograd"]["total"]) == through_aot_autograd, backend
+
+
+def test_a_compile_backend_torch_does_not_know_is_refused_in_one_line(tmp_path):
+    line = driver_says(["trainer.compile=true", "trainer.compile_backend=nope"], tmp_path)
+    assert line.startswith("trainer.compile_backend='nope' is not allowed: expected a backend of "
+                           "torch.compiler.list_backends(exclude_tags=()): inductor, aot_eager"), line

@@ -19,10 +19,6 @@ from support.driver import strategy_for
 from support.marks import needs_gpus
 from support.processes import slurm_task
 
-RUN = ["trainer.epochs=2", "trainer.batch_size=32", "trainer.log_every_n_steps=1", "trainer.checkpoint_every_n_steps=4",
-       "dataset.max_train_samples=512", "dataset.max_test_samples=256", "optimizer=sgd"]
-TOTAL = 32  # 16 steps per epoch
-
 
 def _draws():
     return random.random(), float(np.random.rand()), float(torch.rand(()))

@@ -1,4 +1,4 @@
-"""lr_schedule: the factor curve itself, and the lr a real run applies (TensorBoard's `lr` tag)."""
+"""lr_schedule's factor curve, in this process. The lr a real run applies: tests/runs/test_lr_schedule.py."""
 import math
 
 import pytest

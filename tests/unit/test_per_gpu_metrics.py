@@ -1,7 +1,6 @@
-"""Per-GPU metrics that tell GPUs apart: busy vs wait time measured on each rank, FLOPs and MFU, the straggler
-line, and the one-chart-per-metric layout. Real ddp runs on 2 gloo workers, event files read back with
-TensorBoard's reader; a real fault (tests/support/faults/fault_injection.py: slow_rank) makes rank 1 the slow
-GPU."""
+"""Per-GPU metrics' arithmetic in this process: the straggler rule, replica waits, dp replicas timing their backward,
+FLOPs counted by hand, the GPUs' peaks, the wait clock, the slow_rank fault's parsing, a bad straggler threshold.
+Real runs with one rank slowed: tests/runs/test_per_gpu_metrics.py."""
 import math
 
 import pytest
@@ -18,12 +17,6 @@ from framework.telemetry.per_gpu import PerGpu, Slot
 from support.driver import driver_says
 from support.marks import needs_gpu
 from support.processes import FAULTS, TINY
-
-SLOW_SECONDS = 0.2
-# 24 steps of 2 x 32 samples, logged every 8: three intervals, each averaging 8 steps; a straggler is named once it
-# persisted for trainer.straggler_intervals=2 of them (so at the second and the third)
-RUN = ["strategy=ddp", "strategy.nproc_per_node=2", "model=lenet", *TINY, "trainer.max_steps=24",
-       "trainer.log_every_n_steps=8"]
 
 
 def _interval(busy_ms):

@@ -1,5 +1,5 @@
-"""trainer.profile: torch.profiler traces of the chosen steps on every rank of a real ddp run (2 gloo workers),
-each rank's time split into computation, communication and idle, printed and in TensorBoard."""
+"""trainer.profile in this process: a bad range refused in the driver, and the CPU breakdown's arithmetic on a
+hand-made trace. Real traces of a ddp run: tests/runs/test_profile.py."""
 import json
 
 import pytest

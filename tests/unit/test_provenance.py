@@ -1,14 +1,12 @@
-"""provenance.json: what code (the user's project and hydra-dist), command, versions, packages, machine and
-environment a run ran with; a resumed run says when its code changed; no git never stops a run."""
+"""provenance.json's parts in this process: a missing git or repository, a changed commit or uncommitted change told
+apart, the environment that changes torch and NCCL (and no secrets), GPUs from nvidia-smi. A run's record:
+tests/runs/test_provenance.py."""
 import os
 
 import pytest
 
 from framework.results.provenance import behaviour_env, code_changes, collect, git_state, gpus
 from support.processes import REPO
-
-TINY_RUN = ["strategy=single", "dataset=synthetic", "dataset.train_size=128", "dataset.test_size=64",
-            "trainer.batch_size=32", "trainer.max_steps=2", "trainer.log_every_n_steps=1"]
 
 
 def test_without_git_or_a_repository_the_record_says_so(tmp_path, monkeypatch):

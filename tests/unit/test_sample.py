@@ -1,5 +1,5 @@
-"""sample.py / hydra-dist-sample: text from a char LM that train.py trained (a real run, then the real command), the
-weights file's vocabulary, and GPT.generate's sampling (in process)."""
+"""sample.py's generation in this process: GPT.generate with top_k=1 is greedy and runs past the block size, a model
+that cannot generate is refused. sample.py on a trained char LM: tests/runs/test_sample.py."""
 import pytest
 import torch
 
@@ -8,11 +8,6 @@ from framework.common.errors import ConfigError
 from framework.config.sample import SampleConfig
 from framework.models.gpt import GPT
 from framework.sample import sample
-
-PATTERN = "hello world\n"
-TINY_LM = ["experiment=char_lm", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "dataset.block_size=13",
-           "trainer.batch_size=32", "trainer.epochs=8", "trainer.max_steps=150", "trainer.log_every_n_steps=40",
-           "trainer.progress_bar=false", "optimizer.lr=0.01", "lr_schedule=constant"]
 
 
 def test_generate_with_top_k_one_is_greedy_and_runs_past_the_block_size():

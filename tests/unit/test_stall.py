@@ -1,21 +1,8 @@
-"""A stalled rank is found and named (trainer.stall_timeout, framework/telemetry/stall.py): real ddp runs on 2 gloo
-workers whose user code blocks on one rank (tests/support/user_code/stalling.py), started by us and by torchrun. The run
-ends with one summary naming the rank and the user's line, every rank's stack in <run>/stall/, the last checkpoint
-loadable, exit != 0 and no process left."""
+"""The stall watchdog's parts in this process: its timeouts refused in the driver, and what a stalled rank on nccl
+dumps (the flight recorder) before it exits. Stalled runs: tests/runs/test_stall.py."""
 import os
 
 import pytest
-
-from support.processes import REPO, torchrun
-
-EXAMPLE = REPO / "examples" / "my_project"
-STALL_TIMEOUT = 8
-TORCHRUN = torchrun()
-# Blobs of 512 samples, 16 per rank and step: rank 1's 300th read is in step 19; checkpoints at steps 8 and 16
-RUN = ["dataset=blobs", "model=mlp", "trainer.batch_size=32",
-       "trainer.epochs=50", "trainer.log_every_n_steps=4", "trainer.checkpoint_every_n_steps=8",
-       f"trainer.stall_timeout={STALL_TIMEOUT}", "dataset.in_memory=false"]
-STALLING_DATA = ["dataset.train._target_=stalling.StallingBlobs", "+dataset.train.after=300"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -1,5 +1,6 @@
-"""`train.py -m`: one folder per job named by what varies, none from workers, one summary table at the end, and a
-seed sweep's mean ± sd per config (table, csv and TensorBoard's HParams)."""
+"""Sweeps in this process: what varies comes from the sweep's overrides and the sweeper's params, job names are short
+and fit a folder, seed groups count failures and mark the best, a finished job of another config is refused. Real
+sweeps: tests/runs/test_sweep.py."""
 import pytest
 from omegaconf import OmegaConf
 
@@ -8,11 +9,6 @@ from framework.results.job_names import job_name, short_keys, short_value, varyi
 from framework.results.result_file import write_result
 from framework.results.seed_groups import Job, group_by_seed
 from framework.results.sweep_resume import finished_before
-
-# Tiny jobs: 2 steps of LeNet on random images, one evaluation
-SEED_SWEEP = ["-m", "strategy=single", "dataset=synthetic", "dataset.train_size=128", "dataset.test_size=64",
-              "trainer.batch_size=32", "trainer.max_steps=2", "trainer.log_every_n_steps=1",
-              "optimizer.lr=0.1,0.001", "trainer.seed=1,2,3"]
 
 
 def test_what_varies_comes_from_sweep_overrides_and_the_sweepers_params():

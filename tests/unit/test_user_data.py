@@ -1,7 +1,6 @@
-"""Users' own data shapes (examples/my_project): variable-length samples padded by the user's collate_fn, samples
-that are inputs only with a step of the user's own, a model whose num_classes defaults to None, one Dataset taking
-`train` for both splits, and per-token losses and accuracy that leave the padding out. Real train.py and eval.py
-processes where the behaviour is a run, in-process checks where it is not."""
+"""Users' own data shapes in this process (examples/my_project): one Dataset taking `train` for both splits, a
+collate_fn per split, per-token losses and accuracy that leave the padding out, tokens metered per slot, and bad data
+refused in the driver. Real runs: tests/runs/test_user_data.py."""
 import shutil
 
 import pytest
