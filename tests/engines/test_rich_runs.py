@@ -20,7 +20,7 @@ from framework.worker import seed_everything
 from support.driver import command_in_process, composed
 from support.processes import assert_killed_run_resumes, check_ok, run_train, user_code_env
 from support.references import EMA_ENGINES, ENGINES, EVAL_EVERY, FROZEN, GROUP_SCALES, LR, RICH_STEPS, rich, rich_run
-from support.run_files import assert_same_losses, losses_by_step, read_scalars, run_dirs
+from support.run_files import assert_same_losses, losses_by_step, read_scalars, run_dirs, walk
 
 # engine: the scheduler its run steps (the single-process reference runs the same one)
 SCHEDULER = {"single": "step", "dp": "step", "ddp": "one_cycle", "fsdp": "plateau", "horovod": "step",
@@ -174,7 +174,7 @@ def test_every_rank_trains_compiled_and_recomputed_blocks_and_eval_py_loads_the_
     code, out, err = command_in_process("eval_main", ["eval.py", f"ckpt_path={run.run_dir / 'weights' / f'{which}.pt'}",
                                                       "strategy=single"], tmp_path, monkeypatch, capsys)
     assert code == 0, out + err
-    [report] = (tmp_path / "outputs").rglob("eval.json")
+    [report] = walk(tmp_path / "outputs", "eval.json")
     evaluated = json.loads(report.read_text())
     assert evaluated["test_acc"] == pytest.approx(run.result()["test_acc"], abs=1e-6)
     assert evaluated["test_loss"] == pytest.approx(run.result()["test_loss"], rel=1e-5)

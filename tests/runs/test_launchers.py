@@ -34,7 +34,7 @@ from support.processes import (
     start_train,
     wait_until_held,
 )
-from support.run_files import losses_by_step, read_scalars, run_dirs
+from support.run_files import losses_by_step, read_scalars, run_dirs, walk
 
 
 def _summary_rows(sweep_dir):
@@ -55,7 +55,7 @@ def test_submitit_local_runs_a_two_task_ddp_job_as_two_ranks(tmp_path):
     assert row["status"] == "ok" and float(row["test_acc"]) == round(result["test_acc"], 4)
     assert "sweep summary" in out
 
-    logs = {p.name: p.read_text() for p in (run_dir.parent / ".submitit").rglob("*_log.out")}
+    logs = {p.name: p.read_text() for p in walk(run_dir.parent / ".submitit", "*_log.out")}
     rank0 = next(text for name, text in logs.items() if name.endswith("_0_log.out"))
     rank1 = next(text for name, text in logs.items() if name.endswith("_1_log.out"))
     assert "done: test accuracy" in rank0 and "done:" not in rank1  # rank 0 reports, rank 1 follows
@@ -67,7 +67,7 @@ def test_submitit_tasks_with_a_bad_value_fail_on_every_rank_without_hanging(tmp_
                       "trainer.batch_size=0"], tmp_path, timeout=180)
     assert proc.returncode == 1 and "1 sweep job(s) failed: 0" in proc.stderr
     [run_dir] = run_dirs(tmp_path)
-    errors = [p.read_text() for p in sorted((run_dir.parent / ".submitit").rglob("*_log.err"))]
+    errors = [p.read_text() for p in walk(run_dir.parent / ".submitit", "*_log.err")]
     assert len(errors) == 2 and all("trainer.batch_size=0 is not allowed" in e for e in errors)
     # rank 1 finds no error itself and gets rank 0's; both leave the group the same way (with nccl a rank
     # waiting in a barrier for one that already left would hang for the group's 10-minute timeout)
@@ -236,11 +236,11 @@ def test_a_stopped_submitit_sweep_stops_its_tasks_and_resumes_into_its_folder(tm
     tag = uuid.uuid4().hex
     proc = _stop_sweep(args, tmp_path, signal.SIGINT, tag)
     sweep_dir, before, results = _stopped_state(tmp_path, proc, tag)
-    first_logs = set((sweep_dir / ".submitit").rglob("*_log.*"))
+    first_logs = set(walk(sweep_dir / ".submitit", "*_log.*"))
 
     again = check_ok(run_train(_resume_args(proc, tmp_path, args, sweep_dir), tmp_path, timeout=180,
                                env=faults_env()))
-    logs = {p: p.read_text() for p in set((sweep_dir / ".submitit").rglob("*_log.*")) - first_logs}
+    logs = {p: p.read_text() for p in set(walk(sweep_dir / ".submitit", "*_log.*")) - first_logs}
     _assert_resumed_as_it_was_left("".join(text for p, text in logs.items() if p.name.endswith("_0_log.out")),
                                    before, results)
     assert not any("error" in text or "Traceback" in text for text in logs.values()), logs
