@@ -80,5 +80,5 @@ def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
     proc.wait(timeout=60)
     out = (tmp_path / "train.out").read_text()
     assert gone_within(tag, 15) == [], out
-    assert proc.returncode != 0
+    assert proc.returncode != 0, out
     assert OUR_TRACEBACK not in out, out  # horovodrun stops the workers with SIGTERM
