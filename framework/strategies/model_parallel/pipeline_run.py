@@ -100,8 +100,10 @@ class PipelineRunner:
                         "tokens": [None] * m}
         with self.clock.span("schedule"):
             with self.precision.autocast():
+                # return_outputs=False: the last stage would keep every micro-batch's output (an LM's logits) and
+                # return a concatenated copy, held until the next step; the step's loss_fn has read them already
                 self.schedule.step(arg_mbs=[(inputs_of(c),) for c in chunks], kwarg_mbs=[{} for _ in chunks],
-                                   target_mbs=self.indices)
+                                   target_mbs=self.indices, return_outputs=False)
             # the stages meet here: a stage done early waits for the drain of the others, inside its span
             losses, tokens = self._shared_losses(batch_size(batch))
         self.current = None

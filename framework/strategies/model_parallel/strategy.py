@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MeshOptions
@@ -21,8 +19,10 @@ from framework.models.blocks import auto_units, innermost_first
 from framework.session.environment import ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
+from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import without_tied
 from framework.strategies.model_parallel.checkpoints import MeshCheckpoints, WholeModel
+from framework.strategies.model_parallel.foreach import per_tensor_where_mixed
 from framework.strategies.model_parallel.group import MeshGroup
 from framework.strategies.model_parallel.pipeline_cut import blocks, check_stages, cut, pieces, stage_pieces, view
 from framework.strategies.model_parallel.pipeline_run import PipelineRunner
@@ -159,20 +159,32 @@ class MeshStrategy(ElasticStrategy):
         ties = find_ties(model, {p: s % o.pp for s, names in enumerate(stages) for p in names}) if o.pp > 1 else []
         if o.pp > 1:
             cut(model, {p for s in mine for p in stages[s]})
-        model.to(group.device)
         parts = {s: model if len(mine) == 1 else view(model, set(stages[s])) for s in mine}
+        # Sharded while still in CPU memory, then moved: tensor parallel moves each parameter it splits to the mesh's
+        # device as it splits it, fully_shard each unit as it shards it, so no GPU ever holds the whole stage in fp32
+        # (model.to first would); what is left (plain parameters, buffers) moves after.
         if o.tp > 1:
             for part in parts.values():
                 apply_tensor_parallel(part, o, group.axis("tp"))
         if shape.sharded:
-            self._fully_shard(parts.values(), group)
-        params = list(model.parameters())
+            for part in parts.values():
+                units = innermost_first(part, without_tied(part, auto_units(part)))
+                # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
+                # torchtitan does: resharding would gather them again for every micro-batch)
+                shard_with_fsdp2(part, units, group.dp_mesh(), ShardPrecision.of(self.trainer.precision),
+                                 reshard_after_forward=o.reshard_after_forward and o.pp == 1)
+        model.to(group.device)
+        named = list(model.named_parameters())
+        params = [p for _, p in named]
         pp_group = group.axis("pp").get_group() if o.pp > 1 else None
         tied = TiedGradients(ties, model, shape, group.rank, pp_group)
         precision = MeshPrecision(self.trainer.precision, group.device, params, shape.sharded, tied, pp_group)
         gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
         io = MeshCheckpoints(group.rank, group.world_size, group.cuda_devices, model, whole, tied.canonical, gathers)
-        optimizer = make_optimizer(params)
+        # the stage's parameters, tensor parallel's DTensors among them, by the whole model's names (a tied copy by
+        # the name the whole model has it under): what optimizer.param_groups' patterns match
+        optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
+        per_tensor_where_mixed(optimizer)
         if o.pp == 1:
             return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded)
         runner = PipelineRunner(parts, len(stages), o.schedule, o.pipeline_microbatches, coords["pp"], o.pp, pp_group,
@@ -180,19 +192,6 @@ class MeshStrategy(ElasticStrategy):
         runner.measure_links()
         pipeline = Pipeline(runner)
         return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
-
-    def _fully_shard(self, parts, group: MeshGroup) -> None:
-        """FSDP2 over the data-parallel axes, each block a unit (tied parameters left to the root), then each part's
-        root; pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
-        torchtitan does: resharding would gather them again for every micro-batch)."""
-        compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
-        reshard = self.options.reshard_after_forward and self.options.pp == 1
-        options = dict(mesh=group.dp_mesh(), reshard_after_forward=reshard, mp_policy=policy)
-        for part in parts:
-            for unit in innermost_first(part, without_tied(part, auto_units(part))):
-                fully_shard(unit, **options)
-            fully_shard(part, **options)
 
 
 class MeshWrapped(Wrapped):
