@@ -2,7 +2,8 @@
 embedding) on CPU workers (gloo) with the loss of one process at every step, to 1e-5 in fp32, clipping and
 accumulation on: tensor parallel over 2 workers (its sequence-parallel plan: norms and residuals split along the
 sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split point, 1F1B, Interleaved1F1B with 2
-stages per rank), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
+stages per rank, the zero-bubble InterleavedZeroBubble and ZBVZeroBubble, whose V puts the first and the last stage,
+and so both copies of the tied head, on rank 0), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
 report their compute, bubble and communication per rank. A checkpoint written on one mesh resumes on another (tp=2
 -> ddp, pp=2 -> tp=2) and continues the same curve. Real train.py processes, shared through the run cache;
 tests/unit/test_model_parallel_checks.py has the refusals, tests/engines/test_model_parallel_user.py a user's model
@@ -31,6 +32,8 @@ MESHES = {
     "pp2_GPipe_split_at_blocks.3": [*pipeline("GPipe"), "strategy.split_points=[blocks.3]"],
     "pp2_1F1B": pipeline("1F1B"),
     "pp2_Interleaved1F1B": pipeline("Interleaved1F1B"),
+    "pp2_InterleavedZeroBubble": pipeline("InterleavedZeroBubble"),
+    "pp2_ZBVZeroBubble": pipeline("ZBVZeroBubble"),
     "dp_shard2_x_tp2": ["strategy=tp", "strategy.dp_shard=2", *MESH],
 }
 
