@@ -129,3 +129,24 @@ def test_the_pipelines_last_stage_keeps_no_output_after_a_step(world2):
     assert seen >= 4, "4 microbatches (2 x pp), and torch's shape inference once on meta tensors"
     assert alive == 0, f"{alive} of the last stage's {seen} micro-batch outputs outlived the step"
 
+
+
+def _embedding_split_by_rows(rank: int, world: int) -> bool:
+    """A GPT's token embedding split `rowwise` over tp=2: whether its output is the whole embedding's."""
+    from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel
+    from support.driver import strategy_for
+
+    strategy = strategy_for("strategy=tp", "trainer.accelerator=cpu", "+strategy.plan={wte:rowwise}")
+    model = _gpt()
+    tokens = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(1))
+    expected = model.wte(tokens).detach()
+    apply_tensor_parallel(model, strategy.options, _on_mesh(strategy, rank, world).axis("tp"))
+    got = model.wte(tokens)  # all-reduced: each rank the whole lookup
+    return tuple(got.shape) == tuple(expected.shape) and torch.allclose(got, expected)
+
+
+def test_an_embedding_split_by_rows_looks_up_the_same_token_ids_on_every_rank(world2):
+    """`rowwise` on an nn.Embedding (each rank a share of the vocabulary) took RowwiseParallel's default input layout,
+    a Linear's Shard(-1): the token ids, whole on every tensor-parallel rank, were gathered into rows twice as long
+    ([3, 16] for [3, 8]). An embedding's ids are now taken as they are (Replicate)."""
+    assert world2.run(_embedding_split_by_rows) == [True, True]
