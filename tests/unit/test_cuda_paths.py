@@ -318,3 +318,57 @@ def test_torchmetrics_sync_themselves_where_torch_distributed_is_the_backend(tmp
         assert float(metric.compute()) == pytest.approx(2.0)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_callbacks_all_reduce_of_a_cpu_tensor_travels_on_the_groups_device(tmp_path):
+    """LoopState.all_reduce_sum handed a callback's CPU tensor straight to the process group, and nccl takes CUDA
+    tensors only: it goes on the group's device now and comes back into the callback's tensor. A CPU cannot show
+    nccl; the group here records the device it is given (meta, standing for cuda) and sums as two ranks would."""
+    from framework.config.trainer import TrainerConfig
+    from framework.training.checkpoint_io import CheckpointIO
+    from framework.training.engine import LocalGroup, Wrapped
+    from framework.training.loop_state import LoopState, RunInfo
+
+    class TwoRanksOnAnotherDevice(LocalGroup):
+        seen = []
+
+        def all_reduce_sum(self, t):
+            self.seen.append(t.device)
+            return torch.full(tuple(t.shape), 2.0) * 3  # what two ranks' 3s sum to
+
+    group = TwoRanksOnAnotherDevice(torch.device("meta"))
+    model = nn.Linear(2, 2)
+    wrapped = Wrapped(model, torch.optim.SGD(model.parameters(), lr=0.1), Precision("fp32", torch.device("cpu")),
+                      CheckpointIO(0, 1, []), model)
+    state = LoopState(TrainerConfig(), group, wrapped, RunInfo(tmp_path, print, {}, {}, None), None, 1, 1, False)
+    mine = torch.full((3,), 3.0)
+    total = state.all_reduce_sum(mine)
+    assert group.seen == [torch.device("meta")]
+    assert total is mine and mine.tolist() == [6.0, 6.0, 6.0]
+
+
+def test_a_mesh_on_gpus_refuses_gloo_and_never_suggests_it(monkeypatch):
+    """gloo has no CUDA reduce-scatter, and its sends would get GPU pointers: a mesh on GPUs with strategy.backend=gloo
+    is refused, and the refusals that count GPUs against workers no longer point there (on one GPU they did). The
+    device count is the one thing faked here: this machine has no GPU."""
+    from framework.common.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def refusal(*overrides):
+        with pytest.raises(ConfigError) as caught:
+            strategy_for("strategy=tp", "trainer.accelerator=gpu", *overrides).validate()
+        return str(caught.value)
+
+    assert refusal("strategy.backend=gloo", "strategy.nproc_per_node=2").startswith(
+        "strategy.backend=gloo is not allowed with strategy=tp on GPUs: the mesh's collectives")
+    one_gpu = refusal()
+    assert "strategy.tp=2 = 2 worker(s) is not allowed with 1 worker(s)" in one_gpu
+    assert "a machine with 2 GPUs (this one has 1; the mesh takes one per worker)" in one_gpu and "gloo" not in one_gpu
+    too_many = refusal("strategy.nproc_per_node=2")
+    assert too_many.startswith("strategy.nproc_per_node=2 is not allowed with nccl") and "gloo" not in too_many
+    # ddp may share a GPU over gloo, and still says so
+    with pytest.raises(ConfigError, match="or strategy.backend=gloo"):
+        strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.nproc_per_node=2").validate()
