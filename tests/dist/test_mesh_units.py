@@ -150,3 +150,38 @@ def test_an_embedding_split_by_rows_looks_up_the_same_token_ids_on_every_rank(wo
     a Linear's Shard(-1): the token ids, whole on every tensor-parallel rank, were gathered into rows twice as long
     ([3, 16] for [3, 8]). An embedding's ids are now taken as they are (Replicate)."""
     assert world2.run(_embedding_split_by_rows) == [True, True]
+
+
+def _pipeline_clock_per_step(rank: int, world: int) -> list[dict]:
+    """Two training steps of pp=2 x dp_shard=2 (FSDP2 stages): each step's spans other than compute, as the clock
+    counted them."""
+    from framework.training.engine import Weighting
+    from framework.training.losses import SequenceCrossEntropy
+    from framework.training.step import Supervised
+    from support.driver import strategy_for
+
+    strategy = strategy_for("strategy=pp", "strategy.dp_shard=2", "trainer.accelerator=cpu", "trainer.batch_size=8")
+    group = _on_mesh(strategy, rank, world)
+    wrapped = strategy.parallelize(_gpt(), lambda params, names=None: torch.optim.SGD(params, lr=0.1), group)
+    clock = wrapped.wait_clock()
+    steps = []
+    for step in range(2):
+        tokens = torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(10 * step + group.dp_rank))
+        wrapped.forward_backward(Supervised(), (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()),
+                                 SequenceCrossEntropy(), Weighting(k=1))
+        wrapped.optimizer.step()
+        steps.append({kind: len(clock.spans[kind]) for kind in ("reduce", "inference")} |
+                     {"comm_covers_them": clock.comm_seconds() >= sum(
+                         b - a for kind in ("reduce", "inference") for a, b in clock.spans[kind]) - 1e-9})
+        clock.reset()
+    return steps
+
+
+def test_the_pipeline_clock_does_not_count_fsdps_reduction_or_shape_inference_as_bubble(world4):
+    """Inside the schedule's span, FSDP2's reduce-scatter after a stage's last backward and the first step's shape
+    inference (meta forward and backward, shapes sent between stages) were neither compute nor messages counted: they
+    went into the bubble (time/wait_ms). Each has its own span now, counted as communication."""
+    for rank, (first, second) in enumerate(world4.run(_pipeline_clock_per_step)):
+        assert first["reduce"] == second["reduce"] == 1, f"rank {rank}: one reduction per step of its stage"
+        assert first["inference"] > 0 and second["inference"] == 0, f"rank {rank}: shapes inferred in step 1 only"
+        assert first["comm_covers_them"] and second["comm_covers_them"]
