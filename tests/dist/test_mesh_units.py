@@ -185,3 +185,34 @@ def test_the_pipeline_clock_does_not_count_fsdps_reduction_or_shape_inference_as
         assert first["reduce"] == second["reduce"] == 1, f"rank {rank}: one reduction per step of its stage"
         assert first["inference"] > 0 and second["inference"] == 0, f"rank {rank}: shapes inferred in step 1 only"
         assert first["comm_covers_them"] and second["comm_covers_them"]
+
+
+def _moved_after_sharding(rank: int, world: int, overrides: tuple) -> list[bool]:
+    """parallelize() of a GPT whose moves to a device (Module.to, through Module._apply: torch has no hook for it) are
+    recorded: for each, whether tensor parallel and FSDP2 had already made its parameters DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    from framework.models.gpt import GPT
+    from support.driver import strategy_for
+
+    moves = []
+
+    class Recorded(GPT):
+        def _apply(self, fn, recurse=True):
+            moves.append(any(isinstance(p, DTensor) for p in self.parameters()))
+            return super()._apply(fn, recurse)
+
+    strategy = strategy_for("trainer.accelerator=cpu", *overrides)
+    torch.manual_seed(0)
+    strategy.parallelize(Recorded((8,), 11, n_layer=2, n_head=2, n_embd=8),
+                         lambda params, names=None: torch.optim.SGD(params, lr=0.1), _on_mesh(strategy, rank, world))
+    return moves
+
+
+def test_the_mesh_shards_the_model_before_it_moves_what_is_left_to_the_device(world2):
+    """model.to(device) came before tensor parallel and FSDP2: every GPU held the whole fp32 stage first, what fails
+    for exactly the models that need sharding. Now tensor parallel and fully_shard move each piece as they split it
+    (on a GPU; here the device is the CPU), and the model's own move comes after, with its parameters DTensors."""
+    for overrides in (("strategy=tp",), ("strategy=tp", "strategy.tp=1", "strategy.dp_shard=2")):
+        for moves in world2.run(_moved_after_sharding, overrides):
+            assert moves and moves[0] is True, (overrides, moves)
