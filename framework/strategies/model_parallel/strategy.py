@@ -2,7 +2,8 @@
 dp_replicate x dp_shard x tp x pp, and parallelize() makes of the model, in torchtitan's order: the pipeline stages
 this rank holds (the other stages' pieces dropped), tensor parallel by the plan, activation checkpointing and compile
 (the blocks, from framework/assemble.py's speed-ups, which wrap lazily: they take effect around the parallelized
-blocks), FSDP2 over the data-parallel axes (bf16 by its MixedPrecisionPolicy). The loop runs as for any engine: a
+blocks), FSDP2 over the data-parallel axes (bf16 by its MixedPrecisionPolicy; framework/strategies/fsdp_apply.py, as
+strategy=fsdp applies it), all in CPU memory, then what is left moved to the device. The loop runs as for any engine: a
 Wrapped whose precision clips over the whole mesh, whose checkpoints are DCP under the whole model's names, and, for
 pipeline parallel, which runs forward and backward itself (OwnsForwardBackward) and times its stages (OwnClock)."""
 from __future__ import annotations
@@ -196,20 +197,8 @@ class MeshStrategy(ElasticStrategy):
         for s, part in parts.items():
             if s > 0 and changes_its_input(model, stages[s]):
                 copy_input_first(part)
-        # Sharded while still in CPU memory, then moved: tensor parallel moves each parameter it splits to the mesh's
-        # device as it splits it, fully_shard each unit as it shards it, so no GPU ever holds the whole stage in fp32
-        # (model.to first would); what is left (plain parameters, buffers) moves after.
-        if o.tp > 1:
-            for part in parts.values():
-                apply_tensor_parallel(part, o, group.axis("tp"))
-        if shape.sharded:
-            for part in parts.values():
-                units = innermost_first(part, without_tied(part, auto_units(part)))
-                # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
-                # torchtitan does: resharding would gather them again for every micro-batch)
-                shard_with_fsdp2(part, units, group.dp_mesh(), ShardPrecision.of(self.trainer.precision),
-                                 reshard_after_forward=o.reshard_after_forward and o.pp == 1)
-        model.to(group.device)
+        self._split(list(parts.values()), group)
+        model.to(group.device)  # what tensor parallel and FSDP2 left: plain parameters, buffers
         named = list(model.named_parameters())
         params = [p for _, p in named]
         pp_group = group.axis("pp").get_group() if o.pp > 1 else None
@@ -228,6 +217,23 @@ class MeshStrategy(ElasticStrategy):
         runner.measure_links()
         pipeline = Pipeline(runner)
         return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
+
+    def _split(self, parts: list[nn.Module], group: MeshGroup) -> None:
+        """Tensor parallel by the plan, then FSDP2 over the data-parallel axes (each block a unit, tied parameters
+        left to the root), on each of this rank's stages, while they are still in CPU memory: tensor parallel moves
+        each parameter to the mesh's device as it splits it, fully_shard each unit as it shards it, so no GPU ever
+        holds a whole stage in fp32 (a model.to(device) first would)."""
+        o, precision = self.options, ShardPrecision.of(self.trainer.precision)
+        if o.tp > 1:
+            for part in parts:
+                apply_tensor_parallel(part, o, group.axis("tp"))
+        if self.shape.sharded:
+            for part in parts:
+                units = innermost_first(part, without_tied(part, auto_units(part)))
+                # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
+                # torchtitan does: resharding would gather them again for every micro-batch)
+                shard_with_fsdp2(part, units, group.dp_mesh(), precision,
+                                 reshard_after_forward=o.reshard_after_forward and o.pp == 1)
 
 
 class MeshWrapped(Wrapped):
