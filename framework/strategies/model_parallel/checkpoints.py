@@ -70,7 +70,7 @@ class MeshCheckpoints(DcpCheckpoints):
             if sender is None or sender == 0:
                 continue
             if self.rank == sender:
-                dist.send(mine[key].to(device), dst=0)
+                dist.send(mine[key].contiguous().to(device), dst=0)
             elif self.is_main:
                 shape, dtype = meta[key]
                 received = torch.empty(shape, dtype=dtype, device=device)
