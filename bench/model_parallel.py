@@ -1,14 +1,17 @@
 """Model parallel on CPU workers (gloo): per-rank bytes of parameters + optimizer state, step time, and each pipeline
 schedule's measured bubble against its theory, for experiment=char_lm's GPT made larger (8 layers x 256, 8 heads,
 block 64). Variants: single and ddp (2 workers: whole model on each), dp_shard=2 (the mesh's FSDP2), tp=2,
-pp=2 with GPipe, 1F1B and Interleaved1F1B (2 stages per rank). Rounds alternate the variants; medians.
+pp=2 with GPipe, 1F1B, Interleaved1F1B (2 stages per rank) and the zero-bubble InterleavedZeroBubble and ZBVZeroBubble
+(2 stages per rank, each backward split into input and weight gradients). Rounds alternate the variants; medians.
 
 - bytes: each rank's parameters and AdamW state at the end of training (a DTensor by its local shard), written by
   bench/probes/parameter_bytes.py, a callback of the run; the ratio is the largest rank's over single's.
 - step time: median of time/step_ms over the logged steps after the first --warmup-steps.
 - bubble: per pipeline rank, time/wait_ms / (forward + backward + wait + comm) per step, the share of the
   schedule's wall time the stage waited for a neighbour (framework/telemetry/pipeline_clock.py); the theory is
-  (p-1)/(m+p-1) for GPipe and 1F1B and (p-1)/(v m+p-1) for Interleaved1F1B (v stages per rank), equal stages.
+  (p-1)/(m+p-1) for GPipe and 1F1B and (p-1)/(v m+p-1) for Interleaved1F1B (v stages per rank), equal stages. The
+  zero-bubble schedules' bubble depends on how long the weight gradients take against the rest of backward (the
+  work they move into the bubble), so no single number is their theory: the table shows theirs beside the others.
   On 2 cores the stages also compete for the CPU (a stage computing alone, in the fill and drain, runs faster than
   two at once); --sleepy trains a model whose blocks take fixed times, which measures the clock alone.
 
@@ -40,6 +43,8 @@ VARIANTS = {
     "pp2_GPipe": ["strategy=pp", "strategy.schedule=GPipe"],
     "pp2_1F1B": ["strategy=pp", "strategy.schedule=1F1B"],
     "pp2_Interleaved1F1B": ["strategy=pp", "strategy.schedule=Interleaved1F1B", "strategy.stages_per_rank=2"],
+    "pp2_InterleavedZeroBubble": ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "strategy.stages_per_rank=2"],
+    "pp2_ZBVZeroBubble": ["strategy=pp", "strategy.schedule=ZBVZeroBubble"],
 }
 
 
@@ -120,7 +125,7 @@ def _bubble(scalars, rank: int, warmup: int) -> float:
 
 
 def theory(name: str, microbatches: int, pp: int = 2) -> float | None:
-    if not name.startswith("pp"):
+    if not name.startswith("pp") or "ZeroBubble" in name:
         return None
     v = 2 if name.endswith("Interleaved1F1B") else 1
     return (pp - 1) / (v * microbatches + pp - 1)
@@ -147,7 +152,7 @@ def main() -> None:
             "samples": samples[name],
         }
         per_rank_bubble = ([median(r) for r in zip(*(s["bubble_per_rank"] for s in samples[name]))]
-                           if expected is not None else [])
+                           if name.startswith("pp") else [])
         rows.append([name, first["processes"], ", ".join(f"{b / 2**20:.1f}" for b in first["bytes_per_rank"]),
                      results[name]["largest_rank_over_single"], results[name]["step_ms"],
                      ", ".join(f"{b:.3f}" for b in per_rank_bubble) or None, expected,

@@ -71,7 +71,8 @@ def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task
                            checkpointed=modules.recomputed if t.activation_checkpointing else (),
                            compiled=modules.compiled if t.compile else (), backend=t.compile_backend)
     workers = group.dp_size * len(group.devices)  # data-parallel processes x the GPUs each drives (dp's replicas)
-    return strategy.parallelize(model, lambda params: build_optimizer(s.optimizer, params, workers, groups), group)
+    return strategy.parallelize(
+        model, lambda params, names=None: build_optimizer(s.optimizer, params, workers, groups, names), group)
 
 
 def test_batches(task: Task, group: ProcessGroup, num_workers: int):

@@ -27,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 STEPS, EPOCHS, KILL_AFTER, RESUMED_FROM = 16, 4, 6, 4
 BATCH = 64
-FAULTS = REPO / "tests" / "faults"  # the tests' fault injection callback: SIGKILL rank 0 after step KILL_AFTER
+FAULTS = REPO / "tests" / "support" / "faults"  # the tests' fault injection callback: SIGKILL rank 0 after step KILL_AFTER
 KILL = ["+callbacks.faults._target_=fault_injection.FaultInjection", f"+callbacks.faults.plan='kill_after_step:{KILL_AFTER}:0'"]
 CELL_TIMEOUT_S = 300  # per run; a cell is two runs
 REBUILD_HOROVOD = ".venv/bin/python -m pip uninstall -y horovod && bash scripts/setup.d/10-horovod.sh .venv"
@@ -76,12 +76,18 @@ def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
 
 
 def mesh_strategies(gpus: int) -> dict[str, tuple[list[str] | None, tuple[str, ...]]]:
-    """strategy=tp and strategy=pp over 2 GPUs (nccl, one rank per GPU; fp16 is refused by design), and FSDP2 x tp on
-    4; None: this machine has too few GPUs."""
+    """strategy=tp and strategy=pp over 2 GPUs (nccl, one rank per GPU; fp16 is refused by design), their compile and
+    activation checkpointing (tensor parallel's DTensor blocks compiled and recomputed), a zero-bubble schedule
+    (ZBVZeroBubble: 2 stages per rank in a V, backward split into input and weight gradients), and FSDP2 x tp on 4;
+    None: this machine has too few GPUs."""
     two = ["strategy.nproc_per_node=2"] if gpus >= 2 else None
+    speedups = ["trainer.compile=true", "trainer.activation_checkpointing=true"]
     return {
         "tp (tp=2)": (two and ["strategy=tp", "strategy.tp=2", *two], ("fp32", "bf16")),
         "pp (pp=2, 1F1B)": (two and ["strategy=pp", "strategy.pp=2", "strategy.schedule=1F1B", *two], ("fp32", "bf16")),
+        "tp (tp=2) compile + recompute": (two and ["strategy=tp", "strategy.tp=2", *two, *speedups], ("bf16",)),
+        "pp (pp=2, ZBVZeroBubble)": (two and ["strategy=pp", "strategy.pp=2", "strategy.schedule=ZBVZeroBubble", *two],
+                                     ("bf16",)),
         "tp x dp_shard (2 x 2)": (["strategy=tp", "strategy.tp=2", "strategy.dp_shard=2", "strategy.nproc_per_node=4"]
                                   if gpus >= 4 else None, ("fp32", "bf16")),
     }

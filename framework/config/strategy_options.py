@@ -92,7 +92,10 @@ class FSDPOptions(ElasticOptions):
         return None if self.shard_modules == "auto" else list(self.shard_modules)
 
 
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")  # torch.distributed.pipelining's schedules, by their names there
+# torch.distributed.pipelining's schedules, by their names there (ScheduleGPipe, ...)
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")  # several stages per rank
+ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into input and weight gradients
 
 
 @dataclass
@@ -118,7 +121,8 @@ class MeshOptions(ElasticOptions):
     # pipeline parallel
     schedule: str = rule("1F1B", one_of(*SCHEDULES, allowed=", ".join(SCHEDULES)))
     microbatches: Optional[int] = rule(None, at_least(1))  # per optimizer micro-batch; null: 2 x pp
-    stages_per_rank: Optional[int] = rule(None, at_least(1))  # virtual stages; null: 2 for Interleaved1F1B, else 1
+    # virtual stages; null: 2 for the schedules that run several per rank (Interleaved*, ZBV), else 1
+    stages_per_rank: Optional[int] = rule(None, at_least(1))
     split_points: Optional[List[str]] = None  # module names where a stage begins; null: the blocks cut evenly
     reshard_after_forward: bool = True  # FSDP2 over the dp axes: free gathered parameters after forward
 
@@ -138,7 +142,7 @@ class MeshOptions(ElasticOptions):
     def virtual_stages(self) -> int:
         if self.stages_per_rank is not None:
             return self.stages_per_rank
-        return 2 if self.schedule == "Interleaved1F1B" else 1
+        return 2 if self.schedule in MULTI_STAGE else 1
 
     @property
     def pipeline_microbatches(self) -> int:

@@ -32,7 +32,9 @@ from framework.training.checkpoint_io import FILE, CheckpointFormat
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
-MakeOptimizer = Callable[[object], torch.optim.Optimizer]  # the wrapped model's parameters -> its optimizer
+# (the wrapped model's parameters, and where the engine knows them, their names in the user's model: names=[...]) ->
+# its optimizer; the names decide optimizer.param_groups where the engine replaced or dropped parameters
+MakeOptimizer = Callable[..., torch.optim.Optimizer]
 
 
 class Strategy(ABC):

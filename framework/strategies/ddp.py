@@ -28,6 +28,8 @@ class ElasticStrategy(Strategy):
     outer_kinds = Elastic.outer_kinds
     _describe_note = ""  # what the engine adds to the starter's line in hydra-dist-devices
     _worker_modules: tuple[str, ...] = ()  # the engine's own modules, imported once in the worker template
+    # where more workers than GPUs are asked for, whether gloo (several workers per GPU) is a way out to suggest
+    gloo_shares_gpus = True
 
     def __init__(self, options: ElasticOptions, trainer, checkpoint_format: CheckpointFormat = FILE):
         starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks,
@@ -66,13 +68,16 @@ class ElasticStrategy(Strategy):
             if workers > gpus:
                 raise ConfigError(
                     f"strategy.nproc_per_node={workers} is not allowed with nccl: this machine has {gpus} GPU(s) and "
-                    f"nccl needs one GPU per worker; use at most {gpus}, or strategy.backend=gloo")
+                    f"nccl needs one GPU per worker; use at most {gpus}" + self._gloo_hint())
         elif outer.scheduler is None and workers > gpus:
             raise ConfigError(
                 f"strategy={self.name} with nccl is not allowed with {workers} workers on this node: the launcher "
                 f"started them (LOCAL_WORLD_SIZE={workers}) and the node shows each of them {gpus} GPU(s), so two "
                 "workers would share a GPU, which nccl refuses; start at most {gpus} per node (torchrun "
-                "--nproc-per-node), or use strategy.backend=gloo".replace("{gpus}", str(gpus)))
+                "--nproc-per-node)".replace("{gpus}", str(gpus)) + self._gloo_hint())
+
+    def _gloo_hint(self) -> str:
+        return ", or strategy.backend=gloo" if self.gloo_shares_gpus else ""
 
     def join(self) -> ProcessGroup:
         return TorchGroup.join(self.backend, self.trainer.cuda, self.options.timeout)

@@ -1,10 +1,13 @@
 """nn.DataParallel: one process, the model replicated on every visible GPU, each batch split across them."""
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+
 import torch
 from torch import nn
 
 from framework.config.strategy_options import DPOptions
+from framework.data.batches import batch_size, leaves
 from framework.common.errors import ConfigError
 from framework.strategies.base import Strategy
 from framework.strategies.starters import InProcess
@@ -53,12 +56,10 @@ class DataParallelStrategy(Strategy):
         return LocalGroup(torch.device("cuda", ids[0]), [torch.device("cuda", i) for i in ids])
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        """On GPUs every replica runs ReplicaAutocast (the run's autocast dtype inside the replica's thread); on the
-        CPU the one replica is the module itself."""
+        """On GPUs every replica runs as a Replica (the run's autocast dtype inside the replica's thread, a 0-dim
+        output one value per sample); on the CPU the one replica is the module itself."""
         ids = group.cuda_devices
-        dtype = autocast_dtype(self.trainer.precision) if ids else None
-        inner = ReplicaAutocast(model, dtype) if dtype is not None else model
-        outer = nn.DataParallel(inner, device_ids=ids) if ids else inner
+        outer = nn.DataParallel(Replica(model, autocast_dtype(self.trainer.precision)), device_ids=ids) if ids else model
         return DPWrapped(outer, make_optimizer(outer.parameters()), Precision(self.trainer.precision, group.device),
                          CheckpointIO(group.rank, group.world_size, ids), model,
                          replicas=len(group.devices))
@@ -75,19 +76,42 @@ class DPWrapped(Wrapped):
         return chunk_sizes(micro_batch, self.replicas)
 
 
-class ReplicaAutocast(nn.Module):
-    """nn.DataParallel runs each replica in a thread of its own and re-enters autocast there without a dtype, and a
-    new thread's CUDA autocast dtype is fp16: bf16 runs would train their replicas in fp16. The dtype is entered
-    here, inside the replica."""
+class Replica(nn.Module):
+    """What nn.DataParallel runs on each GPU, in a thread of its own:
 
-    def __init__(self, module: nn.Module, dtype: torch.dtype):
+    - the run's autocast dtype: DataParallel re-enters autocast in each replica's thread without a dtype, and a new
+      thread's CUDA autocast dtype is fp16, so bf16 runs would train their replicas in fp16;
+    - a 0-dim floating-point output (a HuggingFace model's `loss`: the mean over this replica's share of the batch) as
+      that value for each of the share's samples: DataParallel's gather makes of the replicas' scalars a vector of one
+      value per GPU ("the loss returned shape [2] for a batch of 16"), whereas shares of samples gather into one value
+      per sample of the batch, whose mean weighs each replica by its share (as one GPU's loss would)."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype | None):
         super().__init__()
         self.module, self.dtype = module, dtype
 
     def forward(self, *args, **kwargs):
-        device_type = next((a.device.type for a in args if torch.is_tensor(a)), "cuda")
-        with torch.autocast(device_type, dtype=self.dtype):
-            return self.module(*args, **kwargs)
+        if self.dtype is None:
+            outputs = self.module(*args, **kwargs)
+        else:
+            device_type = next((a.device.type for a in leaves((args, kwargs))), "cuda")
+            with torch.autocast(device_type, dtype=self.dtype):
+                outputs = self.module(*args, **kwargs)
+        return per_sample_scalars(outputs, batch_size(args, kwargs))
+
+
+def per_sample_scalars(outputs, samples: int):
+    """The output with each 0-dim floating-point tensor in it (itself, a value of a dict or ModelOutput, an item of a
+    tuple or list) repeated for each of `samples`."""
+    if torch.is_tensor(outputs):
+        return outputs.expand(samples).contiguous() if outputs.dim() == 0 and outputs.is_floating_point() else outputs
+    if isinstance(outputs, MutableMapping):  # in place: a ModelOutput keeps its class and its attributes
+        for key in list(outputs.keys()):
+            outputs[key] = per_sample_scalars(outputs[key], samples)
+        return outputs
+    if type(outputs) in (tuple, list):
+        return type(outputs)(per_sample_scalars(o, samples) for o in outputs)
+    return outputs
 
 
 def chunk_sizes(batch: int, replicas: int) -> list[int]:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
@@ -19,7 +18,8 @@ from framework.config.strategy_options import FSDPOptions
 from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.strategies.ddp import ElasticStrategy
-from framework.strategies.fsdp_units import tied_parameters, with_running_statistics, without_tied
+from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
+from framework.strategies.fsdp_units import tied_parameters, without_tied
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup, Wrapped
@@ -121,24 +121,12 @@ class FSDPStrategy(ElasticStrategy):
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         options = self.options
-        compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
-        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
-        sharding = dict(mesh=init_device_mesh(group.device.type, (group.world_size,)),
-                        reshard_after_forward=options.reshard_after_forward, mp_policy=policy, offload_policy=offload)
-        # BatchNorm in fp32, each its own unit before the blocks around it: its input cast up, its output down to the
-        # compute dtype for the layers after it
-        norms = with_running_statistics(model) if compute else []
-        for norm in norms:
-            fully_shard(norm, **{**sharding, "mp_policy": MixedPrecisionPolicy(
-                param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=compute)})
-        for unit in self.shard_units(model):
-            if not any(unit is norm for norm in norms):
-                fully_shard(unit, **sharding)
-        fully_shard(model, **sharding)
+        mesh = init_device_mesh(group.device.type, (group.world_size,))
+        shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision),
+                         options.reshard_after_forward, offload)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
                            reshard_after_forward=options.reshard_after_forward)

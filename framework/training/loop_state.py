@@ -124,7 +124,12 @@ class LoopState:
         return self._group.gather_objects(obj)
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        return self._group.all_reduce_sum(t)
+        """The sum of every rank's t, in t (in place) and returned. t may live anywhere (a callback's CPU tensor):
+        it travels on the group's device, which nccl needs (CUDA tensors only), and comes back to t's."""
+        if t.device == self.device:
+            return self._group.all_reduce_sum(t)
+        total = self._group.all_reduce_sum(t.to(self.device))
+        return t.copy_(total)
 
     def barrier(self) -> None:
         self._group.barrier()

@@ -19,9 +19,10 @@ from framework.config.targets import instantiate
 from framework.training.param_groups import ParamGroups
 
 
-def build_optimizer(options: OptimizerConfig, params, workers: int, groups: ParamGroups | None = None):
+def build_optimizer(options: OptimizerConfig, params, workers: int, groups: ParamGroups | None = None,
+                    names: list[str] | None = None):
     """The optimizer on `params` (the engine's parameters); with `groups` (the plan of optimizer.param_groups on the
-    plain model) on its param groups."""
+    plain model) on its param groups, each parameter's group by its name in `names` where the engine gives them."""
     arguments = options.constructor_arguments(workers)
     try:
         make = instantiate(arguments, "optimizer")
@@ -31,7 +32,7 @@ def build_optimizer(options: OptimizerConfig, params, workers: int, groups: Para
         raise ConfigError(f"optimizer._target_={options._target_} is not allowed: it cannot be {what} "
                           f"({_one_line(cause)})") from None
     if groups is not None:
-        params = groups.split(params, arguments["lr"])
+        params = groups.split(params, arguments["lr"], names)
     try:
         optimizer = make(params)
     except Exception as exc:  # the constructor's own refusal, whatever its type

@@ -13,7 +13,8 @@ A parameter goes to the first group that matches it; the rest form the default g
 settings), which comes first in optimizer.param_groups. Names are the user's module's own (model.named_parameters()
 before any wrapper: no `module.`, `_orig_mod.` or engine prefix): the plan is made on the plain model, and the
 engine's parameters are named back by identity, or, where the engine replaced them in place (fully_shard's sharded
-parameters), by position and shape. A pattern that matches no parameter, and a group left with none, are refused
+parameters), by position and shape, or by the names the engine gives (a pipeline stage's parameters under the whole
+model's names). A pattern that matches no parameter, and a group left with none, are refused
 in the driver before any worker starts."""
 from __future__ import annotations
 
@@ -126,13 +127,26 @@ class ParamGroups:
         raise RuntimeError(f"{KEY}: the engine gave its optimizer {len(params)} parameters that are neither the "
                            f"model's own nor its {len(self.names)} parameters in order; the groups cannot be named")
 
-    def split(self, params, lr: float) -> list[dict]:
+    def given_names(self, names: list[str], params: list) -> list[str]:
+        """The names an engine gave with its parameters (a pipeline stage's, under the whole model's names), each one
+        of the model's own."""
+        unknown = [n for n in names if n not in self.names]
+        if len(names) != len(params) or unknown:
+            raise RuntimeError(f"{KEY}: the engine named {len(names)} of its optimizer's {len(params)} parameters, "
+                               f"{len(unknown)} of them by names the model does not have ({unknown[:3]}); the groups "
+                               "cannot be named")
+        return list(names)
+
+    def split(self, params, lr: float, names: list[str] | None = None) -> list[dict]:
         """torch param groups for the engine's parameters: the default group first (when it has any), then each
-        group in config order, with its settings, name and lr (optimizer.lr x lr_scale)."""
+        group in config order, with its settings, name and lr (optimizer.lr x lr_scale). `names`: the parameters'
+        names in the model, where the engine gives them (a cut, parallelized model: neither the same objects nor all
+        of them); else found by names_of."""
         params = list(params)
         index = {n: i for i, n in enumerate(self.names)}
         members: dict[int | None, list] = {None: [], **{spec.index: [] for spec in self.specs}}
-        for name, p in zip(self.names_of(params), params):
+        named = self.names_of(params) if names is None else self.given_names(names, params)
+        for name, p in zip(named, params):
             members[self.group_of[index[name]]].append(p)
         groups = [{"params": members[None], "name": DEFAULT, "lr_scale": 1.0}]
         groups += [{"params": members[spec.index], **spec.settings, "name": spec.name, "lr_scale": spec.lr_scale,

@@ -12,7 +12,7 @@ from torch import nn
 
 from framework.checkpoints.state import restore_rng, rng_state
 from framework.checkpoints.store import load_checkpoint, save_checkpoint
-from framework.strategies.dp import ReplicaAutocast
+from framework.strategies.dp import Replica
 from framework.telemetry.replica_clock import ReplicaClock
 from framework.training.precision import Precision
 from support.driver import strategy_for
@@ -64,7 +64,7 @@ def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default(
     autocast, whose thread default (bf16) also differs from the dtype asked for (fp16)."""
     layer = nn.Linear(8, 8)
     # its own weights: autocast caches casts
-    wrapped = ReplicaAutocast(nn.Linear(8, 8), torch.float16)
+    wrapped = Replica(nn.Linear(8, 8), torch.float16)
     dtypes = {}
 
     def replica_thread():
@@ -77,6 +77,73 @@ def test_replica_autocast_keeps_the_runs_dtype_in_a_thread_with_another_default(
     thread.join()
     assert dtypes == {"bare": torch.get_autocast_dtype("cpu"), "wrapped": torch.float16}
     assert dtypes["bare"] != torch.float16
+
+
+class _OwnLoss(nn.Module):
+    """A model that computes its own loss, the HuggingFace way: keyword arguments in, {loss (the batch's mean), logits}
+    out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.EmbeddingBag(16, 3)
+
+    def forward(self, input_ids, labels):
+        logits = self.embed(input_ids)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def _data_parallel_on_the_cpu(replica: nn.Module, replicas: int):
+    """nn.DataParallel's forward without GPUs: the keyword arguments scattered into torch.chunk's pieces
+    (comm.scatter), the replica run on each, and the outputs gathered per key (Gather.forward: 0-dim tensors
+    unsqueezed, then concatenated); on one GPU the replica alone. Only this emulation is not torch's own code: its
+    scatter and gather need CUDA."""
+    def forward(**kwargs):
+        if replicas == 1:
+            return replica(**kwargs)
+        shares = [dict(zip(kwargs, pieces)) for pieces in zip(*(v.chunk(replicas) for v in kwargs.values()))]
+        outputs = [replica(**share) for share in shares]
+        return {key: torch.cat([o[key].view(1) if o[key].dim() == 0 else o[key] for o in outputs])
+                for key in outputs[0]}
+    return forward
+
+
+def test_dp_gives_a_models_own_loss_one_value_per_sample_whatever_the_gpus():
+    """strategy=dp step=model_loss on 2+ GPUs: each replica's loss is its share's mean (0-dim), DataParallel's gather
+    made a vector of one per GPU of them, and the step refused it at step 1 ("the loss returned shape [2] for a
+    batch of 16"), in evaluation too. Each replica now gives its value to each of its samples: the batch's mean is
+    one process's, each replica weighed by its share (11 samples over 2 GPUs: 6 and 5)."""
+    from framework.strategies.dp import chunk_sizes
+    from framework.training.step import ModelLoss
+
+    torch.manual_seed(0)
+    model = _OwnLoss()
+    batch = {"input_ids": torch.randint(0, 16, (11, 5)), "labels": torch.randint(0, 3, (11,))}
+    whole = model(**batch)["loss"]
+    for gpus in (1, 2, 4):
+        out = ModelLoss()(_data_parallel_on_the_cpu(Replica(model, None), gpus), batch, None)
+        assert out.loss.shape == (11,) and out.samples == 11
+        shares = chunk_sizes(11, gpus)
+        assert out.loss.unique_consecutive(return_counts=True)[1].tolist() == shares
+        assert float(out.loss.mean().detach()) == pytest.approx(float(whole.detach()), rel=1e-6), gpus
+    out.loss.mean().backward()
+    assert model.embed.weight.grad is not None, "the gradient reaches every replica's share"
+
+
+@needs_gpus(2)
+def test_dp_trains_a_model_with_its_own_loss_on_every_gpu():
+    """The same on nn.DataParallel itself, over every GPU here."""
+    from framework.training.step import ModelLoss
+
+    strategy = strategy_for("strategy=dp", "trainer.accelerator=gpu")
+    group = strategy.join()
+    model = _OwnLoss().to(group.device)
+    wrapped = strategy.parallelize(model, lambda params: torch.optim.SGD(params, lr=0.1), group)
+    batch = {"input_ids": torch.randint(0, 16, (16, 5), device=group.device),
+             "labels": torch.randint(0, 3, (16,), device=group.device)}
+    out = ModelLoss()(wrapped.model, batch, None)
+    assert out.loss.shape == (16,)
+    out.loss.mean().backward()
+    wrapped.optimizer.step()
 
 
 def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks_than_gpus():
@@ -247,3 +314,57 @@ def test_torchmetrics_sync_themselves_where_torch_distributed_is_the_backend(tmp
         assert float(metric.compute()) == pytest.approx(2.0)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_callbacks_all_reduce_of_a_cpu_tensor_travels_on_the_groups_device(tmp_path):
+    """LoopState.all_reduce_sum handed a callback's CPU tensor straight to the process group, and nccl takes CUDA
+    tensors only: it goes on the group's device now and comes back into the callback's tensor. A CPU cannot show
+    nccl; the group here records the device it is given (meta, standing for cuda) and sums as two ranks would."""
+    from framework.config.trainer import TrainerConfig
+    from framework.training.checkpoint_io import CheckpointIO
+    from framework.training.engine import LocalGroup, Wrapped
+    from framework.training.loop_state import LoopState, RunInfo
+
+    class TwoRanksOnAnotherDevice(LocalGroup):
+        seen = []
+
+        def all_reduce_sum(self, t):
+            self.seen.append(t.device)
+            return torch.full(tuple(t.shape), 2.0) * 3  # what two ranks' 3s sum to
+
+    group = TwoRanksOnAnotherDevice(torch.device("meta"))
+    model = nn.Linear(2, 2)
+    wrapped = Wrapped(model, torch.optim.SGD(model.parameters(), lr=0.1), Precision("fp32", torch.device("cpu")),
+                      CheckpointIO(0, 1, []), model)
+    state = LoopState(TrainerConfig(), group, wrapped, RunInfo(tmp_path, print, {}, {}, None), None, 1, 1, False)
+    mine = torch.full((3,), 3.0)
+    total = state.all_reduce_sum(mine)
+    assert group.seen == [torch.device("meta")]
+    assert total is mine and mine.tolist() == [6.0, 6.0, 6.0]
+
+
+def test_a_mesh_on_gpus_refuses_gloo_and_never_suggests_it(monkeypatch):
+    """gloo has no CUDA reduce-scatter, and its sends would get GPU pointers: a mesh on GPUs with strategy.backend=gloo
+    is refused, and the refusals that count GPUs against workers no longer point there (on one GPU they did). The
+    device count is the one thing faked here: this machine has no GPU."""
+    from framework.common.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def refusal(*overrides):
+        with pytest.raises(ConfigError) as caught:
+            strategy_for("strategy=tp", "trainer.accelerator=gpu", *overrides).validate()
+        return str(caught.value)
+
+    assert refusal("strategy.backend=gloo", "strategy.nproc_per_node=2").startswith(
+        "strategy.backend=gloo is not allowed with strategy=tp on GPUs: the mesh's collectives")
+    one_gpu = refusal()
+    assert "strategy.tp=2 = 2 worker(s) is not allowed with 1 worker(s)" in one_gpu
+    assert "a machine with 2 GPUs (this one has 1; the mesh takes one per worker)" in one_gpu and "gloo" not in one_gpu
+    too_many = refusal("strategy.nproc_per_node=2")
+    assert too_many.startswith("strategy.nproc_per_node=2 is not allowed with nccl") and "gloo" not in too_many
+    # ddp may share a GPU over gloo, and still says so
+    with pytest.raises(ConfigError, match="or strategy.backend=gloo"):
+        strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.nproc_per_node=2").validate()

@@ -31,3 +31,20 @@ def test_the_mesh_cells_need_two_gpus_and_their_runs_pass_the_driver(tmp_path):
             line = driver_says([*args, *common, f"dataset.path={text}", f"trainer.precision={precision}",
                                 "trainer.accelerator=cpu"], tmp_path / name)
             assert line == "", (name, precision, line)
+
+
+def test_the_cells_kill_their_first_run_with_the_tests_own_fault_injection():
+    """Every cell's first run loads the tests' fault injection from PYTHONPATH: the folder moved with the suite's
+    tiers (tests/support/faults), and a stale path failed every cell on every GPU machine (the callback could not be
+    imported, so no first run was killed)."""
+    smoke = gpu_smoke_script()
+    assert (smoke.FAULTS / "fault_injection.py").is_file()
+    assert smoke.KILL[0] == "+callbacks.faults._target_=fault_injection.FaultInjection"
+
+
+def test_the_mesh_has_cells_for_compile_and_recompute_and_a_zero_bubble_schedule():
+    rows = gpu_smoke_script().mesh_strategies(2)
+    assert {"trainer.compile=true", "trainer.activation_checkpointing=true"} <= set(
+        rows["tp (tp=2) compile + recompute"][0])
+    assert "strategy.schedule=ZBVZeroBubble" in rows["pp (pp=2, ZBVZeroBubble)"][0]
+    assert rows["tp x dp_shard (2 x 2)"][0] is None, "4 GPUs"

@@ -84,6 +84,19 @@ CASES = {
     "sequence_parallel_with_own_plan": (["strategy=tp", "strategy.sequence_parallel=true",
                                          "+strategy.plan={head:colwise}"],
                                         "strategy.sequence_parallel=true is not allowed with strategy.plan"),
+    "zbv_with_three_stages_per_rank": (["strategy=pp", "strategy.schedule=ZBVZeroBubble", "strategy.stages_per_rank=3",
+                                        "model.n_layer=6"],
+                                       "strategy.stages_per_rank=3 is not allowed with strategy.schedule=ZBVZeroBubble: "
+                                       "it runs exactly 2 stages per rank"),
+    "zero_bubble_compiled": (["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4",
+                              "trainer.compile=true"],
+                             "trainer.compile=true is not allowed with strategy.schedule=InterleavedZeroBubble: a "
+                             "zero-bubble schedule splits each backward into its input and its weight gradients"),
+    "sequence_shards_never_made": (
+        ["strategy=tp", "+strategy.plan={blocks.*.ln_1:sequence,blocks.*.attn.q:colwise}"],
+        "strategy.plan: blocks.0.ln_1=sequence is not allowed here: it takes the sequence split over the tp ranks, "
+        "and no module before it splits it; add shard_sequence on the first block (blocks.0: shard_sequence), or split "
+        "the embedding's output along the sequence (rowwise_to_sequence on it)"),
     "batch_not_split_over_data_parallel_ranks": (
         ["strategy=tp", "strategy.dp_shard=2", "trainer.batch_size=18", "trainer.grad_accum=2"],
         "trainer.batch_size=18 is not allowed with 2 data-parallel rank(s) (of 4 processes) x trainer.grad_accum=2: "
@@ -103,6 +116,11 @@ def test_good_meshes_pass_the_driver(tmp_path):
                       ["strategy=pp", "strategy.schedule=Interleaved1F1B", "model.n_layer=4"],
                       ["strategy=tp", "strategy.dp_shard=2"], ["strategy=tp", "strategy.sequence_parallel=true"],
                       ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"],
+                      ["strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"],
+                      ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4"],
+                      # the sequence split by the first block's input, as the GPT's own plan does
+                      ["strategy=tp", "+strategy.plan={blocks.0:shard_sequence,blocks.*.ln_1:sequence,"
+                                      "blocks.*.attn:gather_sequence,ln_f:sequence,head:gather_sequence}"],
                       # the batch splits over the data-parallel ranks only: 1 here, so 3 micro-batches of 5
                       ["strategy=tp", "trainer.batch_size=15", "trainer.grad_accum=3"]):
         assert driver_says([*CHAR_LM, *overrides], tmp_path) == "", overrides
@@ -211,3 +229,87 @@ def test_the_mesh_recomputes_and_compiles_the_blocks():
     model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
     modules = strategy_for("strategy=pp").speedup_modules(model)
     assert modules.recomputed == modules.compiled == list(model.blocks)
+
+
+def test_sequential_models_and_models_of_sequentials_pass_the_driver(tmp_path):
+    """LeNet (features and classifier are nn.Sequentials) and a model that is one (support/user_code/
+    sequential_models.py): their entries are pieces, cut where the blocks share out evenly or at a split point."""
+    lenet = ["model=lenet", "trainer.batch_size=16", "dataset.max_train_samples=256", "dataset.max_test_samples=64"]
+    for overrides in (["strategy=pp"], ["strategy=pp", "strategy.split_points=[classifier.0]"],
+                      ["strategy=pp", "strategy.schedule=ZBVZeroBubble"],
+                      ["model._target_=sequential_models.mlp", "strategy=pp"]):
+        assert driver_says([*lenet, *overrides], tmp_path) == "", overrides
+    line = driver_says([*lenet, "strategy=pp", "strategy.split_points=[classifier.7]"], tmp_path)
+    assert ("'classifier.7' is not allowed for LeNet: a split point names a piece of the model where a stage begins "
+            "(features.0, features.1") in line
+
+
+def test_a_stage_of_a_sequential_is_the_sequential_of_its_own_entries_under_their_names():
+    from framework.models.lenet import LeNet
+    from framework.strategies.model_parallel.pipeline_cut import cut, pieces, stage_pieces, view
+    from sequential_models import mlp
+
+    torch.manual_seed(0)
+    lenet = LeNet((1, 28, 28), 10)
+    assert pieces(lenet) == [*(f"features.{i}" for i in range(7)), "classifier.0", "classifier.1", "classifier.2"]
+    for model, shape in ((lenet, (3, 1, 28, 28)), (mlp((1, 28, 28), 10), (3, 1, 28, 28))):
+        x = torch.randn(shape)
+        for stages in (stage_pieces(model, 2, None), stage_pieces(model, 4, None)):
+            y = x
+            for names in stages:
+                stage = view(model, set(names))
+                assert {n.rsplit(".", 1)[0] for n, _ in stage.named_parameters()} <= set(names)
+                y = stage(y)
+            assert torch.equal(y, model(x))
+    # the second stage of LeNet cut at classifier.0: its features emptied (they pass their input on)
+    second = cut(LeNet((1, 28, 28), 10), {"classifier.0", "classifier.1", "classifier.2"})
+    assert len(second.features) == 0 and list(second.state_dict()) == [
+        "classifier.0.weight", "classifier.0.bias", "classifier.2.weight", "classifier.2.bias"]
+
+
+def test_zbv_lays_its_stages_down_the_ranks_and_back_as_torch_does():
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping  # what the schedule itself uses
+
+    from framework.strategies.model_parallel.pipeline_cut import stage_ranks
+
+    assert stage_ranks(4, 2, "ZBVZeroBubble") == [0, 1, 1, 0]
+    assert stage_ranks(4, 2, "Interleaved1F1B") == stage_ranks(4, 2, "InterleavedZeroBubble") == [0, 1, 0, 1]
+    for pp in (2, 4, 8):
+        assert stage_ranks(2 * pp, pp, "ZBVZeroBubble") == [generate_stage_to_rank_mapping(pp, 2 * pp, "v")[s]
+                                                            for s in range(2 * pp)]
+
+
+def test_a_stage_that_changes_its_input_in_place_copies_it_first():
+    """The pipeline hands a later stage the tensor it received, a leaf autograd keeps as it came: LeNet cut where the
+    blocks share out evenly begins its second stage with ReLU(inplace=True), which failed in the worker ("a leaf
+    Variable that requires grad is being used in an in-place operation"). The driver's check runs each stage on such
+    a leaf (meta tensors), with the copy the worker makes."""
+    from framework.models.lenet import LeNet
+    from framework.strategies.model_parallel.pipeline_cut import changes_its_input, check_stages, stage_pieces
+
+    model = LeNet((1, 28, 28), 10)
+    stages = stage_pieces(model, 2, None)
+    assert stages[1][0] == "features.4" and changes_its_input(model, stages[1])
+    check_stages(model, stages, torch.randn(2, 1, 28, 28), "strategy.pp=2")
+    # one that changes it in place unannounced is refused in the driver, not in a worker
+
+    class Doubles(torch.nn.Module):
+        def forward(self, x):
+            return x.mul_(2)
+
+    from framework.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stage 2 of 2, holding 1, 2: RuntimeError: a leaf Variable that requires "
+                                          "grad is being used in an in-place operation"):
+        check_stages(torch.nn.Sequential(torch.nn.Linear(4, 4), Doubles(), torch.nn.Linear(4, 2)), [["0"], ["1", "2"]],
+                     torch.randn(2, 4), "strategy.split_points=['1']")
+
+
+def test_the_mesh_refuses_a_torch_older_than_the_one_it_is_tested_with(tmp_path, monkeypatch):
+    """pyproject allows torch >= 2.4 for the other engines; the mesh engine's APIs are newer."""
+    from torch.torch_version import TorchVersion
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.5.1"))
+    line = driver_says([*CHAR_LM, "strategy=tp"], tmp_path)
+    assert line.startswith("strategy=tp is not allowed with torch 2.5.1: the mesh engine needs torch >= 2.14"), line
+    assert driver_says([*CHAR_LM, "strategy=ddp"], tmp_path) == ""

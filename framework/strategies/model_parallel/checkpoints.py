@@ -1,12 +1,13 @@
 """The mesh engine's checkpoints: DCP shards (framework/training/dcp.py, fsdp's layout) of the pieces this rank holds,
 keyed by the whole model's names, so any mesh (or a single-file engine) reads them: DCP gives each reader the slices
 its own sharding needs. A tied copy's optimizer state is written under the parameter's first name, as one process
-writes it (both pipeline holders write the same values, and DCP keeps one). weights/*.pt: the whole model, gathered
-one parameter at a time and sent from each stage's first rank to rank 0."""
+writes it (both pipeline holders write the same values, and DCP keeps one). weights/*.pt: the whole model, each
+parameter made whole in its stage and sent from the stage's first rank to rank 0, one tensor at a time."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -45,20 +46,38 @@ class MeshCheckpoints(DcpCheckpoints):
 
     def full_model_state(self, module: nn.Module) -> dict | None:
         """Every rank: each tensor made whole within its stage (a collective over tensor and data-parallel peers),
-        kept in CPU memory by the stage's first rank, gathered to rank 0."""
+        kept in CPU memory by the stage's first rank, then sent to rank 0 one tensor at a time. Not the whole stage
+        through an object gather: over nccl that pickles into CUDA byte buffers the size of the largest stage on
+        every GPU, rank 0's world_size of them."""
         mine = {}
         for name, tensor in self.module.state_dict().items():
             whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if self.gathers:
                 mine[name] = whole.detach().cpu()
         if self.world_size == 1:
-            stages = [mine]
-        else:
-            stages = [None] * self.world_size if self.is_main else None
-            dist.gather_object(mine if self.gathers else None, stages, dst=0)
+            return {key: mine[key] for key in self.whole.state_keys if key in mine}
+        held = [None] * self.world_size  # what each stage's first rank holds: names, shapes, dtypes (small)
+        dist.all_gather_object(held, [(name, tuple(t.shape), t.dtype) for name, t in mine.items()])
+        owner, meta = {}, {}
+        for rank, entries in enumerate(held):
+            for name, shape, dtype in entries:
+                owner.setdefault(name, rank)  # a tensor outside the pieces (root-level) is sent by its first holder
+                meta.setdefault(name, (shape, dtype))
+        device = torch.device("cuda", self.cuda_devices[0]) if self.cuda_devices else torch.device("cpu")
+        merged = dict(mine) if self.is_main else None
+        for key in self.whole.state_keys:  # the same order on every rank: each send meets its receive
+            sender = owner.get(key)
+            if sender is None or sender == 0:
+                continue
+            if self.rank == sender:
+                dist.send(mine[key].contiguous().to(device), dst=0)
+            elif self.is_main:
+                shape, dtype = meta[key]
+                received = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(received, src=sender)
+                merged[key] = received.cpu()
         if not self.is_main:
             return None
-        merged = {name: t for stage in stages if stage for name, t in stage.items()}
         return {key: merged[key] for key in self.whole.state_keys if key in merged}
 
     def restore_file(self, state: dict, module: nn.Module, optimizer, scaler) -> tuple[Position, dict]:

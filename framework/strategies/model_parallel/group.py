@@ -14,13 +14,16 @@ class MeshGroup(TorchGroup):
 
     @classmethod
     def join_mesh(cls, backend: str, cuda: bool, timeout_s: float, shape: MeshShape) -> "MeshGroup":
-        group = cls.join(backend, cuda, timeout_s)
-        group.shape = shape
+        return cls.join(backend, cuda, timeout_s).on_mesh(shape)
+
+    def on_mesh(self, shape: MeshShape) -> "MeshGroup":
+        """This rank of torch.distributed's default group, placed on the mesh of `shape` (every rank calls it)."""
+        self.shape = shape
         # every axis, also those of size 1: fully_shard takes the 2-D (dp_replicate, dp_shard) mesh for HSDP
-        group.mesh = init_device_mesh(group.device.type, shape.sizes, mesh_dim_names=NAMES)
-        group.coords = shape.coordinates(group.rank)
-        group.dp_rank, group.dp_size = shape.dp_rank(group.rank), shape.dp_size
-        return group
+        self.mesh = init_device_mesh(self.device.type, shape.sizes, mesh_dim_names=NAMES)
+        self.coords = shape.coordinates(self.rank)
+        self.dp_rank, self.dp_size = shape.dp_rank(self.rank), shape.dp_size
+        return self
 
     def axis(self, name: str) -> DeviceMesh:
         return self.mesh[name]

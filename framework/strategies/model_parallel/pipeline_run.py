@@ -1,10 +1,10 @@
 """Pipeline parallel in the one loop: the loop's micro-batch, cut into strategy.microbatches pipeline micro-batches,
-goes through a torch.distributed.pipelining schedule (GPipe, 1F1B, Interleaved1F1B), which runs the stages' forwards
-and backwards; on the last stage the run's own step turns each micro-batch's output into per-sample losses (the step
-is handed a stand-in model that returns the pipeline's output), whose mean is what backward starts from. Every rank
-then gets the per-sample losses (the loss is reported on every rank). Evaluation's batches vary in size, which the
-schedule's fixed buffers do not take, so it runs the stages one after another, forward only, and every rank gets the
-outputs."""
+goes through a torch.distributed.pipelining schedule (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble,
+ZBVZeroBubble), which runs the stages' forwards and backwards; on the last stage the run's own step turns each
+micro-batch's output into per-sample losses (the step is handed a stand-in model that returns the pipeline's output),
+whose mean is what backward starts from. Every rank then gets the per-sample losses (the loss is reported on every
+rank). Evaluation's batches vary in size, which the schedule's fixed buffers do not take, so it runs the stages one
+after another, forward only, and every rank gets the outputs."""
 from __future__ import annotations
 
 import time
@@ -12,8 +12,10 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
+from framework.config.strategy_options import MULTI_STAGE
 from framework.data.batches import batch_size, tree_map
 from framework.data.build import is_pair
 from framework.strategies.model_parallel import p2p
@@ -22,15 +24,18 @@ from framework.training.metrics import per_sample_losses
 from framework.training.engine import Weighting
 from framework.training.step import StepOutput
 
-SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
+SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
+             "InterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ZBVZeroBubble": ScheduleZBVZeroBubble}
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage whose compute and received messages the clock counts."""
+    """A PipelineStage whose compute, received messages (by the pipeline rank they come from), gradient reduction
+    (FSDP2's reduce-scatter after the last micro-batch's backward) and first-step shape inference the clock counts,
+    so that none of them is taken for bubble."""
 
-    def __init__(self, *args, clock: PipelineClock, **kwargs):
+    def __init__(self, *args, clock: PipelineClock, holders: list[int], **kwargs):
         super().__init__(*args, **kwargs)
-        self.clock = clock
+        self.clock, self.holders = clock, holders
 
     def forward_one_chunk(self, *args, **kwargs):
         with self.clock.span("forward"):
@@ -40,18 +45,34 @@ class TimedStage(PipelineStage):
         with self.clock.span("backward"):
             return super().backward_one_chunk(*args, **kwargs)
 
-    def backward_weight_one_chunk(self, *args, **kwargs):
+    def backward_weight_one_chunk(self, *args, **kwargs):  # the zero-bubble schedules' weight gradients
         with self.clock.span("backward"):
             return super().backward_weight_one_chunk(*args, **kwargs)
 
+    def perform_reduce_grad(self, *args, **kwargs):
+        with self.clock.span("reduce"):
+            return super().perform_reduce_grad(*args, **kwargs)
+
+    # The schedule's first step infers each stage's shapes (a forward and a backward on meta tensors, and the
+    # shapes sent between stages), in these two methods of PipelineStage: torch has no public hook around them.
+    def _prepare_forward_infra(self, *args, **kwargs):
+        with self.clock.span("inference"):
+            return super()._prepare_forward_infra(*args, **kwargs)
+
+    def _prepare_backward_infra(self, *args, **kwargs):
+        with self.clock.span("inference"):
+            return super()._prepare_backward_infra(*args, **kwargs)
+
     def get_fwd_recv_ops(self, fwd_chunk_id: int):
         ops = super().get_fwd_recv_ops(fwd_chunk_id)
-        self.clock.received_from("previous", [op.tensor for op in ops])
+        if not self.is_first:
+            self.clock.received_from(self.holders[self.stage_index - 1], [op.tensor for op in ops])
         return ops
 
     def get_bwd_recv_ops(self, bwd_chunk_id: int):
         ops = super().get_bwd_recv_ops(bwd_chunk_id)
-        self.clock.received_from("next", [op.tensor for op in ops])
+        if not self.is_last:
+            self.clock.received_from(self.holders[self.stage_index + 1], [op.tensor for op in ops])
         return ops
 
 
@@ -75,19 +96,21 @@ def inputs_of(batch):
 
 
 class PipelineRunner:
-    def __init__(self, stages: dict[int, nn.Module], num_stages: int, schedule: str, microbatches: int,
-                 pp_rank: int, pp: int, pp_group, device: torch.device, precision):
-        self.stage_modules, self.num_stages = stages, num_stages
-        self.pp_rank, self.pp, self.group, self.device, self.precision = pp_rank, pp, pp_group, device, precision
+    def __init__(self, stages: dict[int, nn.Module], holders: list[int], schedule: str, microbatches: int,
+                 pp_rank: int, pp_group, device: torch.device, precision):
+        """stages: this rank's stage modules by stage index; holders: the pipeline rank of every stage."""
+        self.stage_modules, self.num_stages, self.holders = stages, len(holders), holders
+        self.pp_rank, self.group, self.device, self.precision = pp_rank, pp_group, device, precision
+        self.last_rank = holders[-1]  # the rank computing the loss (rank 0 for ZBVZeroBubble's V)
         self.microbatches = microbatches
         self.clock = PipelineClock(device)
-        self.stages = [TimedStage(module, index, num_stages, device, group=pp_group, clock=self.clock)
+        self.stages = [TimedStage(module, index, self.num_stages, device, group=pp_group, clock=self.clock,
+                                  holders=holders)
                        for index, module in sorted(stages.items())]
-        self.holds_last = num_stages - 1 in stages
-        kind = SCHEDULES[schedule]
+        self.holds_last = self.num_stages - 1 in stages
         # scale_grads=False: the loss handed back is already each micro-batch's share of the step's mean
-        self.schedule = kind(self.stages if kind is ScheduleInterleaved1F1B else self.stages[0],
-                             n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False)
+        self.schedule = SCHEDULES[schedule](self.stages if schedule in MULTI_STAGE else self.stages[0],
+                                            n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False)
         self.current = None
         self.indices = [torch.tensor(i) for i in range(microbatches)]  # each micro-batch's "target": its index
         self.counts_tokens: bool | None = None  # whether the step counts tokens (known after the first step)
@@ -100,8 +123,10 @@ class PipelineRunner:
                         "tokens": [None] * m}
         with self.clock.span("schedule"):
             with self.precision.autocast():
+                # return_outputs=False: the last stage would keep every micro-batch's output (an LM's logits) and
+                # return a concatenated copy, held until the next step; the step's loss_fn has read them already
                 self.schedule.step(arg_mbs=[(inputs_of(c),) for c in chunks], kwarg_mbs=[{} for _ in chunks],
-                                   target_mbs=self.indices)
+                                   target_mbs=self.indices, return_outputs=False)
             # the stages meet here: a stage done early waits for the drain of the others, inside its span
             losses, tokens = self._shared_losses(batch_size(batch))
         self.current = None
@@ -134,7 +159,7 @@ class PipelineRunner:
             losses = None
         if self.counts_tokens is None:  # once: whether the step counts tokens, which only the last stage sees
             flag = [bool(counted) if self.holds_last else None]
-            dist.broadcast_object_list(flag, group=self.group, group_src=self.pp - 1,
+            dist.broadcast_object_list(flag, group=self.group, group_src=self.last_rank,
                                        device=self.device if self.device.type == "cuda" else None)
             self.counts_tokens = flag[0]
         dist.all_reduce(packed, group=self.group)
@@ -146,39 +171,30 @@ class PipelineRunner:
     @torch.no_grad()
     def forward(self, inputs):
         """Forward only, one stage after another (no schedule): the last stage's output on every pipeline rank."""
-        x = inputs
+        x, holders = inputs, self.holders
         with self.precision.autocast():
             for index in range(self.num_stages):
-                owner = index % self.pp
-                if owner != self.pp_rank:
+                if holders[index] != self.pp_rank:
                     continue
-                previous = (index - 1) % self.pp
-                if index > 0 and previous != self.pp_rank:
-                    x = p2p.recv(previous, self.group, self.device)
+                if index > 0 and holders[index - 1] != self.pp_rank:
+                    x = p2p.recv(holders[index - 1], self.group, self.device)
                 x = self.stage_modules[index](x)
-                following = (index + 1) % self.pp
-                if index < self.num_stages - 1 and following != self.pp_rank:
-                    p2p.send(x, following, self.group, self.device)
-        return p2p.broadcast(x if self.holds_last else None, self.pp - 1, self.group, self.device)
+                if index < self.num_stages - 1 and holders[index + 1] != self.pp_rank:
+                    p2p.send(x, holders[index + 1], self.group, self.device)
+        return p2p.broadcast(x if self.holds_last else None, self.last_rank, self.group, self.device)
 
     # ---- the clock's links ------------------------------------------------------------------------------------
     def measure_links(self, sizes=(1 << 12, 1 << 22), rounds: int = 3) -> None:
-        """Every pipeline rank, once: latency and bandwidth of each link between neighbouring stages (a ping-pong of
-        two message sizes), for the clock's communication time."""
-        pairs = [(a, a + 1) for a in range(self.pp - 1)]
-        if self.num_stages > self.pp:  # Interleaved1F1B: the last rank passes on to the first again
-            pairs.append((self.pp - 1, 0))
+        """Every pipeline rank, once: latency and bandwidth of each link between ranks holding neighbouring stages
+        (a ping-pong of two message sizes, in the same order on every rank), for the clock's communication time."""
+        pairs = sorted({tuple(sorted(p)) for p in zip(self.holders, self.holders[1:]) if p[0] != p[1]})
         links = {}
         for a, b in pairs:
             if self.pp_rank in (a, b):
                 peer = b if self.pp_rank == a else a
                 times = [_ping_pong(self.pp_rank == a, peer, size, rounds, self.group, self.device) for size in sizes]
                 per_byte = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
-                link = Link(max(0.0, times[0] - per_byte * sizes[0]), per_byte)
-                if self.pp_rank == a:
-                    links["next"] = link
-                if self.pp_rank == b:
-                    links["previous"] = link
+                links[peer] = Link(max(0.0, times[0] - per_byte * sizes[0]), per_byte)
             dist.barrier(group=self.group)
         self.clock.links = links
 

@@ -2,7 +2,8 @@
 dp_replicate x dp_shard x tp x pp, and parallelize() makes of the model, in torchtitan's order: the pipeline stages
 this rank holds (the other stages' pieces dropped), tensor parallel by the plan, activation checkpointing and compile
 (the blocks, from framework/assemble.py's speed-ups, which wrap lazily: they take effect around the parallelized
-blocks), FSDP2 over the data-parallel axes (bf16 by its MixedPrecisionPolicy). The loop runs as for any engine: a
+blocks), FSDP2 over the data-parallel axes (bf16 by its MixedPrecisionPolicy; framework/strategies/fsdp_apply.py, as
+strategy=fsdp applies it), all in CPU memory, then what is left moved to the device. The loop runs as for any engine: a
 Wrapped whose precision clips over the whole mesh, whose checkpoints are DCP under the whole model's names, and, for
 pipeline parallel, which runs forward and backward itself (OwnsForwardBackward) and times its stages (OwnClock)."""
 from __future__ import annotations
@@ -12,19 +13,23 @@ import dataclasses
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.torch_version import TorchVersion
 
 from framework.common.errors import ConfigError
-from framework.config.strategy_options import MeshOptions
+from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
-from framework.models.blocks import auto_units, innermost_first
+from framework.models.blocks import auto_units, holds_parameters, innermost_first
 from framework.session.environment import ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
+from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import without_tied
 from framework.strategies.model_parallel.checkpoints import MeshCheckpoints, WholeModel
+from framework.strategies.model_parallel.foreach import per_tensor_where_mixed
 from framework.strategies.model_parallel.group import MeshGroup
-from framework.strategies.model_parallel.pipeline_cut import blocks, check_stages, cut, pieces, stage_pieces, view
+from framework.strategies.model_parallel.pipeline_cut import (blocks, changes_its_input, check_stages,
+                                                              copy_input_first, cut, pieces, stage_pieces,
+                                                              stage_ranks, view)
 from framework.strategies.model_parallel.pipeline_run import PipelineRunner
 from framework.strategies.model_parallel.precision import MeshPrecision
 from framework.strategies.model_parallel.shape import MeshShape
@@ -34,12 +39,17 @@ from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
 
+# pyproject allows torch >= 2.4 for the other engines; the mesh's APIs are newer, and this is the torch its tests ran
+TESTED_TORCH = "2.14"
+
+
 class MeshStrategy(ElasticStrategy):
     Options = MeshOptions
     options: MeshOptions
     channels_last_refusal = ("fully_shard and DTensor shard contiguous parameters, and channels_last conv weights "
                              "are not")
     moves_model_itself = True  # a pipeline rank puts only its own stages on its device
+    gloo_shares_gpus = False  # the mesh's collectives run on CUDA tensors: nccl, one GPU per worker
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
     def __init__(self, options: MeshOptions, trainer):
@@ -62,14 +72,27 @@ class MeshStrategy(ElasticStrategy):
 
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
-        super().validate()
         o, t, shape = self.options, self.trainer, self.shape
+        if TorchVersion(torch.__version__) < TESTED_TORCH:
+            raise ConfigError(f"strategy={self.name} is not allowed with torch {torch.__version__}: the mesh engine "
+                              f"needs torch >= {TESTED_TORCH}, what it is tested with (torch.distributed.pipelining's "
+                              "pre-split micro-batches and zero-bubble schedules, DTensor's norms); pip install "
+                              f"'torch>={TESTED_TORCH}' (the other strategies take torch >= 2.4)")
+        if t.cuda and "nccl" not in self.backend:
+            raise ConfigError(f"strategy.backend={o.backend} is not allowed with strategy={self.name} on GPUs: the "
+                              "mesh's collectives (FSDP2's reduce-scatter, tensor parallel's all-reduces, the "
+                              "pipeline's sends) run on CUDA tensors, which gloo does not take; use strategy.backend="
+                              "auto (nccl), one GPU per worker")
+        super().validate()
         workers = self.starter.processes()
         if shape.workers != workers:
             product = " x ".join(f"strategy.{k}={v}" for k, v in o.degrees.items() if v > 1) or "strategy.tp=1"
+            gpus = torch.cuda.device_count() if t.cuda else None
+            more = (f"strategy.nproc_per_node={shape.workers}" if gpus is None or shape.workers <= gpus else
+                    f"a machine with {shape.workers} GPUs (this one has {gpus}; the mesh takes one per worker)")
             raise ConfigError(f"{product} = {shape.workers} worker(s) is not allowed with {workers} worker(s): the "
                               f"degrees' product must be the number of workers; set the degrees so (dp_replicate x "
-                              f"dp_shard x tp x pp = {workers}), or strategy.nproc_per_node={shape.workers}")
+                              f"dp_shard x tp x pp = {workers}), or {more}")
         if t.precision == "fp16":
             raise ConfigError(f"trainer.precision=fp16 is not allowed with strategy={self.name}: fp16 needs a loss "
                               "scaler for DTensor gradients across the mesh, which torch.amp.GradScaler is not; use "
@@ -93,12 +116,20 @@ class MeshStrategy(ElasticStrategy):
                                       "how pipeline parallel runs; set strategy.pp (> 1) or leave it out")
             return
         v, m = o.virtual_stages, o.pipeline_microbatches
-        if o.schedule == "Interleaved1F1B" and v < 2:
-            raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule=Interleaved1F1B: "
-                              "it interleaves several stages per rank; use 2 or more (or strategy.schedule=1F1B)")
-        if o.schedule != "Interleaved1F1B" and v > 1:
+        if o.schedule in MULTI_STAGE and v < 2:
+            raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule={o.schedule}: it "
+                              "interleaves several stages per rank; use 2 or more (or strategy.schedule=1F1B)")
+        if o.schedule == "ZBVZeroBubble" and v != 2:
+            raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule=ZBVZeroBubble: it "
+                              "runs exactly 2 stages per rank, down the ranks and back (a V); use 2")
+        if o.schedule not in MULTI_STAGE and v > 1:
             raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule={o.schedule}: "
-                              "it runs one stage per rank; use 1, or strategy.schedule=Interleaved1F1B")
+                              f"it runs one stage per rank; use 1, or a schedule of several ({', '.join(MULTI_STAGE)})")
+        if o.schedule in ZERO_BUBBLE and t.compile:
+            raise ConfigError(f"trainer.compile=true is not allowed with strategy.schedule={o.schedule}: a zero-bubble "
+                              "schedule splits each backward into its input and its weight gradients, which torch "
+                              "does not do for compiled modules; use trainer.compile=false, or strategy.schedule="
+                              "Interleaved1F1B")
         micro_batch = t.batch_size // (self.shape.dp_size * t.grad_accum)
         if micro_batch % m:
             raise ConfigError(f"strategy.microbatches={m} is not allowed with a micro-batch of {micro_batch} "
@@ -109,8 +140,8 @@ class MeshStrategy(ElasticStrategy):
             raise ConfigError(f"strategy.microbatches={m} is not allowed with strategy.schedule=1F1B and "
                               f"strategy.pp={o.pp}: 1F1B needs at least as many microbatches as stages")
         rounds = max(1, m // o.pp)
-        if o.schedule == "Interleaved1F1B" and m % rounds:
-            raise ConfigError(f"strategy.microbatches={m} is not allowed with strategy.schedule=Interleaved1F1B and "
+        if o.schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and m % rounds:
+            raise ConfigError(f"strategy.microbatches={m} is not allowed with strategy.schedule={o.schedule} and "
                               f"strategy.pp={o.pp}: it runs rounds of microbatches / pp ({rounds}) that must divide "
                               f"the microbatches; use a multiple of {o.pp}")
 
@@ -143,8 +174,10 @@ class MeshStrategy(ElasticStrategy):
                               "framework shards (shards_itself = False), or strategy.tp=1")
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
-        """The blocks, recomputed and compiled one by one (on a pipeline rank, those of its own stages)."""
-        units = [model.get_submodule(name) for name in blocks(model)] or auto_units(model)
+        """The blocks holding parameters, recomputed and compiled one by one (on a pipeline rank, those of its own
+        stages; a Sequential's activations and poolings are left to the layers around them)."""
+        units = [m for m in (model.get_submodule(name) for name in blocks(model)) if holds_parameters(m)]
+        units = units or auto_units(model)
         return SpeedupModules(recomputed=units, compiled=units)
 
     # ---- the workers ----------------------------------------------------------------------------------------
@@ -155,44 +188,52 @@ class MeshStrategy(ElasticStrategy):
         o, shape, coords = self.options, self.shape, group.coords
         whole = WholeModel(model)
         stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points) if o.pp > 1 else [pieces(model)]
-        mine = [s for s in range(len(stages)) if s % o.pp == coords["pp"]]
-        ties = find_ties(model, {p: s % o.pp for s, names in enumerate(stages) for p in names}) if o.pp > 1 else []
+        holders = stage_ranks(len(stages), o.pp, o.schedule)
+        mine = [s for s in range(len(stages)) if holders[s] == coords["pp"]]
+        ties = find_ties(model, {p: holders[s] for s, names in enumerate(stages) for p in names}) if o.pp > 1 else []
         if o.pp > 1:
             cut(model, {p for s in mine for p in stages[s]})
-        model.to(group.device)
         parts = {s: model if len(mine) == 1 else view(model, set(stages[s])) for s in mine}
-        if o.tp > 1:
-            for part in parts.values():
-                apply_tensor_parallel(part, o, group.axis("tp"))
-        if shape.sharded:
-            self._fully_shard(parts.values(), group)
-        params = list(model.parameters())
+        for s, part in parts.items():
+            if s > 0 and changes_its_input(model, stages[s]):
+                copy_input_first(part)
+        self._split(list(parts.values()), group)
+        model.to(group.device)  # what tensor parallel and FSDP2 left: plain parameters, buffers
+        named = list(model.named_parameters())
+        params = [p for _, p in named]
         pp_group = group.axis("pp").get_group() if o.pp > 1 else None
         tied = TiedGradients(ties, model, shape, group.rank, pp_group)
         precision = MeshPrecision(self.trainer.precision, group.device, params, shape.sharded, tied, pp_group)
         gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
         io = MeshCheckpoints(group.rank, group.world_size, group.cuda_devices, model, whole, tied.canonical, gathers)
-        optimizer = make_optimizer(params)
+        # the stage's parameters, tensor parallel's DTensors among them, by the whole model's names (a tied copy by
+        # the name the whole model has it under): what optimizer.param_groups' patterns match
+        optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
+        per_tensor_where_mixed(optimizer)
         if o.pp == 1:
             return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded)
-        runner = PipelineRunner(parts, len(stages), o.schedule, o.pipeline_microbatches, coords["pp"], o.pp, pp_group,
-                                group.device, precision)
+        runner = PipelineRunner(parts, holders, o.schedule, o.pipeline_microbatches, coords["pp"], pp_group, group.device,
+                                precision)
         runner.measure_links()
         pipeline = Pipeline(runner)
         return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
 
-    def _fully_shard(self, parts, group: MeshGroup) -> None:
-        """FSDP2 over the data-parallel axes, each block a unit (tied parameters left to the root), then each part's
-        root; pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
-        torchtitan does: resharding would gather them again for every micro-batch)."""
-        compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
-        reshard = self.options.reshard_after_forward and self.options.pp == 1
-        options = dict(mesh=group.dp_mesh(), reshard_after_forward=reshard, mp_policy=policy)
-        for part in parts:
-            for unit in innermost_first(part, without_tied(part, auto_units(part))):
-                fully_shard(unit, **options)
-            fully_shard(part, **options)
+    def _split(self, parts: list[nn.Module], group: MeshGroup) -> None:
+        """Tensor parallel by the plan, then FSDP2 over the data-parallel axes (each block a unit, tied parameters
+        left to the root), on each of this rank's stages, while they are still in CPU memory: tensor parallel moves
+        each parameter to the mesh's device as it splits it, fully_shard each unit as it shards it, so no GPU ever
+        holds a whole stage in fp32 (a model.to(device) first would)."""
+        o, precision = self.options, ShardPrecision.of(self.trainer.precision)
+        if o.tp > 1:
+            for part in parts:
+                apply_tensor_parallel(part, o, group.axis("tp"))
+        if self.shape.sharded:
+            for part in parts:
+                units = innermost_first(part, without_tied(part, auto_units(part)))
+                # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
+                # torchtitan does: resharding would gather them again for every micro-batch)
+                shard_with_fsdp2(part, units, group.dp_mesh(), precision,
+                                 reshard_after_forward=o.reshard_after_forward and o.pp == 1)
 
 
 class MeshWrapped(Wrapped):

@@ -18,25 +18,36 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from framework.config.strategy_options import MeshOptions
 from framework.common.errors import ConfigError
+from framework.strategies.model_parallel.pipeline_cut import blocks
 
-# style name -> (what it does, the ParallelStyle). Sequence styles keep the residual stream split along dim 1.
+# style name -> (what it does, the ParallelStyle for a module). Sequence styles keep the residual stream split along
+# dim 1. A rowwise nn.Embedding takes token ids whole on every rank (tensor-parallel peers read the same batch):
+# RowwiseParallel's default input layout, Shard(-1), is a Linear's (the colwise layer before it split its features),
+# and would gather an embedding's ids from every rank into a sequence tp times as long.
 STYLES = {
-    "colwise": ("split the output features (nn.Linear, nn.Embedding)", lambda: ColwiseParallel()),
-    "rowwise": ("split the input features, all-reduce the output (nn.Linear, nn.Embedding)", lambda: RowwiseParallel()),
-    "sequence": ("run on this rank's share of the sequence (a norm, dropout)", lambda: SequenceParallel()),
+    "colwise": ("split the output features (nn.Linear, nn.Embedding)", lambda module: ColwiseParallel()),
+    "rowwise": ("split the input features, all-reduce the output (nn.Linear, nn.Embedding)",
+                lambda module: RowwiseParallel(input_layouts=_ids_whole(module))),
+    "sequence": ("run on this rank's share of the sequence (a norm, dropout)", lambda module: SequenceParallel()),
     "colwise_from_sequence": ("colwise, gathering a sequence-split input first",
-                              lambda: ColwiseParallel(input_layouts=Shard(1))),
+                              lambda module: ColwiseParallel(input_layouts=Shard(1))),
     "rowwise_to_sequence": ("rowwise, reduce-scattering the output along the sequence",
-                            lambda: RowwiseParallel(output_layouts=Shard(1))),
+                            lambda module: RowwiseParallel(input_layouts=_ids_whole(module), output_layouts=Shard(1))),
     "gather_sequence": ("the module's input gathered from sequence shards",
-                        lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                   use_local_output=True)),
+                        lambda module: PrepareModuleInput(input_layouts=(Shard(1),),
+                                                          desired_input_layouts=(Replicate(),), use_local_output=True)),
     "shard_sequence": ("the module's input split along the sequence",
-                       lambda: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
-                                                  use_local_output=True)),
+                       lambda module: PrepareModuleInput(input_layouts=(Replicate(),),
+                                                         desired_input_layouts=(Shard(1),), use_local_output=True)),
 }
 SPLITS_OUTPUT = ("colwise", "colwise_from_sequence")
 SPLITS_INPUT = ("rowwise", "rowwise_to_sequence")
+TAKES_SEQUENCE_SHARDS = ("sequence", "colwise_from_sequence", "gather_sequence")
+MAKES_SEQUENCE_SHARDS = ("shard_sequence", "rowwise_to_sequence")
+
+
+def _ids_whole(module: nn.Module):
+    return Replicate() if isinstance(module, nn.Embedding) else None
 
 
 def plan_of(model: nn.Module, options: MeshOptions) -> dict[str, str] | None:
@@ -97,13 +108,34 @@ def check_plan(model: nn.Module, options: MeshOptions) -> None:
             sample = ", ".join(name for name, _ in list(model.named_modules())[1:9])
             raise ConfigError(f"strategy.plan: pattern {pattern!r} is not allowed for {type(model).__name__}: it "
                               f"matches no module (names such as {sample}; '*' stands for one part of a name)")
-    for name, style in resolve(model, plan).items():
+    resolved = resolve(model, plan)
+    for name, style in resolved.items():
         _check_divisible(name, model.get_submodule(name), style, tp)
+    _check_sequence_split_first(model, resolved, "strategy.plan" if options.plan else
+                                f"strategy.sequence_parallel=true ({type(model).__name__}.sequence_parallel_plan)")
     declared = model.tp_divisible(options.sequence_parallel) if hasattr(model, "tp_divisible") else {}
     for key, count in declared.items():
         if count % tp:
             raise ConfigError(f"strategy.tp={tp} is not allowed with {key}={count}: tensor parallel gives each rank "
                               f"{key} / tp of them; use a tp that divides {count}")
+
+
+def _check_sequence_split_first(model: nn.Module, resolved: dict[str, str], key: str) -> None:
+    """A style that takes sequence shards (a norm's `sequence`, ...) needs a module before it that splits the
+    sequence (`shard_sequence` on a block, or an embedding's output `rowwise_to_sequence`); else each rank's whole
+    sequence is taken for its shard, and the loss meets tp times the tokens ("Expected input batch_size (512) to match
+    target batch_size (256)", in a worker). Modules are taken in the order they are registered (their forward's
+    order, for the models pipeline parallel cuts)."""
+    for name, _ in model.named_modules():
+        style = resolved.get(name)
+        if style in MAKES_SEQUENCE_SHARDS:
+            return
+        if style in TAKES_SEQUENCE_SHARDS:
+            first = next(iter(blocks(model)), "the first block")
+            raise ConfigError(f"{key}: {name}={style} is not allowed here: it takes the sequence split over the tp "
+                              f"ranks, and no module before it splits it; add shard_sequence on the first block "
+                              f"({first}: shard_sequence), or split the embedding's output along the sequence "
+                              f"(rowwise_to_sequence on it)")
 
 
 def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
@@ -131,5 +163,6 @@ def apply_tensor_parallel(model: nn.Module, options: MeshOptions, tp_mesh: Devic
         function = get_method(str(node.pop("_target_")))
         function(model, tp_mesh, **node)
         return
-    styles = {name: STYLES[style][1]() for name, style in resolve(model, plan_of(model, options)).items()}
+    styles = {name: STYLES[style][1](model.get_submodule(name))
+              for name, style in resolve(model, plan_of(model, options)).items()}
     parallelize_module(model, tp_mesh, styles)
