@@ -80,16 +80,18 @@ class Verification:
         self.drifts: dict[Path, Drift] = {}
 
     def run(self) -> bool:
+        resume = self.train_cfg.trainer.get("resume")
+        if resume not in (None, "auto", "none"):
+            raise ConfigError(f"trainer.resume={resume} is not allowed with verify.py: it compares two runs from the "
+                              "same start; leave trainer.resume out")
+        asked = self.train_cfg.strategy.get("name")
         strategy, payload, _ = plan_run(self.train_cfg, self.job.run_dir)  # every refusal of train.py, here
         s = payload.settings
         if isinstance(strategy, SingleStrategy):
-            chose = " (strategy=auto chose it on this machine)" if self.train_cfg.strategy.name == "auto" else ""
+            chose = " (strategy=auto chose it on this machine)" if asked == "auto" else ""
             raise ConfigError(f"strategy={strategy.name} is not allowed with verify.py{chose}: it compares a run of "
                               "several workers with one process, and this is one process; name the strategy to "
                               "check, e.g. strategy=ddp")
-        if s.trainer.resume not in (None, "auto", "none"):
-            raise ConfigError(f"trainer.resume={s.trainer.resume} is not allowed with verify.py: it compares two "
-                              "runs from the same start; leave trainer.resume out")
         with allowing(s.targets):  # the model and data this run builds, to see which candidates it has
             task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal)
         self.name = strategy.name
