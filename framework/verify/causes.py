@@ -24,14 +24,15 @@ SWITCH = "verify_switch_off"  # the callback's name in the runs' callbacks group
 
 def switched_off(what: str) -> list[str]:
     """The overrides that add framework/callbacks/switch_off.py's callback to a run."""
-    return [f"+callbacks.{SWITCH}._target_=framework.callbacks.switch_off.SwitchOff", f"+callbacks.{SWITCH}.what={what}"]
+    return [f"+callbacks.{SWITCH}._target_=framework.callbacks.switch_off.SwitchOff",
+            f"+callbacks.{SWITCH}.what={what}"]
 
 
 @dataclass(frozen=True)
 class Candidate:
     key: str  # the experiment's folder under verify/
     name: str  # what the verdict names
-    experiment: str  # what the experiment switches off, in words
+    experiment: str  # what the experiment's runs change, in words
     strategy_only: list[str] = field(default_factory=list)  # overrides of the strategy's run
     both: list[str] = field(default_factory=list)  # overrides of both runs
     found: str = ""  # what it means when switching it off closes the gap
@@ -52,13 +53,14 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
                 "batch's")
         if hasattr(options, "sync_batchnorm"):
             found.append(Candidate(
-                "sync_batchnorm", where, "BatchNorm statistics over every rank (strategy.sync_batchnorm=true)",
+                "sync_batchnorm", where, "strategy.sync_batchnorm=true in the strategy's run (BatchNorm's statistics "
+                "over every rank)",
                 strategy_only=["strategy.sync_batchnorm=true"],
                 found=f"{each}; with strategy.sync_batchnorm=true the runs are equal: train with it"))
         else:
             found.append(Candidate(
-                "batchnorm_statistics", where, "BatchNorm's batch statistics (its running statistics used instead, "
-                "in both runs)", both=switched_off(BATCHNORM_STATISTICS),
+                "batchnorm_statistics", where, "BatchNorm's running statistics instead of the batch's, in both runs",
+                both=switched_off(BATCHNORM_STATISTICS),
                 found=f"{each}; strategy={strategy_name} has no strategy.sync_batchnorm, so that is expected here; "
                       "strategy=ddp strategy.sync_batchnorm=true, or a normalization that does not use the batch "
                       "(GroupNorm, LayerNorm), trains as one process does"))
@@ -66,21 +68,21 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
     drawn = (f"dropout ({_names(dropout)}: p={', '.join(sorted({f'{m.p:g}' for _, m in dropout}))})" if dropout
              else "a random draw in training mode (no Dropout module: functional dropout or noise the forward draws)")
     found.append(Candidate(
-        "training_mode_draws", drawn, "dropout and every draw in training mode (all but the normalization layers in "
-        "evaluation mode, in both runs)", both=switched_off(TRAINING_MODE_DRAWS),
+        "training_mode_draws", drawn, "every module but the normalization layers in evaluation mode (no dropout, no "
+        "draw in training mode), in both runs", both=switched_off(TRAINING_MODE_DRAWS),
         found="each rank draws its own masks for its own micro-batch, one process one mask for the whole batch: "
               "the same randomness, other numbers. Expected: the runs train equally well, not identically; with it "
               "off they are equal"))
     if augment is not None:
         found.append(Candidate(
-            "no_augment", "per-rank augmentation (dataset.augment)", "the augmentation (dataset.augment=null, in both "
-            "runs)", both=["dataset.augment=null"],
+            "no_augment", "per-rank augmentation (dataset.augment)", "dataset.augment=null in both runs",
+            both=["dataset.augment=null"],
             found="each rank draws its crops and flips from a generator seeded with its rank, so a sample is "
                   "augmented otherwise than in one process. Expected: equally random, other numbers; without it the "
                   "runs are equal"))
     if precision != "fp32":
         found.append(Candidate(
-            "fp32", f"{precision} rounding", "the precision (trainer.precision=fp32, in both runs)",
+            "fp32", f"{precision} rounding", "trainer.precision=fp32 in both runs",
             both=["trainer.precision=fp32"],
             found=f"{precision} rounds at other points when the batch is split (each rank's partial sums, the "
                   f"all-reduce's order). Expected: the gap is {precision}'s own size; in fp32 the runs are equal"))

@@ -37,7 +37,7 @@ from framework.session.situations import Direct, Job
 from framework.strategies.single import SingleStrategy
 from framework.verify.causes import Candidate, candidates, left_over, together
 from framework.verify.compare import Comparison, Drift, compare_runs, drift_of
-from framework.verify.runs import RunFailed, Runner, key_of, one_process, refused
+from framework.verify.runs import RunFailed, Runner, key_of, one_process, refused, shown
 
 VERIFY_DIR = "verify"
 VERIFY_FILE = "verify.json"
@@ -63,7 +63,7 @@ def verify_command(cfg: DictConfig) -> None:
     except ConfigError as exc:
         Direct().fail(exc)
     except KeyboardInterrupt:
-        print(f"\nstopped by SIGINT; the runs trained so far are in {session.job.run_dir / VERIFY_DIR}",
+        print(f"\nstopped by SIGINT; the runs trained so far are in {shown(session.job.run_dir / VERIFY_DIR)}",
               file=sys.stderr, flush=True)
         sys.exit(128 + signal.SIGINT)
     if not equal:
@@ -98,7 +98,8 @@ class Verification:
         self.runner = Runner(self.folder, _config_options(self.job), _user_overrides(self.job), self.options.steps)
         t = s.trainer
         print(f"verify: strategy={self.name} against one process (strategy=single): {self.options.steps} steps of "
-              f"global batch {t.batch_size}, seed {t.seed}, {t.precision}; the runs go to {self.folder}", flush=True)
+              f"global batch {t.batch_size}, seed {t.seed}, {t.precision}; the runs go to {shown(self.folder)}",
+              flush=True)
         baseline = self._pair(None, None)
         self.workers = int((read_result(baseline.strategy) or {}).get("processes", 0))
         label = f"{self.name} x{self.workers}"
@@ -120,7 +121,7 @@ class Verification:
             print(f"verify: {line}", flush=True)
         names = "; ".join(c.name for c in tried)
         print(f"verify: not equal to one process, and none of the candidates closed the gap ({names}): see the "
-              f"table above and {self.folder / VERIFY_FILE}", flush=True)
+              f"table above and {shown(self.folder / VERIFY_FILE)}", flush=True)
         return False
 
     def _experiments(self, found: list[Candidate], baseline: Comparison) -> tuple[Candidate | None, list[Candidate]]:
@@ -128,12 +129,12 @@ class Verification:
         tried = []
         for i, candidate in enumerate(found, 1):
             tried.append(candidate)
-            print(f"verify: experiment {i} of {len(found)}: {candidate.name}? switching off {candidate.experiment}",
-                  flush=True)
+            print(f"verify: experiment {i} of {len(found)}: {candidate.name}? Trained again with "
+                  f"{candidate.experiment}", flush=True)
             if self._closes(candidate, baseline):
                 return candidate, tried
         if len(found) > 1:
-            print("verify: experiment: every candidate switched off at once", flush=True)
+            print("verify: last experiment: every candidate switched off at once", flush=True)
             if self._closes(together(found), baseline):
                 return together(found), tried
         return None, tried
@@ -179,13 +180,13 @@ class Verification:
             "loss_tolerance": self.options.loss_tolerance, "weight_tolerance": self.options.weight_tolerance,
             "equal": self.comparisons[0][1].equal,
             "comparisons": {key: compared.to_json() for key, compared in self.comparisons},
-            "tried": [{"key": c.key, "candidate": c.name, "switched_off": c.experiment} for c in tried],
+            "tried": [{"key": c.key, "candidate": c.name, "experiment": c.experiment} for c in tried],
             "cause": None if cause is None else {"key": cause.key, "candidate": cause.name, "found": cause.found},
         }
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / VERIFY_FILE).write_text(json.dumps(record, indent=2))
-        print(f"verify: per-step numbers in {self.folder / VERIFY_FILE}; `tensorboard --logdir {self.folder}` shows "
-              "the runs' curves side by side", flush=True)
+        print(f"verify: per-step numbers in {shown(self.folder / VERIFY_FILE)}; `tensorboard --logdir "
+              f"{shown(self.folder)}` shows the runs' curves side by side", flush=True)
 
 
 def _without_verify(cfg: DictConfig) -> DictConfig:

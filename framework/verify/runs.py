@@ -34,9 +34,18 @@ def one_process(overrides: list[str]) -> list[str]:
     return [*without(overrides, STRATEGY_KEYS), "strategy=single"]
 
 
+def shown(path: Path) -> str:
+    """A path as the user would type it: relative to the current folder when it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def first_steps(steps: int) -> list[str]:
     """The run's first `steps` steps, its schedule the whole run's (framework/callbacks/stop_after.py)."""
-    return [f"trainer.eval_every_n_steps={steps}", "+callbacks.verify_stop._target_=framework.callbacks.stop_after.StopAfter",
+    return [f"trainer.eval_every_n_steps={steps}",
+            "+callbacks.verify_stop._target_=framework.callbacks.stop_after.StopAfter",
             f"+callbacks.verify_stop.step={steps}"]
 
 
@@ -76,7 +85,7 @@ class Runner:
                 raise
         if code != 0:
             raise RunFailed(_failure(name, code, log), code)
-        self.say(f"verify: {name} trained {self.steps} steps in {time.monotonic() - started:.1f} s ({run_dir})")
+        self.say(f"verify: {name} trained in {time.monotonic() - started:.1f} s ({shown(run_dir)})")
         return run_dir
 
 
@@ -87,7 +96,7 @@ def _failure(name: str, code: int, log: Path) -> str:
                 lines[-1] if lines else "no output")
     if code == REFUSED:
         return said
-    return f"the {name} run failed (exit {code}): {said}; its output: {log}"
+    return f"the {name} run failed (exit {code}): {said}; its output: {shown(log)}"
 
 
 def refused(exc: RunFailed) -> bool:

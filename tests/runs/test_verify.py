@@ -58,7 +58,8 @@ def assert_equal(done: Verified, strategy: str, steps: int, workers: int = 2) ->
     # the numbers are the runs' own: what each logged to TensorBoard, step by step
     one, other = losses_by_step(done.folder / "single"), losses_by_step(done.folder / strategy)
     assert [(s["step"], s["one_process"], s["strategy"]) for s in compared["steps"]] == [
-        (step, pytest.approx(one[step], rel=1e-6), pytest.approx(other[step], rel=1e-6)) for step in range(1, steps + 1)]
+        (step, pytest.approx(one[step], rel=1e-6), pytest.approx(other[step], rel=1e-6))
+        for step in range(1, steps + 1)]
     assert one[steps] < one[1], "the runs trained"
     result = json.loads((done.folder / strategy / "result.json").read_text())
     assert result["processes"] == workers and result["steps"] == steps

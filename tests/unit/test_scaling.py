@@ -1,6 +1,7 @@
 """scaling.md in this process, on sweep folders written here as finished jobs leave them (result.json, the telemetry
 as logger=csv's metrics.csv, resolved_config.yaml): the step split, the first interval left out, the speedup, the
-verdict's largest loss and advice, and when there is no report. A real 1-vs-2-worker sweep: tests/runs/test_scaling.py."""
+verdict's largest loss and advice, and when there is no report. A real 1-vs-2-worker sweep:
+tests/runs/test_scaling.py."""
 import csv
 import json
 

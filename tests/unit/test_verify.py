@@ -31,8 +31,8 @@ def verify_says(args, tmp_path, monkeypatch, capsys):
     (["strategy=ddp", "verify.steps=0"], "error: verify.steps=0 is not allowed: expected an integer >= 1"),
     (["strategy=ddp", "verify.loss_tolerance=-1"], "error: verify.loss_tolerance=-1.0 is not allowed: expected a "
                                                    "number > 0"),
-    (["strategy=ddp", "trainer.resume=/nowhere/step-4.pt"], "error: trainer.resume=/nowhere/step-4.pt is not allowed "
-                                                             "with verify.py: it compares two runs from the same start"),
+    (["strategy=ddp", "trainer.resume=/nowhere/step-4.pt"],
+     "error: trainer.resume=/nowhere/step-4.pt is not allowed with verify.py: it compares two runs from the same start"),
 ])
 def test_a_refusal_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, capsys, args, line):
     code, out, err = verify_says(args, tmp_path, monkeypatch, capsys)
