@@ -27,13 +27,14 @@ from omegaconf import DictConfig, open_dict
 
 from framework.assemble import build_task
 from framework.common.errors import ConfigError
-from framework.config.targets import allowing
+from framework.config.targets import TargetAllowlist, allowing
 from framework.config.typed import typed
 from framework.config.verify import VerifyConfig
 from framework.results.result_file import read_result
 from framework.run import plan_run
 from framework.session.detect import detect
 from framework.session.situations import Direct, Job
+from framework.strategies import choose_strategy
 from framework.strategies.single import SingleStrategy
 from framework.verify.causes import Candidate, candidates, left_over, together
 from framework.verify.compare import Comparison, Drift, compare_runs, drift_of
@@ -85,13 +86,15 @@ class Verification:
             raise ConfigError(f"trainer.resume={resume} is not allowed with verify.py: it compares two runs from the "
                               "same start; leave trainer.resume out")
         asked = self.train_cfg.strategy.get("name")
+        with allowing(TargetAllowlist.of_command(self.train_cfg)):
+            chosen, _ = choose_strategy(self.train_cfg, None)  # strategy=auto resolved, as the driver resolves it
+        if issubclass(chosen, SingleStrategy):
+            said = " (strategy=auto chose it on this machine)" if asked == "auto" else ""
+            raise ConfigError(f"strategy={self.train_cfg.strategy.name} is not allowed with verify.py{said}: it "
+                              "compares a run of several workers with one process, and this is one process; name "
+                              "the strategy to check, e.g. strategy=ddp")
         strategy, payload, _ = plan_run(self.train_cfg, self.job.run_dir)  # every refusal of train.py, here
         s = payload.settings
-        if isinstance(strategy, SingleStrategy):
-            chose = " (strategy=auto chose it on this machine)" if asked == "auto" else ""
-            raise ConfigError(f"strategy={strategy.name} is not allowed with verify.py{chose}: it compares a run of "
-                              "several workers with one process, and this is one process; name the strategy to "
-                              "check, e.g. strategy=ddp")
         with allowing(s.targets):  # the model and data this run builds, to see which candidates it has
             task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal)
         self.name = strategy.name
