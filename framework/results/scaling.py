@@ -1,5 +1,5 @@
 """A sweep over the number of workers (`strategy.nproc_per_node=1,2,4`, horovod's `strategy.np`, a mesh's degrees,
-`strategy=single,ddp`) gets scaling.md beside summary.md: for each worker count, samples/s, the speedup and
+`strategy=single,ddp`, `strategy=single,dp` on several GPUs) gets scaling.md beside summary.md: for each worker count, samples/s, the speedup and
 efficiency against the smallest count, and each optimizer step's time split into compute, communication not hidden by
 compute, waiting for data and waiting for the slowest rank; then one verdict line naming the largest loss and what to
 try. The numbers are the jobs' own telemetry, read back from their TensorBoard events (or metrics.csv), so a sweep
@@ -64,8 +64,14 @@ class Row:
         return tuple(o for o in self.job.overrides if o.lstrip("+~").split("=", 1)[0] not in WORKER_KEYS)
 
 
+def workers_of(result: dict) -> int:
+    """The job's workers: its ranks, or dp's replicas (one process driving several GPUs), as its slots in
+    TensorBoard."""
+    return len(result.get("per_rank_samples_per_sec") or []) or int(result["processes"])
+
+
 def varies_workers(jobs: list[Job]) -> bool:
-    return len({job.result["processes"] for job in jobs if job.result}) > 1
+    return len({workers_of(job.result) for job in jobs if job.result}) > 1
 
 
 def weighted(series: dict[int, float], steps: list[int]) -> float | None:
@@ -112,7 +118,7 @@ def row_of(job_dir: Path, job: Job) -> Row | None:
     timed = step_time(scalars, steps)
     if timed is None:
         return None
-    return Row(job, job_dir, int(job.result["processes"]), int(job.result["global_batch"]), rate, timed)
+    return Row(job, job_dir, workers_of(job.result), int(job.result["global_batch"]), rate, timed)
 
 
 def _ms(value: float | None) -> str:

@@ -104,7 +104,9 @@ class Verification:
               f"global batch {t.batch_size}, seed {t.seed}, {t.precision}; the runs go to {shown(self.folder)}",
               flush=True)
         baseline = self._pair(None, None)
-        self.workers = int((read_result(baseline.strategy) or {}).get("processes", 0))
+        result = read_result(baseline.strategy) or {}
+        # its slots: ranks, or dp's replicas (one process on several GPUs)
+        self.workers = len(result.get("per_rank_samples_per_sec") or []) or int(result.get("processes", 0))
         label = f"{self.name} x{self.workers}"
         if baseline.equal:
             self._write(None, [])
@@ -120,7 +122,8 @@ class Verification:
             print(f"verify: not equal to one process; the cause, found by experiment: {cause.name}: {cause.found}",
                   flush=True)
             return False
-        for line in left_over(self.workers, baseline.one_losses, baseline.strategy_losses, task.data.train):
+        processes = int(result.get("processes", 0))  # what torch.distributed's world size reads
+        for line in left_over(processes, baseline.one_losses, baseline.strategy_losses, task.data.train):
             print(f"verify: {line}", flush=True)
         names = "; ".join(c.name for c in tried)
         print(f"verify: not equal to one process, and none of the candidates closed the gap ({names}): see the "
@@ -138,8 +141,9 @@ class Verification:
                 return candidate, tried
         if len(found) > 1:
             print("verify: last experiment: every candidate switched off at once", flush=True)
-            if self._closes(together(found), baseline):
-                return together(found), tried
+            every = together(found)
+            if self._closes(every, baseline):
+                return every, tried
         return None, tried
 
     def _closes(self, candidate: Candidate, baseline: Comparison) -> bool:

@@ -117,3 +117,12 @@ def test_a_loss_scaled_by_the_world_size_is_none_of_the_candidates(runs):
     assert record["cause"] is None and [t["key"] for t in record["tried"]] == ["training_mode_draws"]
     steps = record["comparisons"]["as_configured"]["steps"]
     assert steps[0]["strategy"] == pytest.approx(2 * steps[0]["one_process"], rel=1e-6)
+
+
+def test_a_sweep_is_refused_in_one_line(runs):
+    """-m cannot be refused in this process's Hydra (its launcher runs the job): a real command."""
+    done = runs.train(pin_accelerator(["-m", "strategy=ddp,fsdp"]), command=[str(VERIFY)])
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: -m/--multirun is not allowed with verify.py: it compares one configuration with one process; run it "
+        "once per configuration")
+    assert not walk(done.cwd, "verify"), "no run started"

@@ -18,7 +18,8 @@ def job(sweep, number, overrides, processes, intervals, strategy="ddp", config="
     (folder / ".hydra").mkdir(parents=True)
     (folder / "result.json").write_text(json.dumps({
         "job": number, "overrides": overrides, "processes": processes, "global_batch": 64, "strategy": strategy,
-        "train_loss": 0.5, "test_loss": 0.6, "metrics": [], "samples_per_sec": 1.0, "per_rank_samples_per_sec": [1.0]}))
+        "train_loss": 0.5, "test_loss": 0.6, "metrics": [], "samples_per_sec": 1.0,
+        "per_rank_samples_per_sec": [1.0] * processes}))
     (folder / "resolved_config.yaml").write_text(config)
     with open(folder / "metrics.csv", "w", newline="") as f:
         out = csv.writer(f)
