@@ -214,6 +214,9 @@ def scaling_report(found: list[tuple[Path, Job]]) -> str | None:
         values = overrides_by_key(members[0].job.overrides)
         heading = ["", "## " + " ".join(f"{k}={values.get(k, '')}" for k in apart)] if apart else []
         lines += [*heading, "", *_table(members), "", verdict(members[0], members[-1])]
+    if not rows:
+        lines += ["", "no job logged the telemetry this report reads: its TensorBoard events (logger=tensorboard) or "
+                      "metrics.csv (logger=csv), two log intervals or more (trainer.log_every_n_steps)"]
     missing = [job.number for _, job in found if job.result is None]
     if missing:
         lines += ["", f"not in the table: job(s) {', '.join(map(str, missing))} (failed)"]

@@ -93,6 +93,15 @@ def test_one_table_per_other_setting_and_failed_jobs_listed(tmp_path):
     assert report.strip().endswith("not in the table: job(s) 4 (failed)")
 
 
+def test_jobs_without_telemetry_say_so(tmp_path):
+    for number in range(2):
+        folder = job(tmp_path, number, [f"strategy.nproc_per_node={number + 1}"], number + 1, {})
+        (folder / "metrics.csv").unlink()
+    assert scaling_report(jobs_of(tmp_path)).strip().endswith(
+        "no job logged the telemetry this report reads: its TensorBoard events (logger=tensorboard) or metrics.csv "
+        "(logger=csv), two log intervals or more (trainer.log_every_n_steps)")
+
+
 @pytest.mark.parametrize("processes", [(1, 1), (2, 2)])
 def test_no_report_when_the_workers_do_not_vary(tmp_path, processes):
     for number, workers in enumerate(processes):
