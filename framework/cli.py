@@ -1,5 +1,6 @@
 """The commands: `hydra-dist [overrides]` (installed) and `python train.py [overrides]` train; `hydra-dist-eval` and
-`python eval.py ckpt_path=...` evaluate; `hydra-dist-sample` and `python sample.py ckpt_path=...` generate text. Hydra apps, so they take the same overrides, -m sweeps, --cfg job, --help
+`python eval.py ckpt_path=...` evaluate; `hydra-dist-sample` and `python sample.py ckpt_path=...` generate text; `hydra-dist-verify` and `python verify.py
+[overrides]` compare a run with one process. Hydra apps, so they take the same overrides, -m sweeps, --cfg job, --help
 and -sc (shell completion)."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from framework.session.detect import detect, sweep_driver
 from framework.session.environment import import_path_for_children, take_local_rank_argument
 from framework.session.exit import quick_exit
 from framework.session.situations import Direct
+from framework.verify.command import verify_command
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
@@ -40,6 +42,16 @@ def eval_app(cfg: DictConfig):
 @hydra.main(config_path=str(CONF_DIR), config_name="sample", **main_options())
 def sample_app(cfg: DictConfig):
     sample_command(cfg)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="verify", **main_options())
+def verify_app(cfg: DictConfig):
+    verify_command(cfg)
+
+
+def verify_main() -> None:
+    """`hydra-dist-verify` / `python verify.py`: the run under its strategy against one process (framework/verify/)."""
+    _single_process_command(verify_app)
 
 
 def sample_main() -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import csv
 
 from framework.callbacks.base import Callback
+from framework.results.run_scalars import METRICS_FILE
 from framework.telemetry.scalars import eval_scalars, report_scalars
 
-METRICS_FILE = "metrics.csv"
 HEADER = ("step", "metric", "value")
 
 

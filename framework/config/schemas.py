@@ -24,13 +24,14 @@ from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig, SGDConfig
 from framework.config.sample import SampleConfig
 from framework.config.trainer import TrainerConfig
+from framework.config.verify import VerifyConfig
 
 GROUP = "schema"
 OPEN = "open"  # schema/open/strategy/<name>: the open copies, for a user's strategy to extend
 STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "ddp": so.DDPOptions, "fsdp": so.FSDPOptions,
               "deepspeed": so.DeepSpeedOptions, "horovod": so.HorovodOptions, "tp": so.MeshOptions,
               "pp": so.MeshOptions}
-_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": SampleConfig,
+_CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": SampleConfig, "verify": VerifyConfig,
            **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {
     "dataset": DatasetConfig,

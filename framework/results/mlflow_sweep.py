@@ -11,9 +11,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from framework.results.mlflow_tracking import PARENT_RUN_FILE, client_for, experiment_id
+from framework.results.scaling import SCALING_FILE
 from framework.results.sweep_summary import SEEDS_CSV, jobs_of, write_summary
 
-SUMMARY_FILES = ("summary.md", "summary.csv", SEEDS_CSV)
+SUMMARY_FILES = ("summary.md", "summary.csv", SEEDS_CSV, SCALING_FILE)
 
 
 class MLflowSweep(Callback):

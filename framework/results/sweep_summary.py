@@ -1,7 +1,7 @@
 """Hydra callback: after a multirun, one table of every job (printed, and saved as summary.md + summary.csv
 in the sweep folder), with a column for each override that varies; a sweep over trainer.seed adds a table per
 config with each metric's mean ± sd over its seeds (framework/results/seed_groups.py). Reads each job's result.json,
-so it works with any launcher."""
+so it works with any launcher. A sweep over the number of workers also gets scaling.md (framework/results/scaling.py)."""
 from __future__ import annotations
 
 import csv
@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.session.exit import end_through_the_interpreter
 from framework.results.job_names import overrides_by_key
 from framework.results.result_file import format_rate, read_result
+from framework.results.scaling import SCALING_FILE, write_scaling
 from framework.results.seed_groups import (SEED_KEY, Job, SeedGroup, group_by_seed, mean_sd, metric_names,
                                            objective_of, varying)
 from framework.results.seed_hparams import write_seed_hparams
@@ -90,7 +91,8 @@ def seed_tables(groups: list[SeedGroup], keys: list[str], metrics: list[str]) ->
 
 def write_summary(sweep_dir: Path) -> str:
     """summary.md, summary.csv (one row per job) and, for a sweep over trainer.seed, summary_seeds.csv (one row
-    per config) and the seed groups' HParams (framework/results/seed_hparams.py). Returns the markdown."""
+    per config) and the seed groups' HParams (framework/results/seed_hparams.py); for a sweep over the number of
+    workers, scaling.md (framework/results/scaling.py). Returns summary.md's markdown."""
     found = jobs_of(sweep_dir)
     jobs = [job for _, job in found]
     keys = varying(jobs)
@@ -110,6 +112,7 @@ def write_summary(sweep_dir: Path) -> str:
                                                *(f"{m}_{w}" for m in metrics for w in ("mean", "sd")), "best"])
         write_seed_hparams(sweep_dir, groups, config_keys, metrics)
     (sweep_dir / "summary.md").write_text(markdown)
+    write_scaling(sweep_dir, found)
     return markdown
 
 
@@ -123,6 +126,8 @@ class SweepSummary(Callback):
             return
         markdown = write_summary(sweep_dir)
         print(f"\nsweep summary ({sweep_dir}/summary.md, summary.csv):\n{markdown}", flush=True)
+        if (sweep_dir / SCALING_FILE).is_file():
+            print(f"scaling ({sweep_dir / SCALING_FILE}):\n{(sweep_dir / SCALING_FILE).read_text()}", flush=True)
         failed = [job for _, job in jobs_of(sweep_dir) if job.result is None]
         if failed:  # every job ran; the sweep as a whole still reports failure
             sys.exit(f"error: {len(failed)} sweep job(s) failed: " + ", ".join(str(job.number) for job in failed))

@@ -14,6 +14,7 @@ from framework.session.environment import ranks
 from framework.strategies.base import Strategy
 from framework.strategies.groups import TorchGroup
 from framework.strategies.starters import Elastic
+from framework.strategies.sync_batchnorm import convert_sync_batchnorm
 from framework.training.checkpoint_io import FILE, CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -97,7 +98,7 @@ class DDPStrategy(ElasticStrategy):
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         options = self.options
         if options.sync_batchnorm:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            model = convert_sync_batchnorm(model, group.device)
         ddp = nn.parallel.DistributedDataParallel(
             model, device_ids=[group.device.index] if group.device.type == "cuda" else None,
             find_unused_parameters=options.find_unused_parameters, bucket_cap_mb=options.bucket_cap_mb,

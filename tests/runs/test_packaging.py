@@ -37,6 +37,7 @@ def installed(tmp_path_factory) -> Path:
     assert "hydra_plugins/__init__.py" not in names  # a namespace shared with every other Hydra plugin
     assert "hydra-dist = framework.cli:main" in scripts and "hydra-dist-devices = framework.devices:main" in scripts
     assert "hydra-dist-sample = framework.cli:sample_main" in scripts
+    assert "hydra-dist-verify = framework.cli:verify_main" in scripts
     target = work / "site"
     check_ok(subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
                             capture_output=True, text=True, timeout=300))
@@ -64,6 +65,9 @@ def test_installed_command_composes_from_the_packaged_conf(installed, tmp_path):
     sampled = _command(installed, "hydra-dist-sample", [], tmp_path)
     assert sampled.returncode == 2 and sampled.stderr.strip().startswith("error: ckpt_path is missing"), sampled.stderr
     assert not list(tmp_path.iterdir()), "sample.py writes nothing"
+    verified = _command(installed, "hydra-dist-verify", ["strategy=single"], tmp_path)
+    assert verified.returncode == 2 and verified.stderr.strip().startswith(
+        "error: strategy=single is not allowed with verify.py"), verified.stderr
 
 
 def test_installed_command_trains_ddp_from_outside_the_repo(installed, tmp_path):

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "train.py"
 EVAL = REPO / "eval.py"
 SAMPLE = REPO / "sample.py"
+VERIFY = REPO / "verify.py"
 EXAMPLE = REPO / "examples" / "my_project"
 FAULTS = REPO / "tests" / "support" / "faults"  # test-only code a run loads from PYTHONPATH: fault injection
 USER_CODE = REPO / "tests" / "support" / "user_code"  # what runs import from the tests: probes, models, callbacks

@@ -1,9 +1,9 @@
 """README.md and docs/ cannot rot: every relative link and #anchor in them resolves (a file or folder of this
-repository; a heading by GitHub's anchor rules), and every `python train.py|eval.py|sample.py ...` line of a fenced
-code block composes with Hydra's compose API, as `--cfg job` would (in-process, through conftest's composed()): a
-renamed group option, key or preset fails here. A sweep's values are composed each (one composition per value, not
-their product); a placeholder such as `ckpt_path=<run>` stands for a run folder that does not exist here, so its
-value is a dummy and the rest of the line is composed."""
+repository; a heading by GitHub's anchor rules), and every `python train.py|eval.py|sample.py|verify.py ...` line of
+a fenced code block composes with Hydra's compose API, as `--cfg job` would (in-process, through conftest's
+composed()): a renamed group option, key or preset fails here. A sweep's values are composed each (one composition
+per value, not their product); a placeholder such as `ckpt_path=<run>` stands for a run folder that does not exist
+here, so its value is a dummy and the rest of the line is composed."""
 from __future__ import annotations
 
 import functools
@@ -24,8 +24,9 @@ COMMENT = re.compile(r"<!--.*?-->", re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SHELL = ("", "bash", "sh", "shell", "console")
-SCRIPTS = {"train.py": "config", "eval.py": "eval", "sample.py": "sample",
-           "hydra-dist": "config", "hydra-dist-eval": "eval", "hydra-dist-sample": "sample"}
+SCRIPTS = {"train.py": "config", "eval.py": "eval", "sample.py": "sample", "verify.py": "verify",
+           "hydra-dist": "config", "hydra-dist-eval": "eval", "hydra-dist-sample": "sample",
+           "hydra-dist-verify": "verify"}
 STARTERS = ("python", "python3", "torchrun", "deepspeed", "horovodrun", "srun")
 FLAGS_WITH_VALUE = ("--cfg", "-c", "--info", "-i", "--package", "-p", "--shell-completion", "-sc")
 
@@ -77,7 +78,7 @@ def relative_links() -> list[tuple[Path, str]]:
 
 
 def commands() -> list[tuple[Path, str]]:
-    """Every line of a shell code block that runs train.py, eval.py or sample.py (continuations joined)."""
+    """Every line of a shell code block that runs train.py, eval.py, sample.py or verify.py (continuations joined)."""
     found = []
     for page in PAGES:
         for language, lines in split_page(page.read_text())[1]:
