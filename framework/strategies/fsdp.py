@@ -122,8 +122,10 @@ class FSDPStrategy(ElasticStrategy):
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         options = self.options
         compute = {"bf16": torch.bfloat16}.get(self.trainer.precision)
-        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps)
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32 if compute else None)
+        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps), or in
+        # bf16 with strategy.compression=bf16
+        reduce = torch.bfloat16 if options.compression == "bf16" else torch.float32 if compute else None
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=reduce)
         offload = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
