@@ -53,6 +53,7 @@ class GradientHook:
         self.layouts: dict[int, tuple[int, ...]] = {}  # bucket index -> the parameters its PowerSGD state is laid out for
         self.pending: dict[int, dict[str, torch.Tensor]] = {}  # parameter -> its state, not yet in a bucket
         self.reduced: set[int] = set()  # buckets reduced in this step (their futures may still write their state)
+        self.in_flight = None  # the last bucket's PowerSGD future, where one bucket's chain must end before the next
 
     # ---- PowerSGD's state follows the parameters -----------------------------------------------------------------
     def follow_layout(self, bucket) -> None:
@@ -222,7 +223,12 @@ def powersgd_allreduce(hook: GradientHook, bucket):
         future = counted_allreduce(hook, bucket)
         state.maybe_increase_iter(bucket)
         return future
+    if hook.in_flight is not None and dist.get_backend() == "gloo":
+        # torch's hook makes its second and third all-reduce (P, then Q) from the callbacks of the first, which gloo
+        # runs on its own threads: with two buckets in flight each rank could order their collectives its own way
+        # (gloo: "Received data size doesn't match expected size"). One bucket's chain ends before the next starts.
+        hook.in_flight.wait()
     before = state.total_numel_after_compression
-    future = powerSGD_hook(state, bucket)
+    future = hook.in_flight = powerSGD_hook(state, bucket)
     hook.traffic.add((state.total_numel_after_compression - before) * bucket.buffer().element_size(), 0)
     return future
