@@ -99,8 +99,8 @@ class DDPWrapped(Wrapped):
     def traffic(self):
         return self.comm_hook.traffic
 
-    def engine_state(self) -> dict:
-        return self.comm_hook.state_dict()
+    def engine_state(self, group: ProcessGroup) -> list:
+        return self.comm_hook.gathered_state(group)
 
     def load_engine_state(self, saved: list | None, rank: int, world_size: int, step: int) -> str:
         return self.comm_hook.load_state_dict(saved, rank, world_size, step)

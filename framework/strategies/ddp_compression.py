@@ -134,6 +134,24 @@ class GradientHook:
                         "has_gauss": int(has_gauss), "cached": float(cached)},
                 "pieces": {i: {k: t.detach().cpu() for k, t in p.items()} for i, p in pieces.items()}}
 
+    def gathered_state(self, group) -> list[dict]:
+        """Every rank's state_dict(), in rank order, on every rank (every rank calls it). The error feedback and
+        factors go tensor by tensor (group.all_gather, on the group's device), so no rank ever holds more than one
+        parameter's pieces from every rank at once in device memory; the rest, small, as objects."""
+        mine = self.state_dict()
+        pieces = mine.pop("pieces", None)
+        index = sorted((i, key) for i, piece in (pieces or {}).items() for key in piece)
+        others = group.gather_objects({**mine, "index": index})
+        if pieces is None or any(o["index"] != index for o in others):  # (the same on every rank: same buckets)
+            return [{k: v for k, v in o.items() if k != "index"} for o in others] if pieces is None else \
+                group.gather_objects({**mine, "pieces": pieces})
+        gathered: list[dict] = [{} for _ in others]
+        for i, key in index:
+            stacked = group.all_gather(pieces[i][key].to(group.device)).cpu()
+            for rank, state in enumerate(gathered):
+                state.setdefault(i, {})[key] = stacked[rank]
+        return [{**{k: v for k, v in o.items() if k != "index"}, "pieces": p} for o, p in zip(others, gathered)]
+
     def load_state_dict(self, saved: list | None, rank: int, world_size: int, step: int) -> str:
         """Every rank's saved state (None: the checkpoint holds none); what was reset, in words ('' for nothing)."""
         mine = (saved[rank] if len(saved) == world_size else saved[0]) if saved else None

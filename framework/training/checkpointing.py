@@ -35,9 +35,8 @@ class Checkpointer:
     def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict,
              lr_schedule: dict | None = None) -> Path:
         group, io = self.group, wrapped.checkpoint_io
-        # every rank's RNG streams and engine state (EngineState: ddp's PowerSGD), in one gather
-        mine = (rng_state(group.cuda_devices), wrapped.engine_state() if isinstance(wrapped, EngineState) else None)
-        rngs, engines = map(list, zip(*group.gather_objects(mine)))
+        rngs = group.gather_objects(rng_state(group.cuda_devices))
+        engines = wrapped.engine_state(group) if isinstance(wrapped, EngineState) else [None]  # ddp's PowerSGD
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
                     "world_size": group.world_size, "format": io.format.name,

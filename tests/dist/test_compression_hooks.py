@@ -127,7 +127,7 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     their first layout (DDP rebuilds them after its first step, in the order gradients became ready), gets the
     state by parameter (every rank's, as a checkpoint holds it) or not. Step 6's gradients of both, and what the
     state load said."""
-    import torch.distributed as dist
+    from framework.strategies.groups import TorchGroup
 
     torch.manual_seed(0)
     model = _mlp()
@@ -136,8 +136,9 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     batches = _batches("mlp", rank, 6)
     for batch in batches[:5]:
         _step(ddp, batch, optimizer)
-    saved = [None] * world
-    dist.all_gather_object(saved, hook.state_dict())
+    saved = hook.gathered_state(TorchGroup(rank, rank, world, CPU))  # what a checkpoint holds, every rank's
+    assert len(saved) == world and all(set(s["pieces"]) == set(saved[0]["pieces"]) for s in saved)
+    assert not torch.equal(saved[0]["pieces"][0]["error"], saved[1]["pieces"][0]["error"]), "each rank its own"
     resumed, resumed_hook = _wrapped(copy.deepcopy(model), "powersgd", rank=2, start_step=3)
     said = resumed_hook.load_state_dict(saved if carry_state else None, rank, world, step=5)
     first_layout = tuple(resumed_hook.index[id(p)] for p in resumed.module.parameters())
