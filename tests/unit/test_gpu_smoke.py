@@ -31,3 +31,19 @@ def test_the_mesh_cells_need_two_gpus_and_their_runs_pass_the_driver(tmp_path):
             line = driver_says([*args, *common, f"dataset.path={text}", f"trainer.precision={precision}",
                                 "trainer.accelerator=cpu"], tmp_path / name)
             assert line == "", (name, precision, line)
+
+
+def test_the_killed_run_loads_the_tests_fault_injection_from_where_it_lives():
+    assert (gpu_smoke_script().FAULTS / "fault_injection.py").is_file()
+
+
+def test_the_compression_cells_pass_the_driver(tmp_path):
+    """ddp's fp16, bf16 and PowerSGD hooks, fsdp's bf16 reduce and Horovod's fp16 on the GPUs: each run passes every
+    check of the driver (here with CPU workers, where the accelerator is the only difference)."""
+    smoke = gpu_smoke_script()
+    common = [a for a in smoke.COMMON if a != "trainer.accelerator=gpu"]
+    for name, (args, precisions) in smoke.compression_cells(["strategy=ddp"], ["strategy=fsdp"]).items():
+        for precision in precisions:
+            line = driver_says([*args, *common, f"trainer.precision={precision}", "trainer.accelerator=cpu"],
+                               tmp_path / name.replace(" ", "_"))
+            assert line == "", (name, precision, line)
