@@ -127,9 +127,11 @@ def _report(result: RunResult | Stopped | None, session: Session) -> float | Non
     per_rank = ", ".join(format_rate(r) for r in result.per_rank_samples_per_sec)
     shown = "".join(f"test {'accuracy' if name == 'acc' else name} {value:.4f} | "
                     for name, value in result.test_metrics.items())
+    compression = result.compression_line()
     print(
         f"done: {shown}{format_rate(result.samples_per_sec)} samples/s "
-        f"(per rank: {per_rank}) | {result.train_seconds:.1f} s training | run folder {run_dir}",
+        f"(per rank: {per_rank}) | {compression + ' | ' if compression else ''}{result.train_seconds:.1f} s training | "
+        f"run folder {run_dir}",
         flush=True,
     )
     return result.objective_value

@@ -31,7 +31,7 @@ from framework.telemetry.stall import Heartbeat, dump_nccl_flight_recorder, nccl
 from framework.training.allocator import keep_freed_memory
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import ProcessGroup, slot_sizes
-from framework.training.instrument import per_gpu, timed_barrier, wait_clock
+from framework.training.instrument import gradient_traffic, per_gpu, timed_barrier, wait_clock
 from framework.training.interrupts import NoStop
 from framework.training.trainer import LoopData, LoopTelemetry, RunInfo, Trainer, TrainingStopped
 
@@ -129,7 +129,8 @@ def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batc
     clock = wait_clock(wrapped, group)
     memory = [torch.device("cuda", i) for i in group.cuda_devices]
     meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock,
-                          share=group.dp_size / group.world_size)
+                          share=group.dp_size / group.world_size,
+                          traffic=gradient_traffic(wrapped, getattr(s.strategy, "compression", "none")))
     devices = per_gpu(group, wrapped, micro_batch, flops, t.precision, has_convolutions(task.model),
                       t.straggler_threshold, t.straggler_intervals, t.straggler_min_gap_ms, say)
     return LoopTelemetry(meter, devices, Heartbeat(), clock)
@@ -148,6 +149,8 @@ def _result(s: Settings, strategy: Strategy, group: ProcessGroup, trainer: Train
         global_batch=t.batch_size, micro_batch=micro_batch, strategy=strategy.name, device=group.device.type,
         resumed_from_step=start.step, checkpoint=str(checkpointer.last_saved() or ""),
         objective_higher_is_better=state.higher_is_better,
+        compression=trainer.telemetry.meter.traffic.label if trainer.telemetry.meter.traffic else "none",
+        **totals.traffic(),
     )
 
 

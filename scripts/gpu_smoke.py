@@ -61,17 +61,32 @@ def strategies(gpus: int) -> dict[str, tuple[list[str], tuple[str, ...]]]:
     gradients; cpu_offload runs once, in bf16; deepspeed refuses fp16 with ZeRO 1-3, whose optimizer clips the
     still-scaled gradients, so fp16 runs at ZeRO 0)."""
     fsdp = ["strategy=fsdp"] if gpus > 1 else ["strategy=fsdp", "strategy.nproc_per_node=1"]
+    ddp = ["strategy=ddp"] if gpus > 1 else ["strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo"]
     return {
         "single": (["strategy=single"], PRECISIONS),
         "dp": (["strategy=dp"], PRECISIONS),
-        "ddp": (["strategy=ddp"] if gpus > 1 else ["strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo"],
-                PRECISIONS),
+        "ddp": (ddp, PRECISIONS),
         "fsdp": (fsdp, ("fp32", "bf16")),
         "fsdp cpu_offload": ([*fsdp, "strategy.cpu_offload=true"], ("bf16",)),
         "deepspeed z0": (["strategy=deepspeed", "strategy.zero_stage=0"], ("fp16",)),
         "deepspeed z2": (["strategy=deepspeed", "strategy.zero_stage=2"], ("fp32", "bf16")),
         "deepspeed z3": (["strategy=deepspeed", "strategy.zero_stage=3"], ("fp32", "bf16")),
         "horovod": (["strategy=horovod"], PRECISIONS),
+        **compression_cells(ddp, fsdp),
+    }
+
+
+def compression_cells(ddp: list[str], fsdp: list[str]) -> dict[str, tuple[list[str], tuple[str, ...]]]:
+    """strategy.compression on the GPUs: ddp's fp16 and bf16 hooks (bf16 gradients in a bf16 run, so the row is
+    left out where the GPUs have no bf16), PowerSGD from step 3 (so the kill after step 6 and the resume from step 4
+    carry its error feedback and warm-start factors), fsdp's bf16 reduce-scatter and Horovod's fp16 compressor."""
+    return {
+        "ddp compression=fp16": ([*ddp, "strategy.compression=fp16"], ("fp32",)),
+        "ddp compression=bf16": ([*ddp, "strategy.compression=bf16"], ("bf16",)),
+        "ddp compression=powersgd": ([*ddp, "strategy.compression=powersgd", "strategy.powersgd.start_step=3"],
+                                     ("fp32",)),
+        "fsdp compression=bf16": ([*fsdp, "strategy.compression=bf16"], ("fp32", "bf16")),
+        "horovod compression=fp16": (["strategy=horovod", "strategy.compression=fp16"], ("fp32",)),
     }
 
 

@@ -61,12 +61,14 @@ def signature_mismatch(saved: dict, current: dict) -> str | None:
 
 
 def loop_state(position: Position, totals: dict, rng_states: list[dict], scaler, callbacks: dict,
-               lr_schedule: dict | None = None) -> dict:
+               lr_schedule: dict | None = None, engine: list | None = None) -> dict:
     """The loop's own part of a checkpoint: everything but model and optimizer (a sharded checkpoint's
     training_state.pt holds just this); `callbacks`: each callback's state_dict() by its name; `lr_schedule`: a torch
-    lr scheduler's state_dict() (None for the built-in schedules, a function of the step)."""
+    lr scheduler's state_dict() (None for the built-in schedules, a function of the step); `engine`: every rank's
+    state of an engine that keeps its own (ddp's PowerSGD), in rank order, or None."""
     return {"position": asdict(position), "totals": totals, "rng": rng_states,
-            "scaler": scaler.state_dict() if scaler else None, "callbacks": callbacks, "lr_schedule": lr_schedule}
+            "scaler": scaler.state_dict() if scaler else None, "callbacks": callbacks, "lr_schedule": lr_schedule,
+            "engine": engine}
 
 
 def restore_progress(state: dict, rank: int, world_size: int, cuda_devices: list[int] = ()) -> tuple[Position, dict]:

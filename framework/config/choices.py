@@ -61,8 +61,12 @@ class RdzvBackend(Choice):
 
 
 class Compression(Choice):
+    """strategy.compression: what gradients travel as (each engine allows its own: framework/config/strategy_options.py)."""
+
     none = "none"
     fp16 = "fp16"
+    bf16 = "bf16"
+    powersgd = "powersgd"  # ddp: low-rank gradients (torch's PowerSGD hook, with error feedback)
 
 
 class ReduceOp(Choice):

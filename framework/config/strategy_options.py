@@ -20,10 +20,24 @@ class StrategyOptions(Checked):
     name: str = rule("", non_empty_text())  # the strategy's name in run folders, results and messages
 
 
+def allow_compression(options, allowed: tuple[str, ...], why: str) -> None:
+    """strategy.compression (what gradients travel as): the values this engine runs; another is refused in one line
+    saying why and naming those it allows."""
+    if options.compression not in allowed:
+        raise SettingError("compression", options.compression, message=(
+            f"{{key}}.compression={options.compression} is not allowed with strategy={options.name}: {why}; "
+            f"allowed: {', '.join(allowed)}"))
+
+
 @dataclass
 class SingleOptions(StrategyOptions):
     _target_: str = "framework.strategies.single.SingleStrategy"
     name: str = "single"
+    compression: Compression = Compression.none  # one process sends no gradients: none only
+
+    def check(self) -> None:
+        allow_compression(self, ("none",), "one process sends no gradients (strategy=ddp compresses them: none, "
+                                           "fp16, bf16, powersgd)")
 
 
 @dataclass
@@ -31,6 +45,12 @@ class DPOptions(StrategyOptions):
     _target_: str = "framework.strategies.dp.DataParallelStrategy"
     name: str = "dp"
     device_ids: Optional[List[int]] = rule(None, int_list(0, unique=True))  # GPU ids; null: every visible GPU
+    compression: Compression = Compression.none  # nn.DataParallel has no all-reduce: none only
+
+    def check(self) -> None:
+        allow_compression(self, ("none",), "nn.DataParallel sums its replicas' gradients on the first GPU inside "
+                                           "backward, with no all-reduce to compress (strategy=ddp compresses them: "
+                                           "none, fp16, bf16, powersgd)")
 
 
 @dataclass
@@ -59,6 +79,16 @@ class ElasticOptions(StrategyOptions):
 
 
 @dataclass
+class PowerSGDOptions:
+    """strategy.powersgd: torch's PowerSGD (ddp with strategy.compression=powersgd); checked by DDPOptions.check."""
+
+    rank: int = 2  # matrix approximation rank: a gradient matrix n x m travels as (n + m) x rank numbers
+    start_step: int = 100  # the first step whose gradients travel compressed; plain all-reduce before it (warm-up)
+    error_feedback: bool = True  # what compression left out of a step's gradients is added to the next step's
+    warm_start: bool = True  # each step's low-rank factors start from the previous step's
+
+
+@dataclass
 class DDPOptions(ElasticOptions):
     _target_: str = "framework.strategies.ddp.DDPStrategy"
     name: str = "ddp"
@@ -67,6 +97,32 @@ class DDPOptions(ElasticOptions):
     bucket_cap_mb: float = rule(25.0, above(0))
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    # what gradients travel as: none | fp16 | bf16 (cast for the all-reduce, averaged, cast back) | powersgd
+    # (low-rank, with error feedback: strategy.powersgd.*); torch's DDP communication hooks
+    compression: Compression = Compression.none
+    powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
+
+    def check(self) -> None:
+        super().check()
+        p = self.powersgd
+        if self.compression != "powersgd":
+            changed = [f"{k}={v}" for k, v in vars(p).items() if v != getattr(PowerSGDOptions(), k)]
+            if changed:
+                raise SettingError("powersgd", p, message=f"{{key}}.powersgd.{changed[0]} is not allowed with "
+                                   f"{{key}}.compression={self.compression}: it sets PowerSGD, which runs with "
+                                   "{key}.compression=powersgd")
+            return
+        if not isinstance(p.rank, int) or p.rank < 1:
+            raise SettingError("powersgd", p.rank, message=f"{{key}}.powersgd.rank={p.rank!r} is not allowed: "
+                               "expected an integer >= 1 (the rank of each gradient's low-rank approximation)")
+        # torch's PowerSGDState: DDP rebuilds its gradient buckets after the first step, and error feedback and warm
+        # start keep their state per bucket, so compression starts after the second step at the earliest
+        first = 3 if p.error_feedback or p.warm_start else 1
+        if not isinstance(p.start_step, int) or p.start_step < first:
+            raise SettingError("powersgd", p.start_step, message=(
+                f"{{key}}.powersgd.start_step={p.start_step!r} is not allowed: expected an integer >= {first}" +
+                (" with error feedback or warm start (DDP rebuilds its gradient buckets after step 1, and PowerSGD "
+                 "keeps their state from step 3 on)" if first == 3 else "")))
 
 
 @dataclass
@@ -78,9 +134,13 @@ class FSDPOptions(ElasticOptions):
     shard_modules: Any = "auto"
     reshard_after_forward: bool = True  # true: free gathered parameters after forward (less memory)
     cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)
+    # none | bf16: gradients reduce-scattered in bf16 (FSDP2's reduce dtype); parameters and optimizer stay fp32
+    compression: Compression = Compression.none
 
     def check(self) -> None:
         super().check()
+        allow_compression(self, ("none", "bf16"), "FSDP2 reduce-scatters gradients in its reduce dtype, and bf16 is "
+                                                  "the one that needs no loss scaler (PowerSGD is a DDP hook)")
         names = self.shard_modules
         if names != "auto" and not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
             raise SettingError("shard_modules", names, "auto (each direct child block that holds parameters) or a "
@@ -125,9 +185,13 @@ class MeshOptions(ElasticOptions):
     stages_per_rank: Optional[int] = rule(None, at_least(1))
     split_points: Optional[List[str]] = None  # module names where a stage begins; null: the blocks cut evenly
     reshard_after_forward: bool = True  # FSDP2 over the dp axes: free gathered parameters after forward
+    compression: Compression = Compression.none  # none only: nothing here proves a compressed mesh trains alike
 
     def check(self) -> None:
         super().check()
+        allow_compression(self, ("none",), "the mesh's gradient reductions (FSDP2 over the data-parallel axes, "
+                                           "tensor-parallel partial sums) have no compression proven equal here; "
+                                           "strategy=fsdp reduces in bf16, strategy=ddp compresses")
         if self.plan and self.parallelize:
             raise SettingError("plan", self.plan, message="{key}.plan and {key}.parallelize are not allowed together: "
                                "give a plan (module-name pattern -> style) or a parallelize function, not both")
@@ -158,9 +222,13 @@ class DeepSpeedOptions(ElasticOptions):
                                                         "2 + gradients, 3 + parameters partitioned across ranks)"))
     offload_optimizer: bool = False  # optimizer state and step on the CPU (ZeRO stages 1-3)
     config: Dict[str, Any] = field(default_factory=dict)  # merged into the generated DeepSpeed config
+    compression: Compression = Compression.none  # none only (DeepSpeed compresses with its 1-bit optimizers)
 
     def check(self) -> None:
         super().check()
+        allow_compression(self, ("none",), "DeepSpeed compresses gradients with its own optimizers (1-bit Adam, "
+                                           "0/1 Adam, 1-bit LAMB), which need NCCL or MPI and would replace the "
+                                           "optimizer group's optimizer; strategy=ddp compresses them")
         if self.offload_optimizer and self.zero_stage == 0:
             raise SettingError("offload_optimizer", True, message="{key}.offload_optimizer=true is not allowed with "
                                "{key}.zero_stage=0: DeepSpeed offloads the partitioned optimizer state of ZeRO; use "
@@ -179,6 +247,7 @@ class HorovodOptions(StrategyOptions):
     backward_passes_per_step: int = rule(1, at_least(1))
 
     def check(self) -> None:
+        allow_compression(self, ("none", "fp16"), "Horovod's compressors are none and fp16")
         if self.hosts is not None:
             self.host_slots()
             if self.np is None:

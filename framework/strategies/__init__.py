@@ -43,7 +43,11 @@ def resolve_auto(cfg: DictConfig, outer_kind: str | None) -> str:
     several = outer_kind is not None or (cuda and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
     if not several:  # auto's options are ddp's: a bad one is refused even where single runs without them
-        typed(DDPOptions, cfg.strategy, GROUP)
+        options = typed(DDPOptions, cfg.strategy, GROUP)
+        if options.compression != "none":  # single would drop it
+            raise ConfigError(f"strategy.compression={options.compression} is not allowed with strategy=auto here: "
+                              "auto chose single (at most one GPU), and one process sends no gradients; use "
+                              "strategy=ddp (CPU workers, or one per GPU)")
     with open_dict(cfg):
         if several:
             cfg.strategy.name = chosen

@@ -4,6 +4,7 @@ ElasticStrategy)."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from framework.config.strategy_options import DDPOptions, ElasticOptions
 from framework.common.errors import ConfigError
 from framework.session.environment import ranks
 from framework.strategies.base import Strategy
+from framework.strategies.ddp_compression import GradientHook, gradient_hook
 from framework.strategies.groups import TorchGroup
 from framework.strategies.starters import Elastic
 from framework.strategies.sync_batchnorm import convert_sync_batchnorm
@@ -59,6 +61,10 @@ class ElasticStrategy(Strategy):
                               "strategy.backend=gloo (or auto) for CPU workers")
         if self.trainer.cuda and "nccl" in self.backend:
             self._validate_one_gpu_per_worker()
+            if getattr(self.options, "compression", "none") == "bf16" and not _nccl_reduces_bf16():
+                raise ConfigError("strategy.compression=bf16 is not allowed on these GPUs: gradients reduced in bf16 "
+                                  "need GPUs with bf16 (torch.cuda.is_bf16_supported) and NCCL >= 2.10; use "
+                                  "strategy.compression=none (ddp: or fp16)")
 
     def _validate_one_gpu_per_worker(self) -> None:
         """nccl refuses two ranks on one GPU ("Duplicate GPU detected"), and each worker takes GPU local_rank modulo
@@ -84,16 +90,41 @@ class ElasticStrategy(Strategy):
         return TorchGroup.join(self.backend, self.trainer.cuda, self.options.timeout)
 
 
+@dataclass
 class DDPWrapped(Wrapped):
-    """GradientSync: a micro-batch that is not the last of an accumulation keeps its gradients local (no_sync)."""
+    """GradientSync: a micro-batch that is not the last of an accumulation keeps its gradients local (no_sync).
+    CountsTraffic and EngineState: its communication hook (strategy.compression) counts the bytes it sends and keeps
+    PowerSGD's state, which checkpoints hold."""
+
+    comm_hook: GradientHook | None = None
 
     def gradient_sync(self, on: bool):
         return contextlib.nullcontext() if on else self.model.no_sync()
+
+    @property
+    def traffic(self):
+        return self.comm_hook.traffic
+
+    def engine_state(self, group: ProcessGroup) -> list:
+        return self.comm_hook.gathered_state(group)
+
+    def load_engine_state(self, saved: list | None, rank: int, world_size: int, step: int) -> str:
+        return self.comm_hook.load_state_dict(saved, rank, world_size, step)
 
 
 class DDPStrategy(ElasticStrategy):
     Options = DDPOptions
     options: DDPOptions
+
+    def validate(self) -> None:
+        super().validate()
+        compression, cuda = self.options.compression, self.trainer.cuda
+        if compression == "powersgd" and not cuda and torch.cuda.is_available():
+            # powerSGD_hook.py: `if torch.cuda.is_available(): torch.cuda.synchronize(device)` with the bucket's
+            # device, which for CPU workers is the CPU (ValueError: Expected a cuda device)
+            raise ConfigError("strategy.compression=powersgd is not allowed with CPU workers on a machine with GPUs: "
+                              "torch's PowerSGD hook synchronizes the bucket's device as a GPU whenever one is visible; "
+                              "train on the GPUs, or hide them (CUDA_VISIBLE_DEVICES=)")
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         options = self.options
@@ -105,7 +136,14 @@ class DDPStrategy(ElasticStrategy):
             gradient_as_bucket_view=options.gradient_as_bucket_view, static_graph=options.static_graph,
         )
         module = ddp.module
+        hook = GradientHook(options.compression, options.powersgd, list(module.parameters()))
+        ddp.register_comm_hook(hook, gradient_hook)
         # evaluation runs the module itself: ranks may hold different numbers of test batches, and DDP's forward
         # would wait on a buffer broadcast
         return DDPWrapped(ddp, make_optimizer(ddp.parameters()), Precision(self.trainer.precision, group.device),
-                          CheckpointIO(group.rank, group.world_size, group.cuda_devices), module, eval_model=module)
+                          CheckpointIO(group.rank, group.world_size, group.cuda_devices), module, eval_model=module,
+                          comm_hook=hook)
+
+
+def _nccl_reduces_bf16() -> bool:
+    return torch.cuda.is_bf16_supported(including_emulation=False) and torch.cuda.nccl.version() >= (2, 10)

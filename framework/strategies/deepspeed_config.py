@@ -26,6 +26,8 @@ _OWNED = {
     "zero_optimization.stage": "strategy.zero_stage",
     "zero_optimization.offload_optimizer.device": "strategy.offload_optimizer",
 }
+# DeepSpeed's 1-bit optimizers (their config's type, lower case): gradient compression that needs NCCL or MPI
+_COMPRESSED_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 # Blocks that would replace a part this framework builds itself.
 _REFUSED = {
     "optimizer": "the optimizer comes from the optimizer group (optimizer=adam|adamw|sgd, optimizer.lr=...)",
@@ -86,6 +88,11 @@ def deepspeed_config(options: DeepSpeedOptions, trainer: TrainerConfig, processe
     strategy.config contradicts a generated key or replaces a part the framework owns."""
     generated, extra = generated_config(options, trainer, processes), dict(options.config)
     settings = {"trainer": trainer, "strategy": options}
+    kind = extra.get("optimizer", {}).get("type") if isinstance(extra.get("optimizer"), dict) else None
+    if str(kind).lower() in _COMPRESSED_OPTIMIZERS:
+        raise ConfigError(f"strategy.config.optimizer.type={kind} is not allowed: DeepSpeed's compressed optimizers "
+                          "(OneBitAdam, ZeroOneAdam, OneBitLamb) need NCCL or MPI and would replace the optimizer "
+                          "group's optimizer; gradient compression: strategy=ddp strategy.compression=fp16|bf16|powersgd")
     for key, why in _REFUSED.items():
         if key in extra:
             raise ConfigError(f"strategy.config.{key} is not allowed: {why}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -125,7 +126,10 @@ class FSDPStrategy(ElasticStrategy):
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
         mesh = init_device_mesh(group.device.type, (group.world_size,))
-        shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision),
+        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps), or in
+        # bf16 with strategy.compression=bf16
+        reduce = torch.bfloat16 if options.compression == "bf16" else None
+        shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision, reduce),
                          options.reshard_after_forward, offload)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,

@@ -2,6 +2,8 @@
 averaged by hvd.DistributedOptimizer. horovod is imported only in a horovod run's processes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -11,6 +13,7 @@ from framework.launch.horovod_runner import INSTALL, import_horovod
 from framework.strategies.base import Strategy
 from framework.strategies.groups import HorovodGroup
 from framework.strategies.starters import Horovod
+from framework.telemetry.traffic import Traffic, nbytes
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -26,6 +29,30 @@ class HorovodPrecision(Precision):
         optimizer.synchronize()
         with optimizer.skip_synchronize():
             return super().optimizer_step(model, optimizer, max_norm, skip_nonfinite)
+
+
+class CountedCompression:
+    """Horovod's compressor (none or fp16), the tensor it hands to the all-reduce counted against what the gradient
+    weighs (framework/telemetry/traffic.py). DistributedOptimizer calls compress and decompress on whatever it is
+    given."""
+
+    def __init__(self, compressor, traffic: Traffic):
+        self.compressor, self.traffic = compressor, traffic
+
+    def compress(self, tensor: torch.Tensor):
+        compressed, context = self.compressor.compress(tensor)
+        self.traffic.add(nbytes(compressed), nbytes(tensor))
+        return compressed, context
+
+    def decompress(self, tensor: torch.Tensor, context):
+        return self.compressor.decompress(tensor, context)
+
+
+@dataclass
+class HorovodWrapped(Wrapped):
+    """CountsTraffic: its compressor counts the bytes each all-reduce is handed."""
+
+    traffic: Traffic | None = None
 
 
 class HorovodStrategy(Strategy):
@@ -86,9 +113,11 @@ class HorovodStrategy(Strategy):
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         hvd, options = group.hvd, self.options
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        traffic = Traffic(str(options.compression))
+        compressor = hvd.Compression.fp16 if options.compression == "fp16" else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(
             make_optimizer(model.parameters()), named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if options.compression == "fp16" else hvd.Compression.none,
+            compression=CountedCompression(compressor, traffic),
             op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[options.op],
             backward_passes_per_step=self.trainer.grad_accum,
         )
@@ -99,8 +128,8 @@ class HorovodStrategy(Strategy):
         _accept_set_to_none(optimizer)
         # DistributedOptimizer counts backward passes itself (backward_passes_per_step = trainer.grad_accum) and
         # all-reduces after the last one, so every micro-batch's backward runs the same way: no GradientSync.
-        return Wrapped(model, optimizer, HorovodPrecision(self.trainer.precision, group.device),
-                       CheckpointIO(group.rank, group.world_size, group.cuda_devices), model)
+        return HorovodWrapped(model, optimizer, HorovodPrecision(self.trainer.precision, group.device),
+                              CheckpointIO(group.rank, group.world_size, group.cuda_devices), model, traffic=traffic)
 
 
 def _accept_set_to_none(optimizer) -> None:

@@ -18,14 +18,15 @@ import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
            "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens",
-           "comm_seconds")
+           "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
- MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS, COMM_SECONDS) = range(len(COLUMNS))
+ MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS, COMM_SECONDS, BYTES_SENT, BYTES_UNCOMPRESSED,
+ COMPRESSED_STEPS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
     def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device],
-                 wait_clock=None, share: float = 1.0):
+                 wait_clock=None, share: float = 1.0, traffic=None):
         self.slot_sizes = slot_sizes
         self.share = share  # of each sample this process counts (model parallel peers share their samples)
         self.device = device
@@ -33,6 +34,8 @@ class IntervalMeter:
         # framework/telemetry/wait_clock.py (one wait per process) or replica_clock.py (dp: one per replica, and each replica's
         # forward and backward); None: this strategy's waits are not measured
         self.wait_clock = wait_clock
+        # framework/telemetry/traffic.py: the gradient bytes this process handed to its collectives; None: not counted
+        self.traffic = traffic
         self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
         self.tokens = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
         self.token_shares = torch.tensor(slot_sizes, device=device, dtype=torch.float64) / max(1, sum(slot_sizes))
@@ -51,6 +54,8 @@ class IntervalMeter:
             torch.cuda.reset_peak_memory_stats(dev)
         if self.wait_clock:
             self.wait_clock.reset()
+        if self.traffic:
+            self.traffic.reset()
         self.start = time.perf_counter()
 
     def add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
@@ -75,6 +80,8 @@ class IntervalMeter:
 
     def add_step(self, step: int) -> None:
         self.steps += 1
+        if self.traffic:
+            self.traffic.end_step()
         # A NaN/inf loss makes the interval's sum non-finite for good; remember the step where that happened.
         # Three tiny device ops and no sync: the check itself happens at the log boundary.
         already = (self.first_nonfinite > 0) | torch.isfinite(self.loss_sum.sum())
@@ -102,6 +109,10 @@ class IntervalMeter:
         # pipeline parallel: the time its stage spent receiving (framework/telemetry/pipeline_clock.py)
         comm = getattr(self.wait_clock, "comm", None)
         rows[:, COMM_SECONDS] = comm(n) if comm else math.nan
+        traffic = self.traffic
+        rows[:, BYTES_SENT] = traffic.sent if traffic else math.nan
+        rows[:, BYTES_UNCOMPRESSED] = traffic.uncompressed if traffic else math.nan
+        rows[:, COMPRESSED_STEPS] = traffic.compressed_steps if traffic else math.nan
         rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
         for i, dev in enumerate(self.memory_devices[:n]):
             rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
@@ -142,6 +153,17 @@ class IntervalSummary:
     tokens: float = math.nan
     # pipeline parallel: each stage's communication per optimizer step (busy is then its compute); NaN elsewhere
     per_slot_comm_ms: list[float] = dataclasses.field(default_factory=list)
+    # gradient bytes each slot handed to its collectives per optimizer step (framework/telemetry/traffic.py), what
+    # they weigh uncompressed (all slots, the interval), and the steps that sent compressed; NaN where not counted
+    per_slot_bytes_sent: list[float] = dataclasses.field(default_factory=list)
+    bytes_sent: float = math.nan
+    bytes_uncompressed: float = math.nan
+    compressed_steps: float = math.nan
+
+    @property
+    def compression_ratio(self) -> float:
+        """What the gradients weigh over what was sent (NaN where nothing was counted)."""
+        return self.bytes_uncompressed / self.bytes_sent if self.bytes_sent > 0 else math.nan
 
     @property
     def tokens_per_sec(self) -> float:
@@ -180,4 +202,8 @@ class IntervalSummary:
             per_slot_tokens_per_sec=(rows[:, TOKENS] / seconds).tolist() if not rows[:, TOKENS].isnan().any() else [],
             tokens=float(rows[:, TOKENS].sum()),
             per_slot_comm_ms=(comm * 1000 / max(1, steps)).tolist(),
+            per_slot_bytes_sent=(rows[:, BYTES_SENT] / max(1, steps)).tolist(),
+            bytes_sent=float(rows[:, BYTES_SENT].sum()),
+            bytes_uncompressed=float(rows[:, BYTES_UNCOMPRESSED].sum()),
+            compressed_steps=float(rows[0, COMPRESSED_STEPS]),
         )

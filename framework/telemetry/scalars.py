@@ -50,6 +50,11 @@ def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | N
         if busy > 0:
             scalars[f"throughput/device/samples_per_busy_sec/rank{r}"] = s.per_slot_samples[r] / max(1, s.steps) / (
                 busy / 1000)
+    for r, sent in enumerate(s.per_slot_bytes_sent):
+        if sent == sent:  # NaN: this engine's gradient bytes are not counted
+            scalars[f"comm/bytes_sent/rank{r}"] = sent
+    if s.compression_ratio == s.compression_ratio:
+        scalars["comm/compression_ratio"] = s.compression_ratio
     for r, rate in enumerate(tflops):
         scalars[f"throughput/device/tflops/rank{r}"] = rate
         if mfu[r] is not None:

@@ -14,7 +14,9 @@ the strategy measures it; pipeline parallel: the stage's bubble), time/comm_ms/r
 stage's communication), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU; pipeline
 parallel: each stage's compute),
 throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
-(GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text.
+(GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text; comm/bytes_sent/rank{r} (gradient
+bytes that rank handed to its collectives per optimizer step: ddp, fsdp, horovod) and comm/compression_ratio (what the
+gradients weigh uncompressed over what was sent, all ranks: strategy.compression).
 The Custom Scalars tab shows one chart per per-rank metric with every rank as its own line (PER_RANK_CHARTS).
 """
 from __future__ import annotations
@@ -46,6 +48,7 @@ PER_RANK_CHARTS = {
         ("TFLOP/s per rank", r"^throughput/device/tflops/rank\d+$"),
         ("MFU per rank", r"^throughput/device/mfu/rank\d+$"),
     ],
+    "comm": [("gradient bytes sent per step per rank", r"^comm/bytes_sent/rank\d+$")],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
     "lr": [("lr per parameter group", r"^lr/.+$")],
     "memory": [

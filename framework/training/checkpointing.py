@@ -10,7 +10,7 @@ from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
                                          save_checkpoint, save_sharded_checkpoint)
-from framework.training.engine import ProcessGroup, Wrapped
+from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
 
 
@@ -36,11 +36,13 @@ class Checkpointer:
              lr_schedule: dict | None = None) -> Path:
         group, io = self.group, wrapped.checkpoint_io
         rngs = group.gather_objects(rng_state(group.cuda_devices))
+        engines = wrapped.engine_state(group) if isinstance(wrapped, EngineState) else [None]  # ddp's PowerSGD
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
                     "world_size": group.world_size, "format": io.format.name,
                     "param_groups": group_settings(wrapped.optimizer)}  # names and settings, for people and tests
-        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule)
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule,
+                           engines if any(e is not None for e in engines) else None)
         if io.format.sharded:  # the engine writes shards on every rank
             saved = save_sharded_checkpoint(
                 self.folder, state, manifest, self.keep,
@@ -93,8 +95,18 @@ class Checkpointer:
         if checkpoint.path.parent == self.folder:
             self.last = checkpoint.path
         changes = _changes(checkpoint.manifest, position, self.group.world_size, self.batch_size)
-        self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}")
+        engine = _engine_state(wrapped, state.get("engine"), self.group, position.step)
+        self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}"
+                 f"{'; ' + engine if engine else ''}")
         return position, totals, state.get("callbacks", {}), state.get("lr_schedule")
+
+
+def _engine_state(wrapped: Wrapped, saved: list | None, group: ProcessGroup, step: int) -> str:
+    """The engine's own state back on every rank (EngineState); what it resets, in words."""
+    if isinstance(wrapped, EngineState):
+        return wrapped.load_engine_state(saved, group.rank, group.world_size, step)
+    held = next((state["holds"] for state in saved or [] if state and state.get("holds")), None)
+    return f"the checkpoint's {held} are not used by this engine" if held else ""
 
 
 def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:

@@ -150,6 +150,28 @@ class OwnClock(Protocol):
     def wait_clock(self): ...
 
 
+@runtime_checkable
+class CountsTraffic(Protocol):
+    """An engine that counts the gradient bytes it hands to its collectives and what they weigh uncompressed
+    (framework/telemetry/traffic.py): ddp's communication hook, Horovod's compressor."""
+
+    @property
+    def traffic(self): ...
+
+
+@runtime_checkable
+class EngineState(Protocol):
+    """An engine that keeps training state of its own beside model and optimizer, different on each rank (ddp's
+    PowerSGD: each rank's error feedback, the warm-start factors, its step count). Every checkpoint holds every
+    rank's (framework/training/checkpointing.py): engine_state is a collective that returns them in rank order, on
+    every rank; a resume gives them back, and the engine says what it resets ('' for nothing): another world size,
+    another strategy.compression."""
+
+    def engine_state(self, group: ProcessGroup) -> list: ...
+
+    def load_engine_state(self, saved: list | None, rank: int, world_size: int, step: int) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Weighting:
     """What a micro-batch's per-sample losses backpropagate: batches of one known size, the mean / k (k micro-batches

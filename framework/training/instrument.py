@@ -5,11 +5,14 @@ work (single, fsdp, DeepSpeed ZeRO-3): busy is then the whole step, and no wait 
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from framework.telemetry.per_gpu import PerGpu, local_slots
 from framework.telemetry.replica_clock import ReplicaClock, time_replicas
+from framework.telemetry.traffic import CountedReduceScatter, Traffic
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done, stop_after, timed_allreduce
-from framework.training.engine import OwnClock, ProcessGroup, SlotSplit, Wrapped, slot_sizes
+from framework.training.engine import CountsTraffic, OwnClock, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
 
 def wait_clock(wrapped: Wrapped, group: ProcessGroup):
@@ -24,7 +27,11 @@ def wait_clock(wrapped: Wrapped, group: ProcessGroup):
         return clock
     if isinstance(model, nn.parallel.DistributedDataParallel):  # its comm hook sees each bucket become ready
         clock = WaitClock(group.device, ends_with_backward=True)
-        model.register_comm_hook(clock, timed_allreduce)
+        hook = getattr(wrapped, "comm_hook", None)  # ddp's own (strategy.compression) keeps the clock; DDP takes one
+        if hook is not None:
+            hook.clock = clock
+        else:
+            model.register_comm_hook(clock, timed_allreduce)
         return clock
     if callable(getattr(optimizer, "synchronize", None)) and hasattr(optimizer, "skip_synchronize"):
         # Horovod's DistributedOptimizer: gradients reduced from their hooks, waited for in synchronize()
@@ -39,6 +46,23 @@ def wait_clock(wrapped: Wrapped, group: ProcessGroup):
         start_when_gradients_are_done(wrapped.module, clock)
         return clock
     return None
+
+
+def gradient_traffic(wrapped: Wrapped, compression: str) -> Traffic | None:
+    """What counts this engine's gradient bytes (framework/telemetry/traffic.py): its own counter (ddp's hook,
+    Horovod's compressor), or FSDP2's reduce-scatters, counted here where every parameter is sharded over one axis
+    (with tensor parallel or HSDP's replicas, other collectives carry gradients too); None elsewhere."""
+    if isinstance(wrapped, CountsTraffic):
+        return wrapped.traffic
+    units = [m for m in wrapped.model.modules() if isinstance(m, FSDPModule)]
+    params = list(wrapped.model.parameters())
+    if not units or not params or not all(isinstance(p, DTensor) and p.device_mesh.ndim == 1 for p in params):
+        return None
+    traffic = Traffic(str(compression))
+    counted = CountedReduceScatter(traffic, params[0].element_size())
+    for unit in units:
+        unit.set_custom_reduce_scatter(counted)
+    return traffic
 
 
 def timed_barrier(group: ProcessGroup, clock):

@@ -34,8 +34,8 @@ BAD_CHOICES = {
     ("strategy=ddp", "strategy.backend=mpi"): "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo",
     ("strategy=fsdp", "strategy.rdzv_backend=etcd"):
         "strategy.rdzv_backend='etcd' is not allowed: expected one of c10d, static",
-    ("strategy=horovod", "strategy.compression=bf16"):
-        "strategy.compression='bf16' is not allowed: expected one of none, fp16",
+    ("strategy=horovod", "strategy.compression=int8"):
+        "strategy.compression='int8' is not allowed: expected one of none, fp16, bf16, powersgd",
     ("strategy=horovod", "strategy.op=max"): "strategy.op='max' is not allowed: expected one of average, sum, adasum",
 }
 

@@ -79,7 +79,8 @@ def test_the_every_gpu_run_has_its_steps_on_any_number_of_gpus(gpus):
 @pytest.mark.parametrize("args,message", [
     (["strategy.np=0"], "strategy.np=0 is not allowed: expected an integer >= 1 or null"),
     (["trainer.channels_last=true"], "trainer.channels_last=true is not allowed with strategy=horovod"),
-    (["strategy.compression=int8"], "strategy.compression='int8' is not allowed: expected one of none, fp16"),
+    (["strategy.compression=bf16"], "strategy.compression=bf16 is not allowed with strategy=horovod: Horovod's "
+                                     "compressors are none and fp16; allowed: none, fp16"),
     (["strategy.op=max"], "strategy.op='max' is not allowed: expected one of average, sum, adasum"),
     (["strategy.op=adasum"], "strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built with MPI"),
     (["strategy.backward_passes_per_step=4"],

@@ -48,3 +48,15 @@ def test_the_mesh_has_cells_for_compile_and_recompute_and_a_zero_bubble_schedule
         rows["tp (tp=2) compile + recompute"][0])
     assert "strategy.schedule=ZBVZeroBubble" in rows["pp (pp=2, ZBVZeroBubble)"][0]
     assert rows["tp x dp_shard (2 x 2)"][0] is None, "4 GPUs"
+
+
+def test_the_compression_cells_pass_the_driver(tmp_path):
+    """ddp's fp16, bf16 and PowerSGD hooks, fsdp's bf16 reduce and Horovod's fp16 on the GPUs: each run passes every
+    check of the driver (here with CPU workers, where the accelerator is the only difference)."""
+    smoke = gpu_smoke_script()
+    common = [a for a in smoke.COMMON if a != "trainer.accelerator=gpu"]
+    for name, (args, precisions) in smoke.compression_cells(["strategy=ddp"], ["strategy=fsdp"]).items():
+        for precision in precisions:
+            line = driver_says([*args, *common, f"trainer.precision={precision}", "trainer.accelerator=cpu"],
+                               tmp_path / name.replace(" ", "_"))
+            assert line == "", (name, precision, line)
