@@ -17,6 +17,14 @@ def _step_spans_ms(trace: dict) -> list[float]:
             if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith("train step ")]
 
 
+def _collective_ms_inside_steps(trace: dict) -> float:
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"] if e.get("ph") == "X"
+             and e.get("cat") == "user_annotation" and e["name"].startswith("train step ")]
+    return sum(min(e["ts"] + e["dur"], end) - max(e["ts"], start) for e in trace["traceEvents"]
+               if e.get("ph") == "X" and e.get("name", "").startswith(("gloo:", "c10d::"))
+               for start, end in steps if e["ts"] < end and e["ts"] + e["dur"] > start) / 1e3
+
+
 def test_profiled_steps_give_a_trace_per_rank_and_a_breakdown_that_sums_to_the_step_time(runs):
     run = runs.train(["strategy=ddp", *TINY, "trainer.max_steps=12", f"trainer.profile=[{FIRST},{LAST}]"]).ok()
     out, run_dir = run.stdout, run.run_dir
@@ -43,6 +51,12 @@ def test_profiled_steps_give_a_trace_per_rank_and_a_breakdown_that_sums_to_the_s
                   ("step", "computation", "communication", "idle")}
         assert all(values[0][0] == LAST for values in logged.values())
         assert logged["step"][0][1] == pytest.approx(sum(v[0][1] for k, v in logged.items() if k != "step"), rel=0.1)
-    # DDP all-reduces its gradients and the faster rank waits for the slower one there; the straggler's own exposed
-    # communication can round to 0.0 ms (CI saw it), so the claim is about the two ranks together
-    assert max(exposed_communication) > 0, out
+    # DDP all-reduces its gradients inside the profiled steps on both ranks; how much of that the training thread
+    # waits for (the exposed part) depends on the machine's load and can be 0.0 on both ranks when backward hides it
+    # (CI saw it), so the run's claim is that the collectives fall inside the steps and the breakdown never counts
+    # more than them; the exposed-only arithmetic is pinned in tests/unit/test_profile.py
+    for rank, exposed in enumerate(exposed_communication):
+        trace = json.loads((run_dir / "profile" / f"rank{rank}.trace.json").read_text())
+        inside = _collective_ms_inside_steps(trace)
+        assert inside > 0, f"rank {rank}: no gloo collective inside the profiled steps"
+        assert 0 <= exposed <= inside + 1e-6

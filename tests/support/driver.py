@@ -76,10 +76,15 @@ def command_in_process(command: str, argv: list[str], cwd: Path, monkeypatch, ca
     Hydra's app with its composition, the driver's checks and its refusals, up to the point a worker would start.
     For what the command refuses, without a process of its own. Returns (exit code, stdout, stderr)."""
     import contextlib
+    import logging
     import sys
 
     from framework import cli
 
+    # Hydra's logging setup adds handlers writing to this test's captured streams; they would outlive the capture
+    for logger in (logging.root, logging.getLogger("hydra")):
+        monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+        monkeypatch.setattr(logger, "level", logger.level)
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", [argv[0], *pin_accelerator(argv[1:])])
     monkeypatch.setattr(cli, "quick_exit", contextlib.nullcontext)  # its exit handler would end pytest's process
