@@ -20,12 +20,13 @@ train: setup-core
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 # Every in-process test, the distributed units, and the first real run of every engine, launcher and launch situation
-# (tests marked core); then the in-process tests again against Hydra 1.4. About 9 minutes on 2 cores (docs/testing.md).
+# (tests marked core); then the in-process tests again against Hydra 1.4. About 7.5 minutes on 2 cores after setup
+# (docs/testing.md).
 test: setup
 	$(PY) -m pytest $(XDIST) -m "not slow or core" --durations=15 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
 
-# Everything (what CI runs): every process test too. About 25 minutes on 2 cores.
+# Everything (what CI runs): every process test too. About 36 minutes on 2 cores.
 test-all: setup
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
