@@ -15,7 +15,9 @@ from framework.common.errors import ConfigError
 
 # Every task of a job computes the same port from the job id, without talking to the others (as submitit's
 # TorchDistributedEnvironment does); different jobs, e.g. the jobs of an array on one node, get different ports.
-_PORTS = (20000, 60000)
+# Below Linux's ephemeral range (32768-60999 by default), where any process's outgoing connection may hold a port: a
+# task that found it taken connected to another program's server, or rank 0 could not bind (a suite run saw a hang).
+_PORTS = (20000, 32767)
 LOCAL_CONTROLLER = b"submitit.local._local"  # the module submitit_local runs per job, which starts its tasks
 
 
