@@ -51,10 +51,10 @@ def breakdown_of(trace: Path) -> Breakdown:
     else:
         thread = cpu_steps[0]["tid"] if cpu_steps else None
         window = _union(_spans(cpu_steps))
-        communication = _spans(e for e in events if _collective(e) and (e["tid"] == thread or
-                                                                       e.get("cat") == "user_annotation"))
+        communication = _spans(e for e in events if is_collective(e) and (e["tid"] == thread or
+                                                                         e.get("cat") == "user_annotation"))
         computation = _spans(e for e in events
-                             if e.get("cat") == "cpu_op" and e["tid"] == thread and not _collective(e))
+                             if e.get("cat") == "cpu_op" and e["tid"] == thread and not is_collective(e))
     total = _length(window)
     busy = _clip(_union(computation), window)
     exposed = _subtract(_clip(_union(communication), window), busy)
@@ -63,7 +63,7 @@ def breakdown_of(trace: Path) -> Breakdown:
                      max(0.0, total - compute_us - comm_us) / 1e3, "GPU" if on_gpu else "CPU")
 
 
-def _collective(event: dict) -> bool:
+def is_collective(event: dict) -> bool:
     name = event["name"]
     return name.startswith(("c10d::", "gloo:", "nccl:", "record_param_comms")) or "nccl" in name.lower()
 
