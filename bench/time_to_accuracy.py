@@ -28,7 +28,7 @@ from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=float, default=0.90)
     p.add_argument("--repeats", type=int, default=1, help="rounds of train.py, tutorial")
@@ -36,7 +36,10 @@ def parse_args():
     p.add_argument("--override", action="append", default=[],
                    help="extra train.py override (repeatable), e.g. --override trainer.batch_size=256")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if not 0 < args.target <= 1:
+        p.error(f"--target={args.target}: a test accuracy, above 0 and at most 1")
+    return args
 
 
 def reaches(target: float):
