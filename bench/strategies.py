@@ -76,9 +76,14 @@ def variant_error(variant: str) -> str | None:
     return None
 
 
-def run_strategy(variant: str, args, workdir: Path):
+def train_commands(args) -> list[list[str]]:
+    """The train.py overrides of each --strategies entry, in order (tests/unit/test_bench_readme.py composes them)."""
+    return [train_overrides(variant, args) for variant in args.strategies.split(",")]
+
+
+def train_overrides(variant: str, args) -> list[str]:
     variant, *own_overrides = variant.split("+")
-    strategy, _, threads = variant.partition("@")
+    strategy = variant.partition("@")[0]
     strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
     multi_process = strategy in ("ddp", "fsdp", "deepspeed", "horovod")
     batch = args.batch_size * args.ddp_workers if args.batch_per_process and multi_process else args.batch_size
@@ -92,6 +97,12 @@ def run_strategy(variant: str, args, workdir: Path):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
     if strategy == "horovod":  # same workers as ddp, started by horovod's runner
         overrides.append(f"strategy.np={args.ddp_workers}")
+    return overrides
+
+
+def run_strategy(variant: str, args, workdir: Path):
+    overrides = train_overrides(variant, args)
+    threads = variant.split("+")[0].partition("@")[2]
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))

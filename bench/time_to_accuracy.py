@@ -42,6 +42,11 @@ def parse_args(argv=None):
     return args
 
 
+def train_commands(args) -> list[list[str]]:
+    """train.py's overrides (tests/unit/test_bench_readme.py composes them)."""
+    return [["trainer.eval_every_n_epochs=1", *args.override]]
+
+
 def reaches(target: float):
     def stop_when(line: str) -> bool:
         acc = accuracy_of(line)
@@ -65,7 +70,7 @@ def measure(command: list[str], cwd_root: Path, args) -> dict:
 
 def main() -> None:
     args = parse_args()
-    framework_cmd = commands.train_py("trainer.eval_every_n_epochs=1", *args.override)
+    framework_cmd = commands.train_py(*train_commands(args)[0])
     tutorial_cmd = commands.baseline("tutorial_fashion_mnist.py", f"--epochs={args.max_epochs}")
     run_timed(commands.baseline("tutorial_fashion_mnist.py", "--prepare-only"), commands.REPO,
               commands.environment(None), 120).check()  # torchvision's folder layout, made once, untimed

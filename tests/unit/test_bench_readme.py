@@ -2,19 +2,25 @@
 the `.venv/bin/python` before it, across a line break too), and arguments alone after one in the same table row or
 paragraph (`--model mlp`), are parsed by that script's own parse_args in this process, with the script's checks of the
 argument combination (bench/benchkit/arguments.py: names from fixed lists, a timed window its progress lines mark),
-without running the benchmark. Each script is imported as `python bench/NAME.py` imports it (bench/ first on the
-path), so a name it imports that is gone fails here too. Every benchmark has a command on the page, and every --flag
-the page names with no script before it is some benchmark's flag. Issue 53: the char_lm row's `--warmup-steps 10`
-without `--log-every 10` failed after its first run ("no progress line for step(s) [10]")."""
+without running the benchmark; where the command's arguments become train.py overrides (a script's train_commands:
+strategies.py, time_to_accuracy.py), train.py's driver checks each run in this process too (support/driver.py). Each
+script is imported as `python bench/NAME.py` imports it (bench/ first on the path), so a name it imports that is gone
+fails here too. Every benchmark has a command on the page, and every --flag the page names with no script before it
+is some benchmark's flag. Issue 53: the char_lm row's `--warmup-steps 10` without `--log-every 10` failed after its
+first run ("no progress line for step(s) [10]")."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shlex
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from support.driver import driver_says
 from support.processes import REPO
 
 BENCH = REPO / "bench"
@@ -106,10 +112,25 @@ def test_every_benchmark_has_a_command_on_the_page():
     assert sorted({name for _, name, _ in COMMANDS}) == SCRIPTS
 
 
+@functools.lru_cache(maxsize=None)
+def driver_verdict(overrides: tuple[str, ...]) -> str:
+    """What train.py's driver says to these overrides ('' when it takes them); each distinct run once (the page
+    repeats them)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        return driver_says(list(overrides), Path(run_dir))
+
+
 @pytest.mark.parametrize("line,name,argv", COMMANDS, ids=[f"README.md:{line}:{name}" for line, name, _ in COMMANDS])
 def test_every_command_on_the_page_is_taken_by_its_script(bench_script, capsys, line, name, argv):
-    why = refusal(bench_script(name), argv, capsys)
-    assert why is None, f"bench/README.md:{line}: `bench/{name}.py {shlex.join(argv)}` is refused: {why}"
+    """And where the command's own arguments become train.py overrides (strategies.py's variants and --override,
+    time_to_accuracy.py's --override: the script's train_commands), train.py's driver takes each run."""
+    script = bench_script(name)
+    command = f"bench/README.md:{line}: `bench/{name}.py {shlex.join(argv)}`"
+    why = refusal(script, argv, capsys)
+    assert why is None, f"{command} is refused: {why}"
+    for overrides in getattr(script, "train_commands", lambda _: [])(script.parse_args(argv)):
+        verdict = driver_verdict(tuple(overrides))
+        assert not verdict, f"{command}: train.py {shlex.join(overrides)} is refused: {verdict}"
 
 
 def test_every_flag_the_page_names_on_its_own_is_a_benchmarks(bench_script, capsys):
