@@ -98,12 +98,12 @@ def bench_script():
 
 
 def refusal(script, argv: list[str], capsys) -> str | None:
-    """argparse's error line for these arguments, or None when the script takes them."""
+    """'exit CODE: argparse's error line' for these arguments, or None when the script takes them."""
     try:
         script.parse_args(argv)
     except SystemExit as exc:
         lines = capsys.readouterr().err.strip().splitlines()
-        return lines[-1] if lines else f"exit {exc.code}"
+        return f"exit {exc.code}: {lines[-1] if lines else ''}"
     return None
 
 
@@ -161,4 +161,4 @@ REFUSED = {  # a combination each kind of check refuses, and what its error name
 def test_a_combination_that_cannot_run_is_refused_with_one_line_naming_it(bench_script, capsys, case):
     name, argv, message = REFUSED[case]
     why = refusal(bench_script(name), argv, capsys)
-    assert why is not None and message in why, why
+    assert why is not None and why.startswith("exit 2: ") and message in why, why
