@@ -13,6 +13,7 @@ from pathlib import Path
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
+from benchkit.arguments import progress_window
 from benchkit.progress_lines import steps_per_second
 from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
@@ -20,7 +21,7 @@ from benchkit.timed_process import run_timed
 AUGMENT = "+dataset.augment={_target_: framework.data.augment.RandomCropFlip, padding: 4, flip: true}"
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="rounds of without, with")
     p.add_argument("--warmup-steps", type=int, default=50)
@@ -28,7 +29,9 @@ def parse_args():
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--timeout", type=float, default=300)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    progress_window(p, args.warmup_steps, args.steps, args.log_every)
+    return args
 
 
 def side(args, total: int, workdir: Path, *extra: str):

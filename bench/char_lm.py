@@ -5,9 +5,11 @@ Both sides: the preset's transformer (4 layers, 4 heads, 128 wide, block 128; --
 64, AdamW with weight decay 0.1, gradient clipping at 1.0, a constant lr (train.py: lr_schedule=constant), a
 progress line every --log-every steps. tokens/s = steps/s x batch x block, steps/s from the time between the
 progress line that ends the warm-up and the last one (startup, data and warm-up excluded; train.py's logging
-included). A, B, A, B; medians and the ratio framework / hand-written (target >= 0.98).
+included), so --warmup-steps and --steps are multiples of --log-every. A, B, A, B; medians and the ratio
+framework / hand-written (target >= 0.98).
 
     .venv/bin/python bench/char_lm.py --repeats 3
+    .venv/bin/python bench/char_lm.py --repeats 2 --warmup-steps 10 --steps 30 --log-every 10
 """
 from __future__ import annotations
 
@@ -17,14 +19,18 @@ from pathlib import Path
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
+from benchkit.arguments import names, progress_window
 from benchkit.progress_lines import steps_per_second
 from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
 
 
-def parse_args():
+MODES = ("single", "ddp")
+
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="single,ddp")
+    p.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
@@ -33,7 +39,10 @@ def parse_args():
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=int, default=900)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--modes", args.modes, MODES)
+    progress_window(p, args.warmup_steps, args.steps, args.log_every)
+    return args
 
 
 def main() -> None:

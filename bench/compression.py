@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from benchkit import commands
+from benchkit.arguments import names
 from benchkit.report import print_table, write_results
 from benchkit.run_folder import only_run_folder, read_result, tensorboard_scalars
 from benchkit.timed_process import run_timed
@@ -44,16 +45,20 @@ MODELS = {
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--links", default=",".join(LINKS))
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--links", default=",".join(LINKS), help="comma list of " + ", ".join(LINKS))
+    p.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--start-step", type=int, default=17, help="strategy.powersgd.start_step of the PowerSGD runs")
     p.add_argument("--log-every", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    for flag, value, allowed in (("--links", args.links, LINKS), ("--models", args.models, MODELS),
+                                 ("--variants", args.variants, VARIANTS)):
+        names(p, flag, value, allowed)
+    return args
 
 
 def slow_link_ready() -> str | None:

@@ -67,13 +67,17 @@ def update_us(model_name: str, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("lenet", "mlp"), default="lenet")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     steps_per_second(args.model, 20, True)  # warm-up
     plain, averaged, updates = [], [], []

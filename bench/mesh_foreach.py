@@ -27,13 +27,16 @@ VARIANTS = {"engine": "plain beside DTensors, foreach off (the engine)",
             "all_dtensor": "every parameter a DTensor, foreach on"}
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--results-name", default="mesh_foreach")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup_steps < 0:
+        p.error(f"--steps={args.steps} and --warmup-steps={args.warmup_steps}: the medians need a timed step")
+    return args
 
 
 def _model(variant: str, mesh):

@@ -32,10 +32,14 @@ def whole_run(logger: str, scratch: Path, round_no: list[int]) -> dict:
     return {"seconds": out.wall_seconds}
 
 
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     counter = [0]
     with tempfile.TemporaryDirectory() as tmp:
         samples = alternate({name: (lambda logger=logger: whole_run(logger, Path(tmp), counter))

@@ -30,6 +30,7 @@ from statistics import median
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of
+from benchkit.arguments import names
 from benchkit.report import print_table, write_results
 from benchkit.run_folder import only_run_folder, read_result, tensorboard_scalars
 from benchkit.timed_process import run_timed
@@ -48,7 +49,7 @@ VARIANTS = {
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     p.add_argument("--repeats", type=int, default=2)
@@ -65,7 +66,25 @@ def parse_args():
                         "backward (each pipeline micro-batch): the bubble without stages competing for the CPU")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--results-name", default="model_parallel", help="file name under bench/results/")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--variants", args.variants, VARIANTS)
+    if not 0 <= args.warmup_steps < args.steps:
+        p.error(f"--warmup-steps={args.warmup_steps} must be below --steps={args.steps}: step times and bubbles are "
+                "medians over the steps after the warm-up")
+    if args.sleepy is not None and not _two_numbers(args.sleepy):
+        p.error(f"--sleepy={args.sleepy}: two numbers of milliseconds, FWD_MS,BWD_MS (e.g. 20,40)")
+    planned = [name for name in args.variants.split(",") if "strategy.tp=2" in VARIANTS[name]]
+    if args.sleepy is not None and planned:
+        p.error(f"--sleepy with --variants={args.variants}: {', '.join(planned)} cannot split the sleepy model (it has "
+                "no tensor_parallel_plan); name the pipeline variants, e.g. --variants pp2_GPipe,pp2_1F1B")
+    return args
+
+
+def _two_numbers(text: str) -> bool:
+    try:
+        return len([float(part) for part in text.split(",")]) == 2
+    except ValueError:
+        return False
 
 
 def run_variant(name: str, args, workdir: Path):

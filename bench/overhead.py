@@ -27,18 +27,20 @@ from pathlib import Path
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
+from benchkit.arguments import names, progress_window
 from benchkit.progress_lines import steps_per_second
 from benchkit.report import print_table, write_results
 from benchkit.run_folder import only_run_folder, read_result
 from benchkit.timed_process import run_timed
 
 ONE_PROCESS = ("single", "dp")
+MODES = (*ONE_PROCESS, "ddp", "ddp_dataloader")
 TRAIN_SAMPLES = 60_000  # Fashion-MNIST's training split: the measured window must stay inside epoch 1
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="single,ddp", help="comma list of single, dp, ddp, ddp_dataloader")
+    p.add_argument("--modes", default="single,ddp", help="comma list of " + ", ".join(MODES))
     p.add_argument("--repeats", type=int, default=3, help="rounds of framework, baseline")
     p.add_argument("--warmup-steps", type=int, default=100, help="steps before timing starts (one log interval)")
     p.add_argument("--steps", type=int, default=300, help="timed steps after the warm-up")
@@ -51,9 +53,9 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     p.add_argument("--against", type=Path, default=None,
                    help="another checkout whose train.py runs as a third side (e.g. the code before a change)")
-    args = p.parse_args()
-    if args.warmup_steps % args.log_every or args.steps % args.log_every:
-        p.error("--warmup-steps and --steps must be multiples of --log-every (progress lines mark the window)")
+    args = p.parse_args(argv)
+    names(p, "--modes", args.modes, MODES)
+    progress_window(p, args.warmup_steps, args.steps, args.log_every)
     if args.warmup_steps + args.steps > TRAIN_SAMPLES // args.batch_size:
         p.error("warm-up + steps must fit in one epoch (an epoch end evaluates, which is not training)")
     return args

@@ -39,10 +39,14 @@ def whole_single_run() -> float | None:
         return None
 
 
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     whole = whole_single_run()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

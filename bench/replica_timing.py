@@ -1,10 +1,12 @@
 """What dp's per-replica timing (framework/telemetry/replica_clock.py) costs per training step, on CPU, in this one process.
 
-`plain` is the model as strategy=dp ran it on the CPU before the timing existed; `timed` is what dp runs now: the
-model inside TimedReplica, the outer forward pre-hook that opens a micro-batch, the four marks per step, and the
-clock read and reset every --log-every steps as the meter does. Steps are train.py's with in-memory data (forward,
-cross-entropy, backward, Adam step). Rounds alternate the two; medians, their ratio, and the microseconds the
-timing adds per step. A tiny model (linear) shows the fixed cost per step that a real model's step hides.
+`plain` is the model as strategy=dp ran it on the CPU before the timing existed; `timed` is what dp runs now
+(framework/training/instrument.py): the forward pre-hook that opens a micro-batch, time_replicas' hooks (forward
+start and end, backward start on the output, backward end by a multi-grad hook over the parameters), the four marks
+per step, and the clock read and reset every --log-every steps as the meter does. Steps are train.py's with
+in-memory data (forward, cross-entropy, backward, Adam step). Rounds alternate the two; medians, their ratio, and
+the microseconds the timing adds per step. A tiny model (linear) shows the fixed cost per step that a real model's
+step hides.
 
     .venv/bin/python bench/replica_timing.py --models lenet,linear --repeats 9
 """
@@ -17,23 +19,26 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seconds_for
+from benchkit.arguments import config_options, names
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
 from framework.common.paths import CONF_DIR
-from framework.telemetry.replica_clock import ReplicaClock, TimedReplica
+from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 
 SAMPLE = (1, 28, 28)  # Fashion-MNIST
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="lenet,linear")
+    p.add_argument("--models", default="lenet,linear", help="comma list of conf/model/ options")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=100, help="timed steps per round")
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--log-every", type=int, default=100, help="read and reset the clock every N steps")
     p.add_argument("--repeats", type=int, default=9)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--models", args.models, config_options("model"))
+    return args
 
 
 class TrainingStep:
@@ -42,10 +47,10 @@ class TrainingStep:
         self.model = build_model(OmegaConf.load(CONF_DIR / "model" / f"{model_name}.yaml"), SAMPLE, 10)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.clock = None
-        if timed:  # as DataParallelStrategy.wrap does without GPUs
+        if timed:  # as framework/training/instrument.py's wait_clock() does for dp without GPUs
             self.clock = ReplicaClock([torch.device("cpu")])
-            self.model = TimedReplica(self.model, self.clock, "cpu", None)
             self.model.register_forward_pre_hook(lambda *_: self.clock.begin_micro_batch())
+            time_replicas(self.model, self.clock, replicated=False)
         self.x = torch.randn(batch_size, *SAMPLE)
         self.labels = torch.randint(0, 10, (batch_size,))
         self.log_every, self.done = log_every, 0

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from benchkit.alternation import alternate_steps_per_sec, median_of, ratio, seconds_for
+from benchkit.arguments import config_options, names
 from benchkit.report import print_table, write_results
 from framework.models.build import build_model
 from framework.common.paths import CONF_DIR
@@ -31,15 +32,18 @@ VARIANTS = {
 }
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="lenet,simple_cnn")
+    p.add_argument("--models", default="lenet,simple_cnn", help="comma list of conf/model/ options")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=50, help="timed steps per round")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--repeats", type=int, default=5)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--models", args.models, config_options("model"))
+    names(p, "--variants", args.variants, VARIANTS)
+    return args
 
 
 class TrainingStep:

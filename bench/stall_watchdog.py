@@ -45,11 +45,15 @@ def steps_per_second(steps: int, heartbeat: Heartbeat | None) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def main() -> None:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=7)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     steps_per_second(20, None)  # warm-up
     plain, watched = [], []
     with tempfile.TemporaryDirectory() as run_dir:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of
+from benchkit.arguments import names
 from benchkit.progress_lines import step_times, training_start_time
 from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
@@ -25,13 +26,15 @@ from benchkit.timed_process import run_timed
 TARGETS = {"single": 3.0, "ddp": 6.0}
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", default="single,ddp", help="comma list of single, ddp")
+    p.add_argument("--modes", default="single,ddp", help="comma list of " + ", ".join(TARGETS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ddp-workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=120, help="seconds per run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--modes", args.modes, TARGETS)
+    return args
 
 
 def commands_for(mode: str, workers: int) -> dict[str, list[str]]:

@@ -28,12 +28,13 @@ from statistics import median
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
+from benchkit.arguments import config_options
 from benchkit.report import print_table, write_results
 from benchkit.run_folder import only_run_folder, read_result, steady_throughput, tensorboard_scalars
 from benchkit.timed_process import run_timed
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="single@1,single,dp,ddp",
                    help="comma list; the first is the reference. NAME@T runs NAME with OMP_NUM_THREADS=T: "
@@ -51,12 +52,38 @@ def parse_args():
     p.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
     p.add_argument("--results-name", help="file name under bench/results/ (default: strategies[_batch_per_process])")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    for variant in args.strategies.split(","):
+        why = variant_error(variant)
+        if why:
+            p.error(f"--strategies={args.strategies}: {variant!r} {why}")
+    return args
 
 
-def run_strategy(variant: str, args, workdir: Path):
+def variant_error(variant: str) -> str | None:
+    """Why a --strategies entry (NAME[:ZERO_STAGE][@THREADS][+KEY=VALUE...]) cannot run, or None."""
     variant, *own_overrides = variant.split("+")
     strategy, _, threads = variant.partition("@")
+    strategy, _, zero_stage = strategy.partition(":")
+    if strategy not in config_options("strategy"):
+        return f"names no strategy (conf/strategy/: {', '.join(config_options('strategy'))})"
+    if zero_stage and (strategy != "deepspeed" or zero_stage not in ("0", "1", "2", "3")):
+        return "has a ZeRO stage: deepspeed:N with N 0 to 3 only"
+    if threads and not (threads.isdigit() and int(threads) > 0):
+        return "has @THREADS that is not a positive number"
+    if any("=" not in override for override in own_overrides):
+        return "has a +override without KEY=VALUE"
+    return None
+
+
+def train_commands(args) -> list[list[str]]:
+    """The train.py overrides of each --strategies entry, in order (tests/unit/test_bench_readme.py composes them)."""
+    return [train_overrides(variant, args) for variant in args.strategies.split(",")]
+
+
+def train_overrides(variant: str, args) -> list[str]:
+    variant, *own_overrides = variant.split("+")
+    strategy = variant.partition("@")[0]
     strategy, _, zero_stage = strategy.partition(":")  # deepspeed:2 is strategy=deepspeed strategy.zero_stage=2
     multi_process = strategy in ("ddp", "fsdp", "deepspeed", "horovod")
     batch = args.batch_size * args.ddp_workers if args.batch_per_process and multi_process else args.batch_size
@@ -70,6 +97,12 @@ def run_strategy(variant: str, args, workdir: Path):
         overrides.append(f"strategy.nproc_per_node={args.ddp_workers}")
     if strategy == "horovod":  # same workers as ddp, started by horovod's runner
         overrides.append(f"strategy.np={args.ddp_workers}")
+    return overrides
+
+
+def run_strategy(variant: str, args, workdir: Path):
+    overrides = train_overrides(variant, args)
+    threads = variant.split("+")[0].partition("@")[2]
 
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 from benchkit.report import RESULTS
@@ -72,7 +73,12 @@ TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategie
           "provenance": provenance}
 
 
+def parse_args(argv=None):
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+
+
 def main() -> None:
+    parse_args()
     rows, sources = [], []
     for name, to_rows in TABLES.items():
         for path in sorted(RESULTS.glob(f"{name}*.json")):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
+from benchkit.arguments import names
 from benchkit.job_clock import read_clock, slot_usage
 from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
@@ -36,15 +37,18 @@ JOB = ["strategy=single", "dataset=synthetic", "dataset.train_size=8192", "datas
 STUDY = ["hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=8",
          f"hydra.sweeper.n_jobs={SLOTS}", "hydra.sweeper.direction=maximize", "trainer.max_steps=choice(10,40,80,160)"]
 RESUMED = ["trainer.max_steps=60", "trainer.seed=range(1,13)"]
+CASES = ("optuna", "resumed")
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cases", default="optuna,resumed")
+    p.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
     p.add_argument("--against", type=Path, default=None, help="a checkout without the fix, for the resumed case")
     p.add_argument("--timeout", type=float, default=300)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    names(p, "--cases", args.cases, CASES)
+    return args
 
 
 def sweep(command: list[str], sweep_dir: Path, timeout: float) -> dict:

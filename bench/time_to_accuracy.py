@@ -28,7 +28,7 @@ from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=float, default=0.90)
     p.add_argument("--repeats", type=int, default=1, help="rounds of train.py, tutorial")
@@ -36,7 +36,15 @@ def parse_args():
     p.add_argument("--override", action="append", default=[],
                    help="extra train.py override (repeatable), e.g. --override trainer.batch_size=256")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    if not 0 < args.target <= 1:
+        p.error(f"--target={args.target}: a test accuracy, above 0 and at most 1")
+    return args
+
+
+def train_commands(args) -> list[list[str]]:
+    """train.py's overrides (tests/unit/test_bench_readme.py composes them)."""
+    return [["trainer.eval_every_n_epochs=1", *args.override]]
 
 
 def reaches(target: float):
@@ -62,7 +70,7 @@ def measure(command: list[str], cwd_root: Path, args) -> dict:
 
 def main() -> None:
     args = parse_args()
-    framework_cmd = commands.train_py("trainer.eval_every_n_epochs=1", *args.override)
+    framework_cmd = commands.train_py(*train_commands(args)[0])
     tutorial_cmd = commands.baseline("tutorial_fashion_mnist.py", f"--epochs={args.max_epochs}")
     run_timed(commands.baseline("tutorial_fashion_mnist.py", "--prepare-only"), commands.REPO,
               commands.environment(None), 120).check()  # torchvision's folder layout, made once, untimed

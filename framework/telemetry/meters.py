@@ -6,6 +6,12 @@ contributes one row per slot; rows are gathered in rank order, so row r is `rank
 Model parallel peers (tensor, pipeline) train the same samples together: each counts its `share` of them (1 / the
 peers), so the rows add up to the samples trained, each rank's FLOP/s is its own share of the model's, and the loss
 (a mean over the same samples on every peer) is unchanged.
+
+Each process times its own window, from its reset to its rows(), and the ranks do not reach a boundary at the same
+moment (pipeline stages of a 70-100 ms step: 0.3-2 ms apart on an idle machine, either one first; a loaded core
+widens it). Every rate is over the interval's wall time, the longest of those windows: a rank's samples/s is its
+samples over the time the job took for them, so the ranks' rates add up to the job's exactly. Only busy (a rank's
+own work) is out of its own window.
 """
 from __future__ import annotations
 
@@ -140,7 +146,7 @@ class IntervalSummary:
     step_ms: float
     data_ms: float
     per_slot_samples: list[float]
-    per_slot_seconds: list[float]
+    per_slot_seconds: list[float]  # each slot's own window (rates are over `seconds`, the longest)
     # per optimizer step: the rank's own work (data, forward, backward, optimizer) and its waits for the others;
     # the wait is NaN where the strategy cannot measure it (busy is then the whole step)
     per_slot_busy_ms: list[float]
@@ -177,16 +183,17 @@ class IntervalSummary:
     def from_rows(rows: torch.Tensor) -> "IntervalSummary":
         rows = rows.double().cpu()
         samples = rows[:, SAMPLES]
-        seconds = rows[:, SECONDS].clamp_min(1e-12)
+        seconds = rows[:, SECONDS].clamp_min(1e-12)  # each slot's own window
+        interval = seconds.max()  # the interval's wall time: every rate is over it, so the slots add up to the job
         steps = int(rows[0, STEPS])
         wait, comm = rows[:, WAIT_SECONDS], rows[:, COMM_SECONDS]
         busy = (seconds - wait.nan_to_num(0.0) - comm.nan_to_num(0.0)).clamp_min(1e-12)
         return IntervalSummary(
             steps=steps,
             samples=float(samples.sum()),
-            seconds=float(seconds.max()),
+            seconds=float(interval),
             loss=float(rows[:, LOSS_SUM].sum() / samples.sum().clamp_min(1)),
-            per_slot_samples_per_sec=(samples / seconds).tolist(),
+            per_slot_samples_per_sec=(samples / interval).tolist(),
             per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
             per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
             per_slot_max_reserved_gib=rows[:, MAX_RESERVED].tolist(),
@@ -199,7 +206,7 @@ class IntervalSummary:
             per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
             per_slot_forward_ms=(rows[:, FORWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
             per_slot_backward_ms=(rows[:, BACKWARD_SECONDS] * 1000 / max(1, steps)).tolist(),
-            per_slot_tokens_per_sec=(rows[:, TOKENS] / seconds).tolist() if not rows[:, TOKENS].isnan().any() else [],
+            per_slot_tokens_per_sec=(rows[:, TOKENS] / interval).tolist() if not rows[:, TOKENS].isnan().any() else [],
             tokens=float(rows[:, TOKENS].sum()),
             per_slot_comm_ms=(comm * 1000 / max(1, steps)).tolist(),
             per_slot_bytes_sent=(rows[:, BYTES_SENT] / max(1, steps)).tolist(),

@@ -87,7 +87,7 @@ class PerGpu:
         """FLOP/s each device did over the interval's wall time (the standard MFU numerator), in TFLOP/s."""
         if not self.flops_per_sample:
             return []
-        return [self.flops_per_sample * n / sec / 1e12 for n, sec in zip(s.per_slot_samples, s.per_slot_seconds)]
+        return [self.flops_per_sample * rate / 1e12 for rate in s.per_slot_samples_per_sec]
 
     def mfu(self, tflops: list[float]) -> list[float | None]:
         return [rate / slot.peak_tflops if slot.peak_tflops else None for rate, slot in zip(tflops, self.slots)]

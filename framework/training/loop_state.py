@@ -46,7 +46,7 @@ class RunTotals:
             self.slot_max_mem_gib = [0.0] * slots
         for i in range(slots):
             self.slot_samples[i] += s.per_slot_samples[i]
-            self.slot_seconds[i] += s.per_slot_seconds[i]
+            self.slot_seconds[i] += s.seconds  # the job's time, as each interval's rates: the ranks add up to the job
             self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
         self.train_loss = s.loss
         self._add_traffic(s)
