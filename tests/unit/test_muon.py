@@ -150,6 +150,7 @@ def test_deepspeed_is_refused_for_its_flattened_buffers(tmp_path):
                                     "match_rms_adamw, spectral_unclamped"),
     ("optimizer.adamw_betas=[0.9]", "optimizer.adamw_betas=[0.9] is not allowed: expected two numbers in [0, 1)"),
     ("optimizer.momentum=1.0", "optimizer.momentum=1.0 is not allowed: expected a number in [0.0, 1.0)"),
+    ("optimizer._target_=torch.optim.AdamW", "optimizer._target_=torch.optim.AdamW is not allowed with optimizer=muon"),
 ])
 def test_bad_muon_settings_are_one_line(tmp_path, override, says):
     said = driver_says(["dataset=synthetic", "optimizer=muon", override], tmp_path)
