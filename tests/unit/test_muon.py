@@ -164,16 +164,17 @@ def test_the_preset_composes_with_its_schema():
 
 def test_the_char_lm_trains_with_muon(tmp_path, monkeypatch, capsys):
     """train.py's command, in this process (strategy=single trains in the driver's process): finite losses falling
-    over the first steps, and the two parts' lrs logged by their group names."""
+    at every log over the first steps (4.0 to 3.0 when measured), and the two parts' lrs logged by their group
+    names."""
     code, out, err = command_in_process("main", [
         "train.py", "experiment=char_lm", "optimizer=muon", "optimizer.lr=0.01", "strategy=single",
-        "model.n_layer=2", "model.n_embd=32", "dataset.block_size=32", "dataset.test_share=0.02",
-        "trainer.max_steps=24", "trainer.epochs=1", "trainer.log_every_n_steps=4", "trainer.progress_bar=false",
+        "model.n_layer=1", "model.n_embd=32", "dataset.block_size=32", "dataset.max_test_samples=64",
+        "trainer.max_steps=16", "trainer.epochs=1", "trainer.log_every_n_steps=4", "trainer.progress_bar=false",
         "trainer.batch_size=16", "trainer.keep_checkpoints=0", "lr_schedule=constant",
         f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, monkeypatch, capsys)
     assert code == 0, out + err
     scalars = read_scalars(tmp_path / "run")
     losses = [v for _, v in scalars["loss/train"]]
-    assert len(losses) == 6 and all(math.isfinite(v) for v in losses), losses
-    assert losses[-1] < losses[0] - 0.5, losses  # from about ln(vocabulary) towards the text's statistics
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses), losses
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.3, losses  # from about ln(vocabulary) towards the text's statistics
     assert {"lr/default", "lr/default_adamw"} <= set(scalars)
