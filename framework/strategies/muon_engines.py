@@ -12,7 +12,6 @@ from framework.strategies.base import Strategy
 from framework.strategies.ddp import DDPStrategy
 from framework.strategies.deepspeed import DeepSpeedStrategy
 from framework.strategies.dp import DataParallelStrategy
-from framework.strategies.model_parallel.strategy import MeshStrategy
 from framework.strategies.single import SingleStrategy
 
 PROVEN = (SingleStrategy, DataParallelStrategy, DDPStrategy)
@@ -29,7 +28,9 @@ def muon_refusal(optimizer, strategy: Strategy) -> None:
 def _why(strategy: Strategy) -> str:
     if isinstance(strategy, DeepSpeedStrategy):
         return "DeepSpeed hands its optimizer flattened parameter buffers, not the 2-D matrices torch.optim.Muon takes"
-    shards = not isinstance(strategy, MeshStrategy) or strategy.shape.tp > 1 or strategy.shape.dp_shard > 1
+    # the mesh engine's degrees (not imported here: the mesh costs every driver seconds of imports)
+    shape = getattr(strategy, "shape", None)
+    shards = shape is None or shape.tp > 1 or shape.dp_shard > 1
     if strategy.checkpoint_format.sharded and shards:
         return ("each rank steps its shards of the matrices (DTensors), and Muon's Newton-Schulz of a shard is not "
                 "the whole matrix's, so the run would not be the one-process run")
