@@ -20,6 +20,7 @@ from framework.data.loaders import BatchPipeline, prepare, split_tensors
 from framework.common.errors import ConfigError
 from framework.data.streams import is_stream, shards_itself
 from framework.strategies.base import Strategy
+from framework.strategies.muon_engines import muon_refusal
 from framework.telemetry.flops import silenced
 from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
@@ -40,6 +41,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     strategy.check_model(task.model)
     _blocks(s, strategy, task.model)
     _objective(s, task.metrics)
+    muon_refusal(s.optimizer, strategy)
     _optimizer_and_schedule(s, task)
     _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
     _stream_schedule(s, task.data.train)

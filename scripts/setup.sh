@@ -4,7 +4,8 @@
 #   1. a virtual environment in .venv (override with HYDRA_DIST_VENV)
 #   2. the project and its pinned dependency ranges (pyproject.toml), installed editable; `gpu-tests` and `all` add
 #      the test and mlflow extras (pytest, the Hydra launcher and sweeper plugins; MLflow for logger=mlflow), `all`
-#      the hf extra too (transformers, datasets and timm for the models and data users bring)
+#      the hf and wandb extras too (transformers, datasets and timm for the models and data users bring; Weights &
+#      Biases for logger=wandb)
 #   3. `all` only: optional engines that need more than pip (scripts/setup.d/*.sh: Horovod, DeepSpeed)
 #   4. not for `gpu-tests` (they train on dataset=synthetic): Fashion-MNIST and a public-domain text offline, Debian's
 #      dataset-fashion-mnist and dict-devil when apt can install them; otherwise the first run downloads
@@ -19,7 +20,7 @@ mode=${1:-all}
 case "$mode" in
     core) extras="" packages=core ;;
     gpu-tests) extras="[test,mlflow]" packages=gpu-tests ;;
-    all) extras="[test,mlflow,hf]" packages=all ;;
+    all) extras="[test,mlflow,hf,wandb]" packages=all ;;
     *) echo "setup: mode '$mode' is not allowed: expected core, gpu-tests or all" >&2; exit 2 ;;
 esac
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from framework.config.choices import LrScaling, Schedule
-from framework.config.rules import Checked, SettingError, above, at_least_number, between, rule
+from framework.config.rules import Checked, SettingError, above, at_least, at_least_number, between, one_of, rule
 
 
 @dataclass
@@ -58,6 +58,35 @@ class AdamConfig(OptimizerConfig):
 class AdamWConfig(AdamConfig):
     _target_: str = "torch.optim.AdamW"
     weight_decay: float = rule(0.01, at_least_number(0))
+
+
+MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw", "spectral_unclamped")
+MUON_TARGET = "framework.training.muon.MuonWithAdamW"
+
+
+@dataclass
+class MuonConfig(OptimizerConfig):
+    """optimizer=muon: torch.optim.Muon on the hidden 2-D matrices, AdamW on embeddings, the output layer, norms,
+    biases and conv kernels (framework/training/muon.py; the rule: framework/training/param_groups.py). lr and
+    weight_decay are both's; match_rms_adamw scales Muon's update to AdamW's size, so one lr serves both."""
+
+    _target_: str = MUON_TARGET
+    lr: float = rule(0.001, above(0))
+    weight_decay: float = rule(0.1, at_least_number(0))
+    momentum: float = rule(0.95, between(0.0, 1.0, high_open=True))
+    nesterov: bool = True
+    ns_steps: int = rule(5, at_least(1))
+    adjust_lr_fn: str = rule("match_rms_adamw", one_of(*MUON_LR_ADJUSTMENTS))
+    adamw_betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = rule(1e-8, above(0))
+
+    def check(self) -> None:
+        if self._target_ != MUON_TARGET:  # its groups say use_muon, which another optimizer would ignore
+            raise SettingError("_target_", self._target_, message=(
+                f"{{key}}._target_={self._target_} is not allowed with optimizer=muon: its param groups are made for "
+                f"{MUON_TARGET}; choose that optimizer's own preset instead (optimizer=adamw, ...)"))
+        if len(self.adamw_betas) != 2 or not all(0 <= b < 1 for b in self.adamw_betas):
+            raise SettingError("adamw_betas", self.adamw_betas, "two numbers in [0, 1), e.g. [0.9, 0.95]")
 
 
 @dataclass

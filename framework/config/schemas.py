@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from framework.config import strategy_options as so
 from framework.config.dataset import DatasetConfig
-from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig, SGDConfig
+from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig, MuonConfig, SGDConfig
 from framework.config.sample import SampleConfig
 from framework.config.trainer import TrainerConfig
 from framework.config.verify import VerifyConfig
@@ -36,6 +36,7 @@ _CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": 
 _OPEN = {
     "dataset": DatasetConfig,
     "optimizer/sgd": SGDConfig, "optimizer/adam": AdamConfig, "optimizer/adamw": AdamWConfig,
+    "optimizer/muon": MuonConfig,
     # the built-in strategies' open copies, and elastic's (ElasticOptions: the launch options ddp, fsdp and deepspeed
     # share), for a user's strategy whose Options subclass ElasticOptions
     **{f"{OPEN}/strategy/{name}": schema for name, schema in {**STRATEGIES, "elastic": so.ElasticOptions}.items()},

@@ -15,7 +15,11 @@ before any wrapper: no `module.`, `_orig_mod.` or engine prefix): the plan is ma
 engine's parameters are named back by identity, or, where the engine replaced them in place (fully_shard's sharded
 parameters), by position and shape, or by the names the engine gives (a pipeline stage's parameters under the whole
 model's names). A pattern that matches no parameter, and a group left with none, are refused
-in the driver before any worker starts."""
+in the driver before any worker starts.
+
+optimizer=muon (framework/training/muon.py) adds its rule: each group is split into the part torch.optim.Muon steps
+(`use_muon`: the hidden 2-D matrices, muon_rule below), named as the group, and the part AdamW steps, named
+`<group>_adamw`; a group that sets use_muon itself (true or false) is taken whole by the one it names."""
 from __future__ import annotations
 
 import fnmatch
@@ -27,10 +31,13 @@ import torch
 from torch import nn
 
 from framework.common.errors import ConfigError
+from framework.config.optimizer import MuonConfig
 
 KEY = "optimizer.param_groups"
 DEFAULT = "default"
 OWN_KEYS = ("name", "params", "ndim_below", "lr_scale")  # ours; every other key is the optimizer's
+MUON = "use_muon"  # optimizer=muon: which of torch.optim.Muon and AdamW steps a group
+ADAMW_SUFFIX = "_adamw"
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ class ParamGroups:
     """The plan: each of the plain model's parameters' group, by name (made once, on the model before any wrapper
     or speed-up; framework/assemble.py)."""
 
-    def __init__(self, groups, model: nn.Module):
+    def __init__(self, groups, model: nn.Module, muon: bool = False):
         self.specs = [_spec(i, node) for i, node in enumerate(groups or [])]
         names = [spec.name for spec in self.specs]
         for spec in self.specs:
@@ -93,12 +100,36 @@ class ParamGroups:
         self._by_id = {id(p): (weakref.ref(p), i) for i, (_, p) in enumerate(named)}
         self.group_of = [self._first_match(n, len(s)) for n, s in zip(self.names, self.shapes)]
         self._check_every_pattern_matches(type(model).__name__)
+        self.muon_of = self._muon_plan(muon_rule(model)) if muon else None
 
     @classmethod
     def of(cls, options, model: nn.Module) -> ParamGroups | None:
-        """The plan for optimizer options (OptimizerConfig) on this model; None without param_groups."""
+        """The plan for optimizer options (OptimizerConfig) on this model; None without param_groups (and without
+        optimizer=muon, whose rule always splits)."""
         groups = getattr(options, "param_groups", None)
-        return cls(groups, model) if groups else None
+        muon = isinstance(options, MuonConfig)
+        return cls(groups, model, muon) if groups or muon else None
+
+    def _muon_plan(self, hidden: list[bool]) -> list[bool]:
+        """Each parameter's use_muon: its group's where the group sets it, else the rule's."""
+        adamw_parts = {DEFAULT + ADAMW_SUFFIX} | {s.name + ADAMW_SUFFIX for s in self.specs if MUON not in s.settings}
+        for spec in self.specs:
+            if spec.name in adamw_parts:
+                raise ConfigError(f"{KEY}.{spec.index}.name={spec.name!r} is not allowed with optimizer=muon: it is "
+                                  "the name of another group's AdamW part")
+            given = spec.settings.get(MUON)
+            if MUON in spec.settings and not isinstance(given, bool):
+                raise ConfigError(f"{KEY}.{spec.index}.{MUON}={given!r} is not allowed: expected true "
+                                  "(torch.optim.Muon) or false (AdamW)")
+        plan = []
+        for name, shape, group, rule in zip(self.names, self.shapes, self.group_of, hidden):
+            spec = self.specs[group] if group is not None else None
+            use = spec.settings[MUON] if spec is not None and MUON in spec.settings else rule
+            if use and len(shape) != 2:
+                raise ConfigError(f"{KEY}.{spec.index}.{MUON}=true is not allowed for {name} (shape {list(shape)}): "
+                                  "torch.optim.Muon steps 2-D matrices only; narrow the group's params")
+            plan.append(use)
+        return plan
 
     def _first_match(self, name: str, ndim: int) -> int | None:
         return next((spec.index for spec in self.specs if spec.takes(name, ndim)), None)
@@ -146,11 +177,16 @@ class ParamGroups:
         index = {n: i for i, n in enumerate(self.names)}
         members: dict[int | None, list] = {None: [], **{spec.index: [] for spec in self.specs}}
         named = self.names_of(params) if names is None else self.given_names(names, params)
+        muon: dict[int, bool] = {}
         for name, p in zip(named, params):
             members[self.group_of[index[name]]].append(p)
+            if self.muon_of is not None:
+                muon[id(p)] = self.muon_of[index[name]]
         groups = [{"params": members[None], "name": DEFAULT, "lr_scale": 1.0}]
         groups += [{"params": members[spec.index], **spec.settings, "name": spec.name, "lr_scale": spec.lr_scale,
                     "lr": lr * spec.lr_scale} for spec in self.specs]
+        if self.muon_of is not None:
+            groups = [part for group in groups for part in _muon_parts(group, muon)]
         return [g for g in groups if g["params"]]
 
     def check_settings(self, optimizer: torch.optim.Optimizer, target: str) -> None:
@@ -166,6 +202,26 @@ class ParamGroups:
                 if not _same_kind(value, known[key]):
                     raise ConfigError(f"{KEY}.{spec.index}.{key}={value!r} is not allowed: {target}'s {key} is "
                                       f"{known[key]!r} by default; give a value of that kind")
+
+
+def muon_rule(model: nn.Module) -> list[bool]:
+    """optimizer=muon's rule, per model.named_parameters(): the hidden 2-D matrices, i.e. every 2-D parameter but an
+    embedding's (nn.Embedding, and so a head tied to one) and the output layer's (the last nn.Linear the model
+    registers). Embeddings, that head, norms, biases and conv kernels (not 2-D) go to AdamW."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    head = {id(p) for p in linears[-1].parameters()} if linears else set()
+    return [p.ndim == 2 and id(p) not in embeddings and id(p) not in head for _, p in model.named_parameters()]
+
+
+def _muon_parts(group: dict, muon: dict[int, bool]) -> list[dict]:
+    """A group as Muon's part (its name) and AdamW's (`<name>_adamw`); one that sets use_muon stays whole."""
+    if MUON in group:
+        return [group]
+    steps_muon = [p for p in group["params"] if muon[id(p)]]
+    rest = [p for p in group["params"] if not muon[id(p)]]
+    return [{**group, "params": steps_muon, MUON: True},
+            {**group, "params": rest, MUON: False, "name": group["name"] + ADAMW_SUFFIX}]
 
 
 def _same_kind(value, default) -> bool:

@@ -1,8 +1,11 @@
-"""The logger group in this process: logger=mlflow without the extra is one line. The loggers' real stores:
-tests/runs/test_loggers.py."""
+"""The logger group in this process: logger=mlflow and logger=wandb without their extras are one line each; the
+logger list composes; W&B's run id and sweep group kept in the folders; a bad W&B mode refused by the driver. The
+loggers' real stores and files: tests/runs/test_loggers.py."""
 import pytest
+from omegaconf import OmegaConf
 
 from framework.common.errors import ConfigError
+from support.driver import composed, driver_says
 
 
 def test_without_the_extra_logger_mlflow_is_one_line(monkeypatch):
@@ -13,3 +16,47 @@ def test_without_the_extra_logger_mlflow_is_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^logger=mlflow needs MLflow, an optional extra: "
                                           r"pip install 'hydra-dist\[mlflow\]'$"):
         mlflow_log.MLflowLog()
+
+
+def test_without_the_extra_logger_wandb_is_one_line(monkeypatch):
+    from framework.callbacks import wandb_log
+    from framework.results import wandb_tracking
+
+    monkeypatch.setattr(wandb_tracking.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"^logger=wandb needs Weights & Biases, an optional extra: "
+                                          r"pip install 'hydra-dist\[wandb\]'$"):
+        wandb_log.WandbLog()
+
+
+def test_a_list_of_loggers_composes_every_one_and_its_sweep_callback():
+    cfg = composed("logger=[tensorboard,wandb,csv]", hydra=True)
+    assert {"tensorboard", "wandb", "csv"} <= set(cfg.callbacks)
+    assert cfg.callbacks.wandb._target_ == "framework.callbacks.wandb_log.WandbLog"
+    callbacks = list(cfg.hydra.callbacks)
+    # the sweep's group is named after the callback that claims the sweep folder
+    assert callbacks.index("wandb_sweep") > callbacks.index("run_folder")
+
+
+def test_the_wandb_run_id_is_kept_in_the_run_folder_and_a_sweeps_group_in_its_folder(tmp_path):
+    from framework.results.wandb_sweep import WandbSweep
+    from framework.results.wandb_tracking import run_id, sweep_group
+
+    job = tmp_path / "sweep" / "0_lr=0.1"
+    job.mkdir(parents=True)
+    first = run_id(job)
+    assert run_id(job) == first and (job / "wandb_run_id").read_text() == first and len(first) == 8
+    assert run_id(tmp_path) != first  # another run folder, another W&B run
+    assert sweep_group(job) is None
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    WandbSweep().on_multirun_start(config)
+    assert sweep_group(job) == "sweep"  # the sweep folder's name
+    (tmp_path / "sweep" / "wandb_group").write_text("kept")  # the same sweep again keeps its group
+    WandbSweep().on_multirun_start(config)
+    assert sweep_group(job) == "kept"
+
+
+def test_a_bad_wandb_mode_is_refused_by_the_driver(tmp_path):
+    pytest.importorskip("wandb", reason="the wandb extra (make test installs it)")
+    assert driver_says(["dataset=synthetic", "logger=wandb", "callbacks.wandb.mode=cloud"], tmp_path) == (
+        "callbacks.wandb.mode='cloud' is not allowed: expected null (W&B's own: WANDB_MODE, else online), online, "
+        "offline or disabled")
