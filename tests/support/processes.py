@@ -29,6 +29,21 @@ TINY = [
 # Each test's processes carry this variable with the test's own id (tests/conftest.py), so that whatever a test
 # started and left (a timeout, a failure half-way) is found and ended with it.
 TEST_ID = "HYDRA_DIST_TEST_ID"
+OUTPUT_TAIL = 20_000  # of a command killed past its time, what its failure shows
+PORT_TRIES = 100
+
+# What a launcher leaves a process that it started as one rank of several (framework/session/environment.py reads
+# them): a run that inherits them from the test process takes itself for a rank of a job that does not exist.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+
+
+def launch_variables(environ) -> dict[str, str]:
+    """What of `environ` says where a process runs among ranks: the rank variables, the rendezvous address, and
+    SLURM's and submitit's variables (slurm.py maps them to ranks)."""
+    return {name: value for name, value in environ.items()
+            if name in (*RANK_VARIABLES, "MASTER_ADDR", "MASTER_PORT") or name.startswith(("SLURM_", "SUBMITIT_"))}
+
 
 # The accelerator of the test that runs now: gpu for a test marked gpu, cpu for every other (tests/conftest.py).
 accelerator = ["cpu"]
@@ -110,10 +125,13 @@ def run_in_own_session(cmd: list[str], cwd: Path, env: dict, timeout: float) -> 
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except BaseException:
+    except BaseException as stopped:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        out, err = proc.communicate()
+        stopped.add_note(f"so its process group was killed: {' '.join(map(str, cmd))[:300]}\nits output until then "
+                         f"(the last {OUTPUT_TAIL} characters):\nstdout:\n{out[-OUTPUT_TAIL:]}\n"
+                         f"stderr:\n{err[-OUTPUT_TAIL:]}")
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
