@@ -1,5 +1,6 @@
 """The session's run cache (support/run_cache.py) in this process, with starts that stand for a run's command: a run
-stopped by its timeout is recorded once, and every later reader fails at once with what stopped it."""
+stopped by its timeout is recorded once, and every later reader fails at once with what stopped it; a run never
+inherits a rank's variables from the test process."""
 from subprocess import CompletedProcess, TimeoutExpired
 
 import pytest
@@ -44,3 +45,10 @@ def test_a_finished_shared_run_is_read_by_every_later_caller(tmp_path):
 
     readers = [cache._once("finishes", start) for _ in range(3)]
     assert len(started) == 1 and {(r.cwd, r.returncode, r.stdout) for r in readers} == {(started[0], 0, "done\n")}
+
+
+def test_a_shared_run_does_not_inherit_a_rank_s_variables_from_the_test_process(tmp_path, monkeypatch):
+    """The cache's key holds the test's own env= only: a LOCAL_RANK one test leaked would decide every later run."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(pytest.fail.Exception, match=r"would inherit \{'LOCAL_RANK': '1'\} from the test process"):
+        RunCache(tmp_path).train(["strategy=single"], timeout=1)  # without the refusal: a run, stopped at once
