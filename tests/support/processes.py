@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from framework.session.slurm import _PORTS
 from support.run_files import walk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,12 +263,32 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
 
 
 def free_port() -> int:
-    """A TCP port free on this machine now (for a rendezvous a test names itself)."""
-    import socket
+    """A TCP port free on this machine now, for a rendezvous a test names itself: below the kernel's ephemeral range,
+    where no process's outgoing connection can be given it between this check and the run's bind (a port from
+    bind(0) is in that range), in the range framework/session/slurm.py picks SLURM tasks' ports from. A port
+    that is taken (some server binds it) is skipped for another."""
+    first, last = _PORTS[0], min(_PORTS[1], ephemeral_ports()[0] - 1)
+    if last < first:
+        raise RuntimeError(f"the kernel's ephemeral ports start at {last + 1}, below {first}: no port is safe to name")
+    tries = random.SystemRandom()  # not seeded: two xdist workers pick apart
+    for _ in range(PORT_TRIES):
+        port = tries.randint(first, last)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in {PORT_TRIES} tries between {first} and {last}")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the ports of outgoing connections and bind(0) (Linux's default where /proc lacks it)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except OSError:
+        return 32768, 60999
+    return int(low), int(high)
 
 
 def slurm_task(rank: int, tasks: int, job_id: str) -> dict:
