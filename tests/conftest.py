@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import uuid
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ pytest_plugins = ["pytester", "support.suite_report"]  # tests/unit/test_cuda_pa
 
 TESTS = Path(__file__).resolve().parent
 # Seconds a test may take before it fails and everything it started is killed: one hang must not eat the CI's time.
-# A process test's budget covers building the shared runs it is the first to read (support/run_cache.py).
+# A process test's budget covers building the shared runs it is the first to read; a shared run stopped by it is
+# recorded, and its later readers fail at once instead of starting it again (support/run_cache.py).
 TIMEOUTS = {"unit": 120, "dist": 300, "runs": 900, "engines": 900}
 PROCESS_TIERS = ("dist", "runs", "engines")
 # Heaviest files first (wall-seconds of a full run, tests/support/file_weights.json): the two xdist workers
@@ -56,6 +58,9 @@ def pytest_configure(config):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT})
+    # multiprocessing's resource tracker, started now, before any test's or module's id: started by the first spawn
+    # of a test it would carry that id, and be killed with that test while it serves every later one's processes
+    resource_tracker.ensure_running()
 
 
 def tier_of(item) -> str:
@@ -102,8 +107,21 @@ def _test_accelerator(request):
         torch.cuda.set_device(device)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _end_what_the_module_started():
+    """Processes a module-scoped fixture starts (a shared run's build, a gloo world) carry the module's id; whatever
+    of them still runs when the module ends is killed then. The tests' own ids take its place while each runs."""
+    module_id = uuid.uuid4().hex
+    os.environ[TEST_ID] = module_id
+    try:
+        yield module_id
+    finally:
+        os.environ.pop(TEST_ID, None)
+        kill_tagged(module_id, TEST_ID)
+
+
 @pytest.fixture(autouse=True)
-def _end_what_the_test_started():
+def _end_what_the_test_started(_end_what_the_module_started):
     """Every process a test starts inherits its id (TEST_ID); whatever is still running when the test ends (it
     failed half-way, it timed out, it forgot one) is killed then, so that it cannot hold a port, a GPU or a core in
     a later test."""
@@ -112,7 +130,7 @@ def _end_what_the_test_started():
     try:
         yield
     finally:
-        del os.environ[TEST_ID]
+        os.environ[TEST_ID] = _end_what_the_module_started
         kill_tagged(test_id, TEST_ID)
 
 
@@ -140,23 +158,24 @@ def runs(tmp_path_factory) -> RunCache:
     return RunCache(cache_root(tmp_path_factory.getbasetemp()))
 
 
-def _gloo_world(size: int) -> GlooWorld:
-    """A world of `size` ranks for a module's distributed units (support/gloo_world.py), started now; its ranks do
-    not carry the current test's id, since the world outlives the test that first asks for it."""
-    world = GlooWorld(size, leave_out_env=(TEST_ID,))
+def _gloo_world(size: int, module_id: str) -> GlooWorld:
+    """A world of `size` ranks for a module's distributed units (support/gloo_world.py), started now; its ranks
+    carry the module's id, not the current test's, since the world outlives the test that first asks for it (and a
+    test that restarts it)."""
+    world = GlooWorld(size, env={TEST_ID: module_id})
     world.start()
     return world
 
 
 @pytest.fixture(scope="module")
-def world2():
+def world2(_end_what_the_module_started):
     """Two gloo ranks for this module's distributed units."""
-    with _gloo_world(2) as world:
+    with _gloo_world(2, _end_what_the_module_started) as world:
         yield world
 
 
 @pytest.fixture(scope="module")
-def world4():
+def world4(_end_what_the_module_started):
     """Four gloo ranks for this module's distributed units."""
-    with _gloo_world(4) as world:
+    with _gloo_world(4, _end_what_the_module_started) as world:
         yield world

@@ -1,8 +1,12 @@
-"""The harness's helpers in this process: the port a test names for a rendezvous. The run cache:
-test_run_cache.py."""
+"""The harness's helpers in this process: the port a test names for a rendezvous, and the id that module-scoped
+fixtures' processes carry (tests/conftest.py). The gloo world: tests/dist/test_gloo_world.py; the run cache:
+test_run_cache.py; the unit tier's guards: tests/runs/test_harness_guards.py."""
+import os
 import socket
 
-from support.processes import ephemeral_ports, free_port
+import pytest
+
+from support.processes import TEST_ID, ephemeral_ports, free_port
 
 
 def test_a_port_named_for_a_rendezvous_is_free_and_below_the_ephemeral_range():
@@ -12,3 +16,16 @@ def test_a_port_named_for_a_rendezvous_is_free_and_below_the_ephemeral_range():
         assert 1024 <= port < low
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+@pytest.fixture(scope="module")
+def _id_while_a_module_fixture_starts():
+    """What a process a module-scoped fixture starts here (a shared run's build) would inherit."""
+    return os.environ.get(TEST_ID)
+
+
+def test_processes_of_a_module_fixture_carry_an_id_of_their_own(_id_while_a_module_fixture_starts):
+    """The module's id, not the first test's: the fixture's processes may serve every test of the module, and what
+    still runs when the module ends is killed then (tests/runs/test_harness_guards.py)."""
+    assert _id_while_a_module_fixture_starts is not None
+    assert os.environ[TEST_ID] != _id_while_a_module_fixture_starts  # the test's own, while it runs
