@@ -1,13 +1,15 @@
 """The suite's tiers, fixtures and rules (docs/testing.md says which tier a new test goes in):
 
-- tests/unit/: in-process checks; nothing here starts a process (collection fails a test that does).
+- tests/unit/: in-process checks; nothing here starts a process: collection fails a test whose code names a process
+  starter (support/tiers.py), and a test that starts one anyway, through any code, fails when it ends unless
+  tiers.py's allowlist names it (support/launches.py notes every start).
 - tests/dist/: distributed units on a persistent gloo world of 2 or 4 ranks per module (support/gloo_world.py).
 - tests/runs/ and tests/engines/: real processes, where the subject is a process (launch, signals, ranks' files,
   resume) or an engine's run; a run that several tests read is made once per session (support/run_cache.py).
 
 Helpers live in tests/support/: processes.py (start, hold and stop runs), run_files.py (read what they left),
-driver.py (the driver's checks in this process), run_cache.py, gloo_world.py, suite_report.py (the plugin that prints
-where the suite's time went), user_code/ and faults/ (what runs import from the tests)."""
+driver.py (the driver's checks in this process), run_cache.py, gloo_world.py, tiers.py, launches.py, suite_report.py
+(the plugin that prints where the suite's time went), user_code/ and faults/ (what runs import from the tests)."""
 from __future__ import annotations
 
 import json
@@ -25,10 +27,11 @@ pytest.register_assert_rewrite("support")  # the helpers' assertions explain the
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
 from framework.session.environment import ranks
-from support import processes
+from support import launches, processes
 from support.gloo_world import GlooWorld
-from support.processes import TEST_ID, USER_CODE, kill_tagged
+from support.processes import TEST_ID, USER_CODE, kill_tagged, launch_variables
 from support.run_cache import RunCache, cache_root
+from support.tiers import not_allowed
 
 sys.path.insert(0, str(USER_CODE))  # the probes and models runs import by _target_, importable here as in a run
 # inductor compiles in the process that compiles, not in a pool of worker processes it starts (each imports torch:
@@ -46,6 +49,7 @@ PROCESS_TIERS = ("dist", "runs", "engines")
 # Heaviest files first (wall-seconds of a full run, tests/support/file_weights.json): the two xdist workers
 # then end together instead of one waiting for the other's last long file.
 WEIGHTS = TESTS / "support" / "file_weights.json"
+_FIRST_LAUNCH = pytest.StashKey[int]()
 
 
 def pytest_configure(config):
@@ -58,6 +62,7 @@ def pytest_configure(config):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT})
+    launches.install()
     # multiprocessing's resource tracker, started now, before any test's or module's id: started by the first spawn
     # of a test it would carry that id, and be killed with that test while it serves every later one's processes
     resource_tracker.ensure_running()
@@ -107,6 +112,26 @@ def _test_accelerator(request):
         torch.cuda.set_device(device)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_FIRST_LAUNCH] = len(launches.started)  # before any fixture of the test, module-scoped ones too
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A unit test that started a process not on the allowlist (support/tiers.py) fails when it ends, whatever started
+    it: the test, a fixture, the framework or a library, in its setup, body or teardown."""
+    report = (yield).get_result()
+    if call.when != "teardown" or tier_of(item) != "unit" or _FIRST_LAUNCH not in item.stash:
+        return
+    unlisted = not_allowed(launches.started[item.stash[_FIRST_LAUNCH]:])
+    if unlisted and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = ("this test in tests/unit/ started processes that support/tiers.py does not allow there (a "
+                           "test that starts processes belongs in tests/runs/, tests/engines/ or tests/dist/):\n  "
+                           + "\n  ".join(unlisted))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _end_what_the_module_started():
     """Processes a module-scoped fixture starts (a shared run's build, a gloo world) carry the module's id; whatever
@@ -132,6 +157,24 @@ def _end_what_the_test_started(_end_what_the_module_started):
     finally:
         os.environ[TEST_ID] = _end_what_the_module_started
         kill_tagged(test_id, TEST_ID)
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_variable_left():
+    """A test that leaves a rank's variable (LOCAL_RANK, RANK, MASTER_PORT, SLURM's) in this process's environment
+    fails, and the variable is put back: every later test of this xdist worker, and every run they start, would
+    inherit it (a monkeypatch.delenv of an unset variable records no undo: setenv(name, "") first)."""
+    before = launch_variables(os.environ)
+    yield
+    after = launch_variables(os.environ)
+    if after == before:
+        return
+    for name in after.keys() - before.keys():
+        del os.environ[name]
+    os.environ.update(before)
+    changed = [f"{name} from {before.get(name)!r} to {after.get(name)!r}"
+               for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
+    pytest.fail(f"the test changed this process's {', '.join(changed)} and left it so (put back now)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
