@@ -94,7 +94,8 @@ def test_a_strategy_for_other_workers_is_refused_under_horovodrun(tmp_path, args
 
 
 def test_the_local_rank_argument_is_taken_out_in_every_spelling(monkeypatch):
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "")  # put back as it was (absent or not) when the test ends: the call sets it
+    monkeypatch.delenv("LOCAL_RANK")
     assert take_local_rank_argument(["--local-rank=1", "strategy=ddp"]) == ["strategy=ddp"]
     assert os.environ["LOCAL_RANK"] == "1"
     assert take_local_rank_argument(["a=1", "--local_rank", "0", "b=2"]) == ["a=1", "b=2"]
