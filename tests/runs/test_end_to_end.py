@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from support.processes import REPO, TINY, TRAIN, check_ok, run_in_own_session
 from support.run_files import read_scalars, run_dirs
@@ -104,5 +105,8 @@ def test_readmes_first_command_chooses_for_this_machine_and_trains(tmp_path):
                      rf"{device}, global batch 128 = .*, 16 steps$", out, re.M), out
     assert re.search(r"^done: test accuracy 0\.\d{4} \| .* run folder .*_auto_lenet$", out, re.M), out
     [run_dir] = run_dirs(tmp_path)
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == words[2:], "README's, nothing added"
+    assert yaml.safe_load((run_dir / "resolved_config.yaml").read_text())["trainer"]["accelerator"] == "auto"
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["strategy"], result["processes"], result["steps"]) == (chosen, processes, 16)
+    assert (result["strategy"], result["processes"], result["steps"], result["device"]) == (chosen, processes, 16,
+                                                                                             device)
