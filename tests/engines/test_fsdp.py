@@ -3,7 +3,8 @@ state per rank, checkpoints through torch.distributed.checkpoint (one shard per 
 resumes its own checkpoints on another world size, resumes a ddp checkpoint and is resumed by ddp, trains in bf16
 (listed units, unsharded accumulation, a BatchNorm model) and under torchrun. Real train.py processes; the Adam runs
 are shared (support/references.py); accumulation, clipping, the other features and a killed run resumed:
-tests/engines/test_rich_runs.py; the refusals: tests/unit/test_engine_options.py."""
+tests/engines/test_rich_runs.py; the refusals: tests/unit/test_engine_options.py (deepspeed refusing an fsdp
+checkpoint: here, a real train.py)."""
 import json
 import math
 
