@@ -140,7 +140,7 @@ def test_a_batch_that_splits_the_saved_position_is_refused_in_the_driver(conf_di
     shutil.copytree(ddp2_runs["interrupted"], run_dir)
     proc = _run(conf_dir, tmp_path, ["strategy=ddp", "strategy.nproc_per_node=2", "trainer.batch_size=40",
                                      f"hydra.run.dir={run_dir}"])
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert ("trainer.batch_size=40 is not allowed when resuming from" in proc.stderr
             and "stopped after 192 samples of epoch 1, which is not a whole number of batches of 40" in proc.stderr)
     assert "training " not in proc.stdout, "refused before any worker started"
