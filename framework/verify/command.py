@@ -173,7 +173,7 @@ class Verification:
         if closes and compared.verdict == EQUAL:
             said = "closes the gap"
         elif closes:
-            said = f"closes the gap where the comparison can tell ({compared.told_text()})"
+            said = f"closes the gap where the comparison can tell, in {compared.told_text()}"
         elif compared.verdict == NOT_EQUAL:
             said = "leaves a gap"
         else:

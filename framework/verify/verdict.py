@@ -104,8 +104,9 @@ class Comparison:
 
     @property
     def first_differing_step(self) -> int | None:
-        """The first step, of those the comparison tells, whose loss differs more than rounding explains."""
-        return next((self.steps[i] for i in range(self.told) if not self._step_agrees(i)), None)
+        """The first step, of those the comparison tells (and the first one, always), whose loss differs more than
+        rounding explains."""
+        return next((self.steps[i] for i in range(max(self.told, 1)) if not self._step_agrees(i)), None)
 
     @property
     def verdict(self) -> str:

@@ -168,6 +168,8 @@ def test_equal_within_the_tolerances_or_within_ten_times_the_rounding_floor():
     first = _comparison([2.0, 1.0], [2.0 * (1 + 2e-5), 1.0], floor=[9e-6, 9e-6], floor_weights=9e-5)
     assert first.verdict == NOT_EQUAL and first.first_differing_step == 1, "the first step's forward is never excused"
     assert not _comparison([2.0, 1.0], [2.0 * (1 + 2e-5), 1.0]).needs_floor
+    blind_at_once = _comparison([2.0, 1.0], [2.0 * (1 + 2e-5), 1.0], floor=[3e-5, 3e-5])
+    assert blind_at_once.verdict == NOT_EQUAL and blind_at_once.blind_from == 1, "not even by a floor past the tolerance"
 
 
 def test_the_floor_excuses_a_step_by_how_far_rounding_has_carried_so_far():
