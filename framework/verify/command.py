@@ -44,11 +44,11 @@ from framework.verify.compare import compare_runs, floor_of
 from framework.verify.floor import floor_run
 from framework.verify.runs import RunFailed, Runner, key_of, one_process, refused, shown, without
 from framework.verify.shared import shared_with_strategy
-from framework.verify.verdict import CANNOT_TELL, EQUAL, NOT_EQUAL, Comparison, Floor
+from framework.verify.verdict import CANNOT_TELL, EQUAL, Comparison, Floor
 
 VERIFY_DIR = "verify"
 VERIFY_FILE = "verify.json"
-NOT_SHOWN_EQUAL = 1
+NOT_EQUAL = 1
 
 
 def verify_command(cfg: DictConfig) -> None:
@@ -73,7 +73,7 @@ def verify_command(cfg: DictConfig) -> None:
               file=sys.stderr, flush=True)
         sys.exit(128 + signal.SIGINT)
     if not equal:
-        sys.exit(NOT_SHOWN_EQUAL)
+        sys.exit(NOT_EQUAL)
 
 
 class Verification:
@@ -169,12 +169,12 @@ class Verification:
         """Whether the runs with the candidate switched off differ nowhere the comparison can tell, and it tells
         where the runs as configured differed."""
         compared = self._pair(candidate, baseline)
-        closes = compared.verdict != NOT_EQUAL and compared.tells_where(baseline)
+        closes = not compared.differs and compared.tells_where(baseline)
         if closes and compared.verdict == EQUAL:
             said = "closes the gap"
         elif closes:
             said = f"closes the gap where the comparison can tell, in {compared.told_text()}"
-        elif compared.verdict == NOT_EQUAL:
+        elif compared.differs:
             said = "leaves a gap"
         else:
             said = "cannot tell where the runs as configured differed"

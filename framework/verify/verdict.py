@@ -120,6 +120,10 @@ class Comparison:
     def equal(self) -> bool:
         return self.verdict == EQUAL
 
+    @property
+    def differs(self) -> bool:
+        return self.verdict == NOT_EQUAL
+
     def tells_where(self, other: "Comparison") -> bool:
         """Whether this comparison tells at the point where `other` differs: its first differing step, or the
         weights when only they differ."""
