@@ -12,8 +12,9 @@ Which run stands for the rounding of a split batch:
 - where the split cannot stand for it, the same run again with other kernels (framework/callbacks/other_kernels.py:
   another number of threads on the CPU, cuDNN's timed choice of algorithms on a GPU): a model that normalizes with
   the batch's statistics (BatchNorm in training mode: a micro-batch's statistics are not the batch's, so training the
-  batch in micro-batches changes the arithmetic, not only its order), a run with no data-parallel split (tensor or
-  pipeline parallel alone split their sums inside a layer), a dataset that shards itself (one process cannot read
+  batch in micro-batches changes the arithmetic, not only its order), a run with no split over data-parallel processes
+  (tensor or pipeline parallel alone split their sums inside a layer; dp splits the batch over the GPUs of one
+  process), a dataset that shards itself (one process cannot read
   the ranks' shares). Where those kernels round alike, this floor reads 0 and the tolerances alone judge."""
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def floor_run(model: nn.Module, shares: int, grad_accum: int, both: list[str], t
 
 def _why_not_split(model: nn.Module, shares: int, both: list[str], train) -> str | None:
     if shares < 2:
-        return "the batch is not split over data-parallel ranks"
+        return "the batch is not split over data-parallel processes"
     if normalizes_with_batch_statistics(model, both):
         return "BatchNorm's batch statistics would change in micro-batches"
     if is_stream(train) and shards_itself(train):

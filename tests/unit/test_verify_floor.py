@@ -65,7 +65,7 @@ def test_the_floor_is_the_ranks_micro_batches_where_they_compute_what_one_proces
     other = floor_run(batchnorm, 2, 1, [], train=[])
     assert other.name == "single_other_order" and "BatchNorm's batch statistics" in other.what
     assert floor_run(batchnorm, 2, 1, switched_off(BATCHNORM_STATISTICS), train=[]).name == "single_as_ranks"
-    assert "not split over data-parallel ranks" in floor_run(lenet, 1, 1, [], train=[]).what  # tp or pp alone
+    assert "not split over data-parallel processes" in floor_run(lenet, 1, 1, [], train=[]).what  # tp, pp alone; dp
 
 
 def test_the_floors_overrides_compose_and_pass_train_pys_checks(tmp_path):
