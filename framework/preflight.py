@@ -44,6 +44,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     muon_refusal(s.optimizer, strategy)
     _optimizer_and_schedule(s, task)
     _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
+    _dealt_as_ranks(s, strategy, task.data.train)
     _stream_schedule(s, task.data.train)
     dry_run(s, task)
     strategy.check_task(task.model, example_input(task.data), task.data.train)
@@ -237,6 +238,26 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
     except PositionDoesNotFit as exc:
         raise ConfigError(f"trainer.batch_size={batch} is not allowed when resuming from {checkpoint.path}: "
                           f"{exc}") from None
+
+
+def _dealt_as_ranks(s: Settings, strategy: Strategy, train) -> None:
+    """trainer.deal_as_ranks=N: one process plays N ranks' data (framework/data/ranks_in_turn.py)."""
+    t, shares = s.trainer, strategy.batch_shares()
+    n = t.deal_as_ranks
+    if n is None:
+        return
+    if shares > 1:
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with strategy={strategy.name} ({shares} "
+                          "data-parallel ranks): it makes one process read the data as N ranks would; use it with "
+                          "one process (strategy=single), or leave it out")
+    if t.grad_accum % n:
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with trainer.grad_accum={t.grad_accum}: a step "
+                          f"takes a micro-batch of every rank in turn, so trainer.grad_accum must be a multiple of {n} "
+                          f"({n} x the accumulation of each rank)")
+    if is_stream(train) and shards_itself(train):
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with a dataset.train that shards itself over "
+                          "ranks (shards_itself, or a HuggingFace IterableDataset): it reads the rank of the process "
+                          "that reads it; use a map-style dataset or a stream the framework shards, or leave it out")
 
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:

@@ -19,6 +19,8 @@ from framework.checkpoints.position import Position
 from framework.config.settings import Payload, Settings
 from framework.config.targets import allowing
 from framework.data.loaders import BatchPipeline, build_train_loader
+from framework.data.ranks_in_turn import RanksInTurn
+from framework.data.streams import is_stream
 from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
 from framework.session.environment import restart_attempt
 from framework.results.run_result import RunResult, Stopped
@@ -90,11 +92,7 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         flops = count_flops(task.model, example_input(data), micro_batch) if group.is_main else None
         wrapped = parallelize(s, strategy, group, task)
         telemetry = _telemetry(s, group, wrapped, task, micro_batch, flops, say)
-        loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
-                                    BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
-                                                  task.augment),
-                                    group.device, micro_batch, group.dp_rank, group.dp_size, say,
-                                    group.dp_all_reduce_sum)
+        loader = _train_loader(s, task, group, micro_batch, say)
         loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
@@ -120,6 +118,26 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         if wrapped is not None:
             wrapped.close()
         say.close()
+
+
+def _train_loader(s: Settings, task: Task, group: ProcessGroup, micro_batch: int, say):
+    """This process's training micro-batches: its data-parallel rank's; with trainer.deal_as_ranks=N those of N ranks
+    in turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
+    t, data = s.trainer, task.data
+    pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, task.augment)
+
+    def loader_of(rank: int, world: int, said=say):
+        return build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers, pipeline, group.device,
+                                  micro_batch, rank, world, said, group.dp_all_reduce_sum)
+
+    if t.deal_as_ranks and not is_stream(data.train):
+        return RanksInTurn([loader_of(rank, t.deal_as_ranks, say if rank == 0 else _unsaid)
+                            for rank in range(t.deal_as_ranks)])
+    return loader_of(group.dp_rank, group.dp_size)
+
+
+def _unsaid(line: str) -> None:
+    """The other played ranks' notes (trainer.deal_as_ranks): the first one's, said once."""
 
 
 def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batch: int, flops,

@@ -56,7 +56,7 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
                 "sync_batchnorm", where, "strategy.sync_batchnorm=true in the strategy's run (BatchNorm's statistics "
                 "over every rank)",
                 strategy_only=["strategy.sync_batchnorm=true"],
-                found=f"{each}; with strategy.sync_batchnorm=true the runs are equal: train with it"))
+                found=f"{each}; with strategy.sync_batchnorm=true the gap closes: train with it"))
         else:
             found.append(Candidate(
                 "batchnorm_statistics", where, "BatchNorm's running statistics instead of the batch's, in both runs",
@@ -72,20 +72,20 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
         "draw in training mode), in both runs", both=switched_off(TRAINING_MODE_DRAWS),
         found="each rank draws its own masks for its own micro-batch, one process one mask for the whole batch: "
               "the same randomness, other numbers. Expected: the runs train equally well, not identically; with it "
-              "off they are equal"))
+              "off the gap closes"))
     if augment is not None:
         found.append(Candidate(
             "no_augment", "per-rank augmentation (dataset.augment)", "dataset.augment=null in both runs",
             both=["dataset.augment=null"],
             found="each rank draws its crops and flips from a generator seeded with its rank, so a sample is "
                   "augmented otherwise than in one process. Expected: equally random, other numbers; without it the "
-                  "runs are equal"))
+                  "gap closes"))
     if precision != "fp32":
         found.append(Candidate(
             "fp32", f"{precision} rounding", "trainer.precision=fp32 in both runs",
             both=["trainer.precision=fp32"],
             found=f"{precision} rounds at other points when the batch is split (each rank's partial sums, the "
-                  f"all-reduce's order). Expected: the gap is {precision}'s own size; in fp32 the runs are equal"))
+                  f"all-reduce's order). Expected: the gap is {precision}'s own size; in fp32 the gap closes"))
     return found
 
 
