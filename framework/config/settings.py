@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
+from framework.config.foreign_keys import unused_entry_key_line
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
 from framework.config.strategy_options import StrategyOptions
 from framework.config.targets import TargetAllowlist
@@ -91,10 +92,10 @@ def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=False)
     for key in cfg.dataset:
         if key not in declared and not _interpolated(plain, str(key)):
-            raise ConfigError(
+            raise ConfigError(unused_entry_key_line("dataset", str(key)) or (
                 f"dataset.{key} is not allowed: the dataset config has no key {key!r} and none of its components "
                 f"uses it (keys every dataset has: {', '.join(sorted(declared))}; a component's own option goes "
-                f"under it, e.g. dataset.train.{key})")
+                f"under it, e.g. dataset.train.{key})"))
 
 
 def _interpolated(plain: dict, key: str) -> bool:
