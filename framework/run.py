@@ -21,6 +21,7 @@ from framework.config.settings import Payload, settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import validate
+from framework.results.failure_note import note_failure
 from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
@@ -50,6 +51,7 @@ def run(cfg: DictConfig) -> float | None:
         _record(cfg, strategy, session.run_dir, hydra_cfg, note)
         return _report(_train(strategy, payload, session), session)
     except (ConfigError, WorkersFailed) as exc:
+        note_failure(session.run_dir, exc)  # the run folder's train.log keeps why (a sweep's summary shows it)
         return session.fail(exc)
     except KeyboardInterrupt:
         return session.stopped(signal.SIGINT, what_is_kept(session.run_dir))
