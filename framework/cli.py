@@ -17,6 +17,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
+from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
 from framework.config.path_overrides import quoted_paths, quoting_hint
 from framework.config.typed import missing_key_reason, omegaconf_error_line
@@ -133,8 +134,8 @@ def composition_error_line(exc: HydraException) -> str:
         if isinstance(exc, ConfigCompositionException) and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return f"Could not override '{cause.full_key}': {missing_key_reason(cause)}"
         return omegaconf_error_line(cause)
-    text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
-    return " ".join(text.split()) or type(exc).__name__
+    text = " ".join(str(exc).split("Config search path:")[0].split())  # Hydra lists its search path after the options
+    return f"{text}{deletion_hint(text)}" if text else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -51,6 +51,11 @@ FIRST_TRIES = {
         "loss key smoothing comes from the command line (+loss.smoothing=0.1), and torch.nn.NLLLoss does not take it "
         f"(it takes: {NLL_TAKES}); drop that override",
         None),
+    "null_key_deleted": (
+        [*TUTORIAL_MODEL, "~dataset.root"],
+        "Could not delete from config. 'dataset.root' does not exist. (Hydra says that of a key whose value is null "
+        "too; a dataset with none of the chosen entry's keys starts from dataset=custom: docs/your-own-code.md)",
+        None),
     "custom_entry_with_no_class": (
         ["model=custom"],
         "model._target_ is not set: name the class (or function) to build, e.g. model._target_=mypkg.MyClass",
