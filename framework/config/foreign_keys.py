@@ -45,6 +45,15 @@ def unused_entry_key_line(key: str, name: str) -> str | None:
             f"{_remedy(key, [origin])}")
 
 
+def entry_key_hint(path: str) -> str:
+    """What to add to a refusal of the key at `path` when the group's chosen entry brought it (dataset.train beside
+    the user's dataset._target_): where from, and the overrides that leave it out; '' otherwise."""
+    origin = origin_of(path)
+    if origin is None or origin.kind != OPTION:
+        return ""
+    return f"; {path} comes from {origin.said}{_remedy(path, [origin])}"
+
+
 def _remedy(key: str, origins: list[Origin | None]) -> str:
     """The way out: the group's custom entry for keys its chosen entry brought; the override or the preset's file
     for keys the user put there."""

@@ -35,6 +35,12 @@ FIRST_TRIES = {
         "(conf/dataset/fashion_mnist.yaml), and ddp_tutorial_data.MyTrainDataset does not take them (it takes: "
         "size); leave that entry's keys out: dataset=custom " + " ".join(map(shlex.quote, [TRAIN_SPLIT, TEST_SPLIT])),
         ["dataset=custom", TRAIN_SPLIT, TEST_SPLIT]),
+    "one_dataset_beside_fashion_mnists_splits": (
+        [*TUTORIAL_MODEL, *ONE_DATASET],
+        "dataset._target_ is not allowed beside dataset.train and dataset.test: name either one Dataset (with "
+        "val_fraction) or the two splits; dataset.train comes from dataset=fashion_mnist "
+        "(conf/dataset/fashion_mnist.yaml); leave that entry's keys out: dataset=custom " + " ".join(ONE_DATASET),
+        ["dataset=custom", *ONE_DATASET]),
     "one_dataset_in_fashion_mnists_entry": (
         [*TUTORIAL_MODEL, "~dataset.train", "~dataset.test", *ONE_DATASET],
         "dataset keys root, download and download_dir come from dataset=fashion_mnist "
