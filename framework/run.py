@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.common.errors import ConfigError
-from framework.config.settings import Payload, settings_of
+from framework.config.settings import Payload, refuse_dangling_interpolations, settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import validate
@@ -77,6 +77,7 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None = None, warm_up
     """Choose the strategy (`outer`: the ranks torchrun & co. started, which it must train with), type the config
     and validate everything; no worker starts here (warm_up: the strategy's starter may start what it can while the
     checks run). Returns (strategy, payload, note)."""
+    refuse_dangling_interpolations(cfg)
     with allowing(TargetAllowlist.of_command(cfg)):  # a training run trusts the config its user composed
         strategy_class, note = choose_strategy(cfg, outer)
         settings = settings_of(cfg, strategy_class.Options)

@@ -45,6 +45,12 @@ def unused_entry_key_line(key: str, name: str) -> str | None:
             f"{_remedy(key, [origin])}")
 
 
+def dangling_interpolation_line(full_key: str, missing: str) -> str:
+    """A key of an entry that interpolates one the config no longer has (`~dataset.download` took it out, and
+    dataset.train.download is ${dataset.download}): the line, with where the interpolating key came from."""
+    return f"{full_key} is ${{{missing}}}, and the config has no {missing}{entry_key_hint(full_key)}"
+
+
 def entry_key_hint(path: str) -> str:
     """What to add to a refusal of the key at `path` when the group's chosen entry brought it (dataset.train beside
     the user's dataset._target_): where from, and the overrides that leave it out; '' otherwise."""

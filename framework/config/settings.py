@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
-from framework.config.foreign_keys import unused_entry_key_line
+from framework.config.foreign_keys import dangling_interpolation_line, unused_entry_key_line
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
 from framework.config.strategy_options import StrategyOptions
 from framework.config.targets import TargetAllowlist
@@ -80,6 +81,16 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
         callbacks=plain.get("callbacks") or {}, step=plain.get("step") or {"_target_": DEFAULT_STEP},
         targets=targets if targets is not None else TargetAllowlist.of_command(cfg),
     )
+
+
+def refuse_dangling_interpolations(cfg: DictConfig) -> None:
+    """The composed config resolves: a key some entry interpolates may have been taken out (`~dataset.download`;
+    Hydra >= 1.4 also takes out one whose value is null). ConfigError naming both keys, not OmegaConf's traceback."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as exc:
+        missing = re.search(r"Interpolation key '([^']+)'", str(exc))
+        raise ConfigError(dangling_interpolation_line(str(exc.full_key), missing.group(1) if missing else "?")) from None
 
 
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
