@@ -17,7 +17,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
+from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
+from framework.config.path_overrides import quoted_paths, quoting_hint
 from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.evaluate import evaluate_command
 from framework.run import run, train_as_follower
@@ -67,6 +69,7 @@ def eval_main() -> None:
 def _single_process_command(app) -> None:
     with quick_exit():
         try:
+            sys.argv[1:] = quoted_paths(sys.argv[1:])  # ckpt_path=<sweep>/1_tp=2 (framework/config/path_overrides.py)
             _run_app(app)
         except HydraException as exc:
             Direct().fail(ConfigError(composition_error_line(exc)))
@@ -79,7 +82,7 @@ def main() -> None:
 
 def _main() -> None:
     try:
-        sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
+        sys.argv[1:] = quoted_paths(take_local_rank_argument(sys.argv[1:]))
         session = detect()  # how this process was started (framework/session/), read once
     except ConfigError as exc:  # every rank meets these alike (its own arguments, its scheduler's variables)
         Direct().fail(exc)
@@ -125,14 +128,14 @@ def composition_error_line(exc: HydraException) -> str:
         said = re.sub(r"^Error when parsing index: \d+, string: .* out of \[.*\]\. ", "", said)  # Hydra 1.4's
         said = said.removeprefix(f"Error parsing override '{exc.override}' ")  # Hydra 1.3's words before the parser's
         return (f"Could not parse the override {exc.override!r}: {said} (the override grammar: "
-                "https://hydra.cc/docs/advanced/override_grammar/basic)")
+                f"https://hydra.cc/docs/advanced/override_grammar/basic){quoting_hint(str(exc.override))}")
     cause = exc.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         if isinstance(exc, ConfigCompositionException) and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return f"Could not override '{cause.full_key}': {missing_key_reason(cause)}"
         return omegaconf_error_line(cause)
-    text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
-    return " ".join(text.split()) or type(exc).__name__
+    text = " ".join(str(exc).split("Config search path:")[0].split())  # Hydra lists its search path after the options
+    return f"{text}{deletion_hint(text)}" if text else type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.common.errors import ConfigError
-from framework.config.settings import Payload, settings_of
+from framework.config.settings import Payload, refuse_dangling_interpolations, settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import validate
+from framework.results.failure_note import note_failure
 from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
@@ -50,6 +51,7 @@ def run(cfg: DictConfig) -> float | None:
         _record(cfg, strategy, session.run_dir, hydra_cfg, note)
         return _report(_train(strategy, payload, session), session)
     except (ConfigError, WorkersFailed) as exc:
+        note_failure(session.run_dir, exc)  # the run folder's train.log keeps why (a sweep's summary shows it)
         return session.fail(exc)
     except KeyboardInterrupt:
         return session.stopped(signal.SIGINT, what_is_kept(session.run_dir))
@@ -75,6 +77,7 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None = None, warm_up
     """Choose the strategy (`outer`: the ranks torchrun & co. started, which it must train with), type the config
     and validate everything; no worker starts here (warm_up: the strategy's starter may start what it can while the
     checks run). Returns (strategy, payload, note)."""
+    refuse_dangling_interpolations(cfg)
     with allowing(TargetAllowlist.of_command(cfg)):  # a training run trusts the config its user composed
         strategy_class, note = choose_strategy(cfg, outer)
         settings = settings_of(cfg, strategy_class.Options)

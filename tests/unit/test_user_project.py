@@ -54,7 +54,9 @@ BAD = {
     "model_cannot_take_input": (["dataset=blobs", "model=lenet"],
                                 "model=lenet needs image input (channels, height, width); the dataset gives shape (8,)"),
     "bad_constructor_argument": (["dataset=blobs", "+dataset.train.colour=red"],
-                                 "dataset.train._target_=mypkg.data.Blobs failed to build: TypeError"),
+                                 "dataset.train key colour comes from the command line (+dataset.train.colour=red), "
+                                 "and mypkg.data.Blobs does not take it (it takes: train, size, classes, dim, "
+                                 "label_offset); drop that override"),
     "unknown_objective": (["dataset=blobs", "trainer.objective=f1"],
                           "trainer.objective='f1' is not allowed: expected loss or a metric of this run (acc)"),
     "top_k_above_classes": (["dataset=blobs", "metrics=top5"],
