@@ -22,7 +22,7 @@ from framework.results.result_file import write_result
 from framework.run import run
 from framework.session import situations
 from framework.session.detect import situation, sweep_driver
-from framework.session.environment import HOROVOD, TORCH, Ranks, ranks, read_ranks
+from framework.session.environment import HOROVOD, TORCH, Ranks, _ranks, read_ranks
 from framework.session.situations import (
     Direct,
     Follower,
@@ -81,9 +81,9 @@ def test_the_environment_says_whose_ranks_these_are():
 def test_a_process_reads_its_ranks_once(monkeypatch):
     for name, value in TORCHRUN.items():
         monkeypatch.setenv(name, value)
-    first = ranks()
+    first = _ranks()
     monkeypatch.setenv("RANK", "1")  # whatever changes later, the process is what it was started as
-    assert ranks() is first and first.rank == 0
+    assert _ranks() is first and first.rank == 0
 
 
 @pytest.mark.parametrize("mode,launcher,outer,expected", [

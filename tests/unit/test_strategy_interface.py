@@ -45,7 +45,7 @@ def test_an_engine_that_forgets_join_or_parallelize_cannot_be_built():
             return LocalGroup(torch.device("cpu"))
 
     with pytest.raises(TypeError, match="parallelize"):
-        Forgetful(None, None, InProcess("1 process"))
+        Forgetful(None, None, InProcess("1 process", None))
 
 
 def test_a_process_group_that_forgets_a_collective_cannot_be_built():
