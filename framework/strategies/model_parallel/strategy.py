@@ -182,7 +182,8 @@ class MeshStrategy(ElasticStrategy):
 
     # ---- the workers ----------------------------------------------------------------------------------------
     def join(self) -> ProcessGroup:
-        return MeshGroup.join_mesh(self.backend, self.trainer.cuda, self.options.timeout, self.shape)
+        o = self.options
+        return MeshGroup.join_mesh(self.starter.ranks, self.backend, self.trainer.cuda, o.timeout, self.shape)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
         o, shape, coords = self.options, self.shape, group.coords
