@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, RefusedInHydra
 from framework.common.paths import CONF_DIR
 from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
@@ -27,7 +27,7 @@ from framework.sample import sample_command
 from framework.session.detect import detect, sweep_driver
 from framework.session.environment import import_path_for_children, take_local_rank_argument
 from framework.session.exit import quick_exit
-from framework.session.situations import Direct
+from framework.session.situations import refuse
 from framework.verify.command import verify_command
 
 
@@ -72,7 +72,9 @@ def _single_process_command(app) -> None:
             sys.argv[1:] = quoted_paths(sys.argv[1:])  # ckpt_path=<sweep>/1_tp=2 (framework/config/path_overrides.py)
             _run_app(app)
         except HydraException as exc:
-            Direct().fail(ConfigError(composition_error_line(exc)))
+            refuse(ConfigError(composition_error_line(exc)))
+        except RefusedInHydra as exc:  # the output folder cannot be made
+            refuse(exc.error)
 
 
 def main() -> None:
@@ -85,7 +87,7 @@ def _main() -> None:
         sys.argv[1:] = quoted_paths(take_local_rank_argument(sys.argv[1:]))
         session = detect()  # how this process was started (framework/session/), read once
     except ConfigError as exc:  # every rank meets these alike (its own arguments, its scheduler's variables)
-        Direct().fail(exc)
+        refuse(exc)
     if session.follows:  # the other ranks of torchrun/SLURM/horovodrun take the config and folder from rank 0
         try:
             train_as_follower(session)
@@ -97,6 +99,8 @@ def _main() -> None:
             _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         session.fail(ConfigError(composition_error_line(exc)))
+    except RefusedInHydra as exc:  # the output folder cannot be made
+        session.fail(exc.error)
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
         driver = sweep_driver()
         if driver is not None:

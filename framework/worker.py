@@ -22,7 +22,7 @@ from framework.data.loaders import BatchPipeline, build_train_loader
 from framework.data.ranks_in_turn import RanksInTurn
 from framework.data.streams import is_stream
 from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
-from framework.session.environment import restart_attempt
+from framework.session.environment import Ranks, restart_attempt
 from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
 from framework.strategies.base import Strategy
@@ -44,17 +44,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def worker_entry(payload: Payload, strategy: Strategy | None = None, stop=None) -> RunResult | Stopped | None:
-    """Entry of every worker. `payload` holds the typed settings and the run folder: plain data, so nothing is
-    composed or resolved again here. Returns rank 0's RunResult (or Stopped); other ranks return None."""
+def worker_entry(payload: Payload, ranks: Ranks) -> RunResult | Stopped | None:
+    """Entry of every worker a starter starts (torch's elastic agent, Horovod's runner run entry(payload, ranks)): the
+    run's strategy, built here with the ranks the starter gave this worker, then its training (train_rank)."""
+    s = payload.settings
+    with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
+        strategy = build_strategy(s.strategy, s.trainer, ranks)
+    return train_rank(payload, strategy)
+
+
+def train_rank(payload: Payload, strategy: Strategy, stop=None) -> RunResult | Stopped | None:
+    """One rank's training with the strategy its process built: a started worker's (worker_entry), the driver's own
+    process (single, dp), or one of the ranks another program started (rank 0 and the others). `payload` holds the
+    typed settings and the run folder: plain data, so nothing is composed or resolved again here. Returns rank 0's
+    RunResult (or Stopped); other ranks return None."""
     keep_freed_memory()
     s = payload.settings
     with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
         return _worker(payload, s, strategy, stop)
 
 
-def _worker(payload: Payload, s: Settings, strategy: Strategy | None, stop) -> RunResult | Stopped | None:
-    strategy = strategy or build_strategy(s.strategy, s.trainer)
+def _worker(payload: Payload, s: Settings, strategy: Strategy, stop) -> RunResult | Stopped | None:
     own_process = not strategy.starter.runs_in_process
     if own_process:  # a process of its own, which its starter stops by signal
         end_soon_after_a_stop_signal()

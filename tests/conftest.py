@@ -26,7 +26,7 @@ import torch
 pytest.register_assert_rewrite("support")  # the helpers' assertions explain themselves as the tests' do (and count)
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
-from framework.session.environment import ranks
+from framework.session.environment import _ranks
 from support import launches, processes
 from support.gloo_world import GlooWorld
 from support.processes import TEST_ID, USER_CODE, kill_tagged, launch_variables
@@ -181,9 +181,9 @@ def _no_launch_variable_left():
 def _ranks_read_per_test():
     """A process reads its ranks once (framework/session/environment.py); each test reads them again, so that one
     test's faked environment does not stay in the next one's."""
-    ranks.cache_clear()
+    _ranks.cache_clear()
     yield
-    ranks.cache_clear()
+    _ranks.cache_clear()
 
 
 @pytest.fixture(autouse=True)

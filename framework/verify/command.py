@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from framework.assemble import build_task
@@ -36,7 +35,7 @@ from framework.config.verify import VerifyConfig
 from framework.results.result_file import read_result
 from framework.run import plan_run
 from framework.session.detect import detect
-from framework.session.situations import Direct, Job
+from framework.session.situations import Job, refuse
 from framework.strategies import choose_strategy
 from framework.strategies.single import SingleStrategy
 from framework.verify.causes import Candidate, candidates, left_over, together
@@ -54,10 +53,9 @@ NOT_EQUAL = 1
 def verify_command(cfg: DictConfig) -> None:
     """Hydra's task function for verify.py: exit 0 when the runs are equal, 1 when not (or a run failed), 2 for a
     refusal."""
-    hydra_cfg = HydraConfig.get()
-    session = detect(hydra_cfg)
+    session = detect(HydraConfig.get())
     try:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
+        if session.multirun:
             raise ConfigError("-m/--multirun is not allowed with verify.py: it compares one configuration with one "
                               "process; run it once per configuration")
         if session.ranks is not None:
@@ -65,9 +63,9 @@ def verify_command(cfg: DictConfig) -> None:
                               "compares itself, the strategy's workers too; run `python verify.py ...` directly")
         equal = Verification(cfg, session.job).run()
     except RunFailed as exc:
-        Direct().fail(ConfigError(str(exc)) if refused(exc) else exc)
+        refuse(ConfigError(str(exc)) if refused(exc) else exc)
     except ConfigError as exc:
-        Direct().fail(exc)
+        refuse(exc)
     except KeyboardInterrupt:
         print(f"\nstopped by SIGINT; the runs trained so far are in {shown(session.job.run_dir / VERIFY_DIR)}",
               file=sys.stderr, flush=True)
@@ -100,7 +98,7 @@ class Verification:
             raise ConfigError(f"strategy={self.train_cfg.strategy.name} is not allowed with verify.py{said}: it "
                               "compares a run of several workers with one process, and this is one process; name "
                               "the strategy to check, e.g. strategy=ddp")
-        strategy, payload, _ = plan_run(self.train_cfg, self.job.run_dir)  # every refusal of train.py, here
+        strategy, payload, _ = plan_run(self.train_cfg, self.job.run_dir, None)  # every refusal of train.py, here
         self.settings = s = payload.settings
         workers_device = torch.device("cuda" if strategy.trainer.cuda else "cpu")
         with allowing(s.targets):  # the model and data this run builds, and its layout where its workers train

@@ -67,15 +67,16 @@ def _hydra_config_of(cfg):
         HydraConfig.instance().cfg = before
 
 
-def strategy_for(*overrides: str):
-    """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up."""
+def strategy_for(*overrides: str, ranks=None):
+    """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up, in a
+    process with these ranks (framework.session.environment.Ranks; None: nobody started it as one of several)."""
     from framework.config.settings import settings_of
     from framework.strategies import build_strategy, resolve_auto, strategy_class
 
     cfg = composed(*overrides)
     resolve_auto(cfg, outer_kind=None)
     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
-    return build_strategy(settings.strategy, settings.trainer)
+    return build_strategy(settings.strategy, settings.trainer, ranks)
 
 
 def composition_says(*overrides: str) -> str:

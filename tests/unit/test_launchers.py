@@ -8,7 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework.common.errors import ConfigError
-from framework.session.environment import HOROVOD, Ranks, ranks, take_local_rank_argument
+from framework.session.environment import HOROVOD, Ranks, _ranks, take_local_rank_argument
 from support.driver import composed, driver_says
 from support.processes import TINY
 
@@ -23,9 +23,9 @@ def _ranks_adopted(monkeypatch, env: dict) -> list[str]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    ranks.cache_clear()
-    adopted = ranks() is not None
-    ranks.cache_clear()
+    _ranks.cache_clear()
+    adopted = _ranks() is not None
+    _ranks.cache_clear()
     return [str(adopted), *(str(os.environ.get(k)) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                                "MASTER_PORT"))]
 

@@ -23,6 +23,14 @@ def not_a_dataset(train: bool = True):
 
 def no_pairs(train: bool = True):
     return [1, 2, 3]
+
+
+from mypkg.strategies import AnnouncingDDP
+
+
+class WrittenBeforeRanks(AnnouncingDDP):
+    def __init__(self, options, trainer):  # a strategy written before hydra-dist handed it its ranks
+        super().__init__(options, trainer, None)
 '''
 COMMON = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=sgd",
           "optimizer.lr=0.05", "lr_schedule=constant", "model=mlp"]
@@ -70,6 +78,10 @@ BAD = {
                                 "framework.strategies.base.Strategy"),
     "own_strategy_option": (["dataset=blobs", "strategy=announcing_ddp", "strategy.banner=' '"],
                             "strategy.banner=' ' is not allowed: expected a non-empty string"),
+    "strategy_without_ranks": (["dataset=blobs", "strategy=announcing_ddp",
+                                "strategy._target_=mypkg.bad.WrittenBeforeRanks"],
+                               "strategy._target_=mypkg.bad.WrittenBeforeRanks is not allowed: its __init__ takes no "
+                               "`ranks`, and a strategy is built as WrittenBeforeRanks(options, trainer, ranks=...)"),
 }
 
 

@@ -248,7 +248,7 @@ def _prepared(args: list[str], run_dir) -> Verification:
 
 def _layout_of(overrides: list[str], run_dir) -> bool:
     """trainer.channels_last as the run of these overrides resolves it where its workers train."""
-    strategy, payload, _ = plan_run(composed(*overrides), run_dir)
+    strategy, payload, _ = plan_run(composed(*overrides), run_dir, None)
     device = torch.device("cuda" if strategy.trainer.cuda else "cpu")
     return build_task(payload.settings, device, strategy.channels_last_refusal).channels_last
 

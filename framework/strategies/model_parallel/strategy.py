@@ -19,7 +19,7 @@ from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first
-from framework.session.environment import ranks
+from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
@@ -52,12 +52,12 @@ class MeshStrategy(ElasticStrategy):
     gloo_shares_gpus = False  # the mesh's collectives run on CUDA tensors: nccl, one GPU per worker
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
-    def __init__(self, options: MeshOptions, trainer):
-        if options.nproc_per_node is None and not trainer.cuda and ranks() is None:
+    def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
+        if options.nproc_per_node is None and not trainer.cuda and ranks is None:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
-        super().__init__(options, trainer, DCP)
+        super().__init__(options, trainer, ranks, DCP)
 
     @staticmethod
     def _shape(o: MeshOptions) -> MeshShape:
@@ -182,7 +182,8 @@ class MeshStrategy(ElasticStrategy):
 
     # ---- the workers ----------------------------------------------------------------------------------------
     def join(self) -> ProcessGroup:
-        return MeshGroup.join_mesh(self.backend, self.trainer.cuda, self.options.timeout, self.shape)
+        o = self.options
+        return MeshGroup.join_mesh(self.starter.ranks, self.backend, self.trainer.cuda, o.timeout, self.shape)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
         o, shape, coords = self.options, self.shape, group.coords
