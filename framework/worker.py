@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from framework.assemble import (Task, build_callbacks, build_task, example_input, hparams_of, model_record,
-                                parallelize, run_signature, test_batches)
+from framework.assemble import (Task, build_callbacks, build_task, data_share, example_input, hparams_of,
+                                model_record, parallelize, run_signature, test_batches)
 from framework.callbacks.base import Callbacks
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import choose_checkpoint
@@ -90,18 +90,17 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         flops = count_flops(task.model, example_input(data), micro_batch) if group.is_main else None
         wrapped = parallelize(s, strategy, group, task)
         telemetry = _telemetry(s, group, wrapped, task, micro_batch, flops, say)
-        loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
+        source = build_train_loader(data, data_share(group, micro_batch, t.grad_accum, t.num_workers),
                                     BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
                                                   task.augment),
-                                    group.device, micro_batch, group.dp_rank, group.dp_size, say,
-                                    group.dp_all_reduce_sum)
-        loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
+                                    s.dataset.in_memory, t.seed, say)
+        loop_data = LoopData(source, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
                                     run_signature(s, data), say, timed_barrier(group, telemetry.clock))
-        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop)
-        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, checkpointer=checkpointer,
-                          callbacks=callbacks, telemetry=telemetry, run=run)
+        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop, checkpointer,
+                      callbacks)
+        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, telemetry=telemetry, run=run)
         start = Position()
         checkpoint = resume if restart_attempt() == 0 else checkpoint_after_restart(t.resume, run_dir, group, say)
         if checkpoint is not None:

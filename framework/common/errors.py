@@ -1,4 +1,5 @@
-"""The one exception type for bad user input: its message is shown as-is, without a traceback."""
+"""The exceptions whose message is shown as-is, without a traceback: bad user input (ConfigError), and a run every
+rank stops on purpose (TrainingStopped), whichever layer finds out."""
 import re
 
 
@@ -8,3 +9,8 @@ class ConfigError(ValueError):
 
     def __init__(self, message: object = "") -> None:
         super().__init__(re.sub(r"\s*\n\s*", " ", str(message)).strip())
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose, every rank at the same point (a NaN/inf loss; a stream epoch without a sample); the
+    message says why and what is kept."""
