@@ -59,7 +59,13 @@ def is_stream(dataset) -> bool:
 
 
 def shards_itself(dataset) -> bool:
-    return bool(getattr(dataset, SHARDS_ITSELF, False)) or is_hf_iterable(dataset)
+    """A stream that yields only its reader's samples: its position is per rank and DataLoader worker."""
+    return is_stream(dataset) and (bool(getattr(dataset, SHARDS_ITSELF, False)) or is_hf_iterable(dataset))
+
+
+def split_length(dataset) -> int | None:
+    """A split's samples; None for a stream, whose length is unknown until it ends."""
+    return None if is_stream(dataset) else len(dataset)
 
 
 def is_stateful(dataset) -> bool:
