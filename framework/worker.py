@@ -5,13 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from framework.assemble import (Task, build_callbacks, build_task, example_input, hparams_of, model_record,
-                                parallelize, run_signature, test_batches)
+from framework.assemble import (Task, build_callbacks, build_task, data_share, example_input, hparams_of,
+                                model_record, parallelize, run_signature, test_batches)
 from framework.callbacks.base import Callbacks
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import choose_checkpoint
@@ -102,14 +103,14 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         flops = count_flops(task.model, example_input(data), micro_batch) if group.is_main else None
         wrapped = parallelize(s, strategy, group, task)
         telemetry = _telemetry(s, group, wrapped, task, micro_batch, flops, say)
-        loader = _train_loader(s, task, group, micro_batch, say)
-        loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
+        source = _train_source(s, task, group, micro_batch, say)
+        loop_data = LoopData(source, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
                                     run_signature(s, data), say, timed_barrier(group, telemetry.clock))
-        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop)
-        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, checkpointer=checkpointer,
-                          callbacks=callbacks, telemetry=telemetry, run=run)
+        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop, checkpointer,
+                      callbacks)
+        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, telemetry=telemetry, run=run)
         start = Position()
         checkpoint = resume if restart_attempt() == 0 else checkpoint_after_restart(t.resume, run_dir, group, say)
         if checkpoint is not None:
@@ -130,20 +131,18 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         say.close()
 
 
-def _train_loader(s: Settings, task: Task, group: ProcessGroup, micro_batch: int, say):
-    """This process's training micro-batches: its data-parallel rank's; with trainer.deal_as_ranks=N those of N ranks
-    in turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
+def _train_source(s: Settings, task: Task, group: ProcessGroup, micro_batch: int, say):
+    """This process's training steps: its data-parallel rank's; with trainer.deal_as_ranks=N those of N ranks in
+    turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
     t, data = s.trainer, task.data
     pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, task.augment)
-
-    def loader_of(rank: int, world: int, said=say):
-        return build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers, pipeline, group.device,
-                                  micro_batch, rank, world, said, group.dp_all_reduce_sum)
-
-    if t.deal_as_ranks and not is_stream(data.train):
-        return RanksInTurn([loader_of(rank, t.deal_as_ranks, say if rank == 0 else _unsaid)
-                            for rank in range(t.deal_as_ranks)])
-    return loader_of(group.dp_rank, group.dp_size)
+    share = data_share(group, micro_batch, t.grad_accum, t.num_workers)
+    n = t.deal_as_ranks
+    if n and not is_stream(data.train):
+        played = [replace(share, rank=rank, world=n, grad_accum=t.grad_accum // n) for rank in range(n)]
+        return RanksInTurn([build_train_loader(data, each, pipeline, s.dataset.in_memory, t.seed,
+                                               say if each.rank == 0 else _unsaid) for each in played], share)
+    return build_train_loader(data, share, pipeline, s.dataset.in_memory, t.seed, say)
 
 
 def _unsaid(line: str) -> None:

@@ -1,5 +1,6 @@
-"""The one exception type for bad user input: its message is shown as-is, without a traceback; and its carrier out of
-Hydra's callbacks."""
+"""The exceptions whose message is shown as-is, without a traceback: bad user input (ConfigError) and its carrier
+out of Hydra's callbacks (RefusedInHydra), and a run every rank stops on purpose (TrainingStopped), whichever layer
+finds out."""
 import re
 
 
@@ -19,3 +20,8 @@ class RefusedInHydra(BaseException):
     def __init__(self, error: ConfigError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose, every rank at the same point (a NaN/inf loss; a stream epoch without a sample); the
+    message says why and what is kept."""

@@ -10,17 +10,27 @@ A stream the framework deals (framework/data/streams.py) is read this way by one
 rank i mod N's micro-batch i div N for every N, so it needs no second loader."""
 from __future__ import annotations
 
+from dataclasses import replace
 
-class RanksInTurn:
-    """The training loader of one process that plays N ranks' data: `loaders[r]` is rank r's (world size N)."""
+from framework.data.loaders import MapSource
+from framework.data.source import DataShare
 
-    def __init__(self, loaders: list):
+
+class RanksInTurn(MapSource):
+    """The training split of one process that plays N ranks' data, as a StepSource: `loaders[r]` is rank r's (world
+    size N, each its own share); a step is grad_accum = N x k of their micro-batches in turn."""
+
+    def __init__(self, loaders: list, share: DataShare):
+        n = len(loaders)
+        super().__init__(loaders[0].pipeline, replace(share, rank=0, world=1), 0)
         self.loaders = loaders
+        assert all(loader.share.world == n for loader in loaders) and share.grad_accum % n == 0
 
     def __len__(self) -> int:
         return len(self.loaders) * len(self.loaders[0])  # DistributedSampler(drop_last) gives every rank as many
 
     def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
         for loader in self.loaders:
             loader.set_epoch(epoch)
 

@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from framework.callbacks.switch_off import BATCHNORM_STATISTICS, TRAINING_MODE_DRAWS
-from framework.data.streams import is_stream, shards_itself
+from framework.data.streams import shards_itself
 
 SWITCH = "verify_switch_off"  # the callback's name in the runs' callbacks group
 
@@ -124,7 +124,7 @@ def left_over(world_size: int, one_losses: list[float], strategy_losses: list[fl
             if world_size > 1 and abs(ratio - factor) <= 1e-4 * factor:
                 said += f", which is {name} ({world_size})"
         lines.append(said)
-    if is_stream(train) and shards_itself(train):
+    if shards_itself(train):
         lines.append("the training split shards itself over the ranks (each rank reads its own samples), so a step's "
                      "samples are not one process's")
     lines.append("not among the candidates: code of your own that reads the rank or the world size (a loss scaled "

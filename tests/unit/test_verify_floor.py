@@ -2,6 +2,8 @@
 and that one process with trainer.deal_as_ranks=W trains each step as the W ranks' micro-batches, each prepared as
 that rank prepares it (framework/data/ranks_in_turn.py), with its refusals. That the floor run's losses are a
 ddp run's: tests/runs/test_verify.py."""
+import itertools
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from framework.data.augment import RandomCropFlip
 from framework.data.builtin import Normalization
 from framework.data.loaders import BatchPipeline, InMemoryLoader
 from framework.data.ranks_in_turn import RanksInTurn
+from framework.data.source import DataShare
 from framework.models.lenet import LeNet
 from framework.verify.causes import switched_off
 from framework.verify.floor import floor_run
@@ -25,12 +28,17 @@ def _rank_loaders(world: int, micro: int):
     x = torch.arange(100 * 64, dtype=torch.float32).reshape(100, 1, 8, 8) % 251
     y = torch.arange(100)
     pipeline = BatchPipeline(Normalization(1 / 255, (0.5,), (0.25,)), (1, 8, 8), CPU, augment=RandomCropFlip(2))
-    return [InMemoryLoader(x, y, pipeline, CPU, micro, rank, world, seed=4) for rank in range(world)]
+    return [InMemoryLoader(x, y, pipeline, DataShare(rank, world, CPU, micro), seed=4) for rank in range(world)]
+
+
+def _played(world: int, micro: int, k: int = 1):
+    """One process playing the `world` ranks' loaders, k micro-batches of each to a step."""
+    return RanksInTurn(_rank_loaders(world, micro), DataShare(0, 1, CPU, micro, grad_accum=world * k))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_process_dealt_as_ranks_reads_each_ranks_micro_batches_in_turn(world):
-    played, ranks = RanksInTurn(_rank_loaders(world, 4)), _rank_loaders(world, 4)
+    played, ranks = _played(world, 4), _rank_loaders(world, 4)
     for epoch in (0, 1):
         played.set_epoch(epoch)
         for loader in ranks:
@@ -48,8 +56,10 @@ def test_a_step_of_the_played_ranks_is_the_ranks_step():
     """With trainer.grad_accum = W x k, one step takes the k micro-batches of each of the W ranks: the samples of
     the step of W ranks accumulating k each."""
     world, k = 2, 3
-    played, ranks = RanksInTurn(_rank_loaders(world, 4)), _rank_loaders(world, 4)
-    step = [y for _, y in list(played.iterate(0))[world * k:2 * world * k]]  # the second step
+    played, ranks = _played(world, 4, k), _rank_loaders(world, 4)
+    second = next(played.shares(0, 1))  # the loop's second step of epoch 0
+    assert second.real == world * k and second.samples == world * k * 4
+    step = [y for _, y in itertools.islice(second.batches, second.real)]
     ranks_step = [y for loader in ranks for _, y in list(loader.iterate(0))[k:2 * k]]
     assert sorted(torch.cat(step).tolist()) == sorted(torch.cat(ranks_step).tolist())
 

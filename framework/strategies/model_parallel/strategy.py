@@ -161,13 +161,11 @@ class MeshStrategy(ElasticStrategy):
 
     def _check_stream(self, train) -> None:
         o = self.options
-        if not is_stream(train):
-            return
-        if o.pp > 1:
+        if o.pp > 1 and is_stream(train):
             raise ConfigError(f"strategy.pp={o.pp} is not allowed with a streaming dataset.train (an IterableDataset): "
                               "a stream's last micro-batches may be short, and a pipeline cuts each micro-batch into "
                               "equal microbatches; use a map-style dataset, or strategy.pp=1")
-        if shards_itself(train) and o.tp > 1:
+        if o.tp > 1 and shards_itself(train):
             raise ConfigError(f"strategy.tp={o.tp} is not allowed with a dataset.train that shards itself over ranks "
                               "(shards_itself, or a HuggingFace IterableDataset): tensor-parallel peers must read the "
                               "same batches, which the framework deals out by data-parallel rank; use a stream the "
