@@ -259,7 +259,7 @@ def _dealt_as_ranks(s: Settings, strategy: Strategy, train) -> None:
         raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with trainer.grad_accum={t.grad_accum}: a step "
                           f"takes a micro-batch of every rank in turn, so trainer.grad_accum must be a multiple of {n} "
                           f"({n} x the accumulation of each rank)")
-    if is_stream(train) and shards_itself(train):
+    if shards_itself(train):
         raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with a dataset.train that shards itself over "
                           "ranks (shards_itself, or a HuggingFace IterableDataset): it reads the rank of the process "
                           "that reads it; use a map-style dataset or a stream the framework shards, or leave it out")

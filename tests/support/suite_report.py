@@ -81,8 +81,8 @@ class SuiteReport:
         write = terminalreporter.write_line
         terminalreporter.section("where the suite's time went (tests/support/suite_report.py)")
         write(f"{'file':<56} {'launches':>8} {'CPU-s':>8} {'wall-s':>8}")
-        for name, (launches, cpu, wall, _) in rows[:10]:
-            write(f"{name:<56} {launches:>8} {cpu:>8.0f} {wall:>8.0f}")
+        for name, (started, cpu, wall, _) in rows[:10]:
+            write(f"{name:<56} {started:>8} {cpu:>8.0f} {wall:>8.0f}")
         write(f"{'all ' + str(len(rows)) + ' files':<56} {total[0]:>8} {total[1]:>8.0f} {total[2]:>8.0f}")
         write(f"{total[3]} assert statements passed (each once per test, however often it ran)")
         if os.environ.get("HYDRA_DIST_RECORD_WEIGHTS") == "1":
