@@ -76,6 +76,12 @@ ALLOWED: tuple[tuple[re.Pattern, str], ...] = (
      "command run in-process records it, and test_provenance.py checks it"),
     (re.compile(r"^subprocess: nvidia-smi "),
      "the GPU listing asks nvidia-smi where NVML is missing (framework/results/provenance.py, devices)"),
+    (re.compile(r"^subprocess: /sbin/ldconfig -p$"),
+     "the GPU listing loads NVML through cuda.pathfinder, which looks for libdl with ctypes.util.find_library, and "
+     "that runs ldconfig (framework/results/provenance.py: the first command a test worker runs in-process records it)"),
+    (re.compile(r"^subprocess: uname -p$"),
+     "provenance records the host's processor with platform.processor(), which runs uname -p once per process "
+     "(framework/results/provenance.py)"),
     (re.compile(r"^subprocess: \S*python\S* -c import torch; print\(torch\.cuda\.device_count\(\)\)$"),
      "joblib's slots count the GPUs in a child (framework/session/slots.py): the CUDA driver fixes a process's "
      "devices when first asked, which this process must not be; only where libcuda is installed"),
