@@ -247,6 +247,24 @@ def powersgd_allreduce(hook: GradientHook, bucket):
         # (gloo: "Received data size doesn't match expected size"). One bucket's chain ends before the next starts.
         hook.in_flight.wait()
     before = state.total_numel_after_compression
-    future = hook.in_flight = powerSGD_hook(state, bucket)
+    b = bucket.index()
+    future = hook.in_flight = powerSGD_hook(state, bucket).then(lambda fut: recover(state, b, fut.value()))
     hook.traffic.add((state.total_numel_after_compression - before) * bucket.buffer().element_size(), 0)
     return future
+
+
+def recover(state: PowerSGDState, b: int, reduced: torch.Tensor) -> torch.Tensor:
+    """After torch's hook reduced bucket b: state a non-finite gradient made non-finite is let go, so that the next
+    step starts clean (torch's hook adds the error feedback to every later gradient and continues from Q: one inf,
+    under fp16 a routine GradScaler overflow, made every later step NaN). This rank's error feedback is zeroed. Q was
+    all-reduced, so every rank finds it non-finite at once and drops P and Q together; torch then draws fresh ones
+    from state.rng, whose draws are the same on every rank. Two checks per bucket (a device sync each; torch's hook
+    has just synchronized the device itself)."""
+    error = state.error_dict.get(b)
+    if error is not None and not bool(torch.isfinite(error).all()):
+        error.zero_()
+    q = state.q_memory_dict.get(b)
+    if q is not None and not bool(torch.isfinite(q).all()):
+        state.p_memory_dict.pop(b, None)
+        state.q_memory_dict.pop(b, None)
+    return reduced
