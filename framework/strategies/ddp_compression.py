@@ -258,11 +258,11 @@ def recover(state: PowerSGDState, b: int, reduced: torch.Tensor) -> torch.Tensor
     step starts clean (torch's hook adds the error feedback to every later gradient and continues from Q: one inf,
     under fp16 a routine GradScaler overflow, made every later step NaN). This rank's error feedback is zeroed. Q was
     all-reduced, so every rank finds it non-finite at once and drops P and Q together; torch then draws fresh ones
-    from state.rng, whose draws are the same on every rank. Two checks per bucket (a device sync each; torch's hook
-    has just synchronized the device itself)."""
+    from state.rng, whose draws are the same on every rank. The error is zeroed on the device (no sync); Q's check
+    waits for the device once per bucket (torch's hook has just synchronized it on CUDA anyway)."""
     error = state.error_dict.get(b)
-    if error is not None and not bool(torch.isfinite(error).all()):
-        error.zero_()
+    if error is not None:  # a non-finite gradient of a tensor left whole leaves Q finite: its own check
+        error.masked_fill_(~torch.isfinite(error).all(), 0)
     q = state.q_memory_dict.get(b)
     if q is not None and not bool(torch.isfinite(q).all()):
         state.p_memory_dict.pop(b, None)

@@ -250,3 +250,36 @@ def test_one_non_finite_step_leaves_the_next_steps_finite(world2, compression):
     for finite, same in world2.run(_one_overflow, compression):
         assert finite == [True, True, True, False, True, True, True, True]
         assert all(s for s in same if s is not None), "the ranks' gradients agree after the redraw"
+
+
+def _synchronizes(rank: int, world: int, bucket_cap_mb: float):
+    """Four steps of a 1.6M-parameter MLP, PowerSGD from step 3, with CUDA reported available and
+    torch.cuda.synchronize counted (the CPU buckets' device is never synchronized): the synchronizations of each
+    step, and the gradient buckets."""
+    from unittest import mock
+
+    from framework.config.strategy_options import PowerSGDOptions
+    from framework.strategies.ddp_compression import GradientHook, gradient_hook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    hook = GradientHook("powersgd", PowerSGDOptions(rank=2, start_step=3), list(model.parameters()))
+    ddp.register_comm_hook(hook, gradient_hook)
+    g = torch.Generator().manual_seed(rank)
+    counts = []
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.synchronize") as sync:
+        for _ in range(4):
+            sync.reset_mock()
+            _step(ddp, (torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)))
+            counts.append(sync.call_count)
+    return counts, len(hook.layouts)
+
+
+def test_powersgd_synchronizes_the_device_once_per_bucket_where_cuda_is_available(world2):
+    """torch's powerSGD_hook ends each bucket with torch.cuda.synchronize whenever CUDA is available: on NCCL the
+    backward waits for every bucket's reduction (docs/strategies.md), so fewer, larger buckets wait less often."""
+    for (small, buckets), (large, one) in zip(world2.run(_synchronizes, 1), world2.run(_synchronizes, 100)):
+        assert buckets >= 2 and one == 1
+        assert small == [0, 0, buckets, buckets], "none before its start, then one per bucket"
+        assert large == [0, 0, 1, 1]
