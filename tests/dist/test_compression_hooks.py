@@ -128,8 +128,6 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     their first layout (DDP rebuilds them after its first step, in the order gradients became ready), gets the
     state by parameter (every rank's, as a checkpoint holds it) or not. Step 6's gradients of both, and what the
     state load said."""
-    from framework.strategies.groups import TorchGroup
-
     torch.manual_seed(0)
     model = _mlp()
     ddp, hook = _wrapped(model, "powersgd", rank=2, start_step=3)
@@ -137,11 +135,9 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     batches = _batches("mlp", rank, 6)
     for batch in batches[:5]:
         _step(ddp, batch, optimizer)
-    saved = hook.gathered_state(TorchGroup(rank, rank, world, CPU))  # what a checkpoint holds, every rank's
-    assert len(saved) == world and all(set(s["pieces"]) == set(saved[0]["pieces"]) for s in saved)
-    assert not torch.equal(saved[0]["pieces"][0]["error"], saved[1]["pieces"][0]["error"]), "each rank its own"
+    saved = hook.state_dict()  # what this rank writes into a checkpoint
     resumed, resumed_hook = _wrapped(copy.deepcopy(model), "powersgd", rank=2, start_step=3)
-    said = resumed_hook.load_state_dict(saved if carry_state else None, rank, world, step=5)
+    said = resumed_hook.load_state_dict(saved if carry_state else None, world, world, step=5)
     first_layout = tuple(resumed_hook.index[id(p)] for p in resumed.module.parameters())
     expected, got = _step(ddp, batches[5]), _step(resumed, batches[5])
     return expected, got, said, hook.layouts[0], first_layout
@@ -283,3 +279,68 @@ def test_powersgd_synchronizes_the_device_once_per_bucket_where_cuda_is_availabl
         assert buckets >= 2 and one == 1
         assert small == [0, 0, buckets, buckets], "none before its start, then one per bucket"
         assert large == [0, 0, 1, 1]
+
+
+def _checkpointed(rank: int, world: int, folder: str):
+    """strategy=ddp with PowerSGD (rank 2, from step 3) trains 5 steps and the loop's Checkpointer saves; a fresh
+    DDP of the same start resumes from it, and from the same checkpoint in the format written before each rank wrote
+    its own piece (every rank's state in the one file). What the checkpoint's files hold, and step 6's gradients of
+    the three."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from framework.checkpoints.position import Position
+    from framework.checkpoints.store import Checkpoint, engine_folder, load_checkpoint, save_checkpoint
+    from framework.strategies.groups import TorchGroup
+    from framework.training.checkpointing import Checkpointer
+    from support.driver import strategy_for
+
+    strategy = strategy_for("strategy=ddp", "trainer.accelerator=cpu", "strategy.compression=powersgd",
+                            "strategy.powersgd.rank=2", "strategy.powersgd.start_step=3")
+    group = TorchGroup(rank, rank, world, CPU)
+    torch.manual_seed(0)
+    start = _mlp()
+
+    def wrapped_from(model):
+        return strategy.parallelize(copy.deepcopy(model), lambda params: torch.optim.SGD(params, lr=0.1), group)
+
+    trained = wrapped_from(start)
+    batches = _batches("mlp", rank, 6)
+    for batch in batches[:5]:
+        _step(trained.model, batch, trained.optimizer)
+    checkpointer = Checkpointer(group, Path(folder) / "new", None, 2, 16, {}, lambda line: None)
+    path = checkpointer.save(trained, Position(5, 0, 80, 16), {}, {})
+    checkpoint = Checkpoint(path, json.loads(path.with_suffix(".json").read_text()))
+    in_file = load_checkpoint(checkpoint)["engine"]
+    pieces = sorted(p.name for p in engine_folder(path).iterdir())
+    mine = trained.engine_state()
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    old = Path(folder) / "old" / "checkpoints"
+    if rank == 0:  # what a checkpoint held before: every rank's state in the one file, no pieces
+        state = {**load_checkpoint(checkpoint), "engine": every}
+        manifest = {k: v for k, v in checkpoint.manifest.items() if k not in ("engine", "file", "bytes", "sha256")}
+        save_checkpoint(old, state, manifest, keep=1)
+    dist.barrier()
+    old_path = old / path.name
+    old_checkpoint = Checkpoint(old_path, json.loads(old_path.with_suffix(".json").read_text()))
+    expected = _step(trained.model, batches[5])
+    got = []
+    for saved in (checkpoint, old_checkpoint):
+        resumed = wrapped_from(start)
+        Checkpointer(group, Path(folder) / "resumed", None, 2, 16, {}, lambda line: None).resume(saved, resumed)
+        got.append(_step(resumed.model, batches[5]))
+    return in_file, pieces, checkpoint.manifest["engine"], expected, got
+
+
+def test_each_rank_writes_and_reads_its_own_powersgd_piece_and_old_checkpoints_still_load(world2, tmp_path):
+    """No rank gathers another's error feedback (as large as the gradients): each writes its piece beside the
+    checkpoint, listed in the manifest, and reads its own back; the resumed step equals the uninterrupted one."""
+    for in_file, pieces, listed, expected, got in world2.run(_checkpointed, str(tmp_path)):
+        assert in_file is None and pieces == ["rank0.pt", "rank1.pt"]
+        assert sorted(listed["files"]) == pieces and listed["holds"].startswith("PowerSGD's error feedback")
+        for resumed in got:  # from each rank's piece, and from the format before
+            for e, g in zip(expected, resumed):
+                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-8)
