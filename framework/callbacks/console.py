@@ -27,6 +27,10 @@ class ConsoleLog(Callback):
         per_rank = ", ".join(f"{r:,.0f}" for r in s.per_slot_samples_per_sec)
         data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
         epoch = state.epoch + 1
+        if not s.trained:
+            state.say(f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | all {s.steps} step(s) "
+                      "since the last line skipped (non-finite loss or gradient)")
+            return
         state.say(
             f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | loss {s.loss:.4f} | "
             f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",

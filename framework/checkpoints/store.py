@@ -8,7 +8,12 @@ A strategy whose engine shards model and optimizer (fsdp's DCP, DeepSpeed ZeRO) 
 instead of the .pt: every rank's shards plus training_state.pt (ours). The manifest is still written last, by
 rank 0, after every rank has finished; it lists every file with its size (a stat, not a read: no rank reads
 another rank's shards), and training_state.pt with its sha256 too (hashed from the bytes rank 0 wrote). The
-engine's own metadata and loader check the contents of its shards."""
+engine's own metadata and loader check the contents of its shards.
+
+An engine's own state that differs per rank and is as large as the gradients (ddp's PowerSGD error feedback) is
+written by each rank itself into `step-XXXXXXXX.engine/rank{r}.pt` before the commit; the manifest lists those files
+(size and sha256) under "engine", and a resuming rank reads only its own (rank 0's on another world size). Without
+the manifest the folder is a leftover and is pruned like one."""
 from __future__ import annotations
 
 import hashlib
@@ -64,6 +69,34 @@ def write_atomically(path: Path, data: bytes) -> None:
         remove_quietly(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def engine_folder(path: Path) -> Path:
+    """Where the ranks' engine pieces of the checkpoint at `path` (a .pt or a shard folder) lie."""
+    return path.with_suffix(".engine")
+
+
+def write_engine_piece(folder: Path, step: int, rank: int, piece: dict) -> tuple[str, dict]:
+    """This rank's engine state beside checkpoint `step` (before the commit): its file name and its manifest entry.
+    Raises CheckpointNotWritten (nothing of the piece left) when the folder cannot take it."""
+    buffer = io.BytesIO()
+    torch.save(piece, buffer)
+    data = buffer.getvalue()
+    target = engine_folder(folder / f"step-{step:08d}.pt") / f"rank{rank}.pt"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, data)
+    except OSError as exc:
+        raise CheckpointNotWritten(write_failure(f"{target.parent.name}/{target.name}", folder, len(data), exc,
+                                                 newest_valid(folder, warn=lambda m: None))) from None
+    return target.name, {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def load_engine_piece(checkpoint: Checkpoint, rank: int, world_size: int) -> dict:
+    """This rank's engine piece of a checkpoint whose manifest lists them (rank 0's on another world size)."""
+    files = checkpoint.manifest["engine"]["files"]
+    name = f"rank{rank}.pt" if len(files) == world_size else "rank0.pt"
+    return torch.load(engine_folder(checkpoint.path) / name, map_location="cpu", weights_only=True)
 
 
 def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Checkpoint:
@@ -138,6 +171,8 @@ def keep_apart(path: Path, folder: Path) -> Checkpoint:
     try:
         shutil.copytree(path, staging / path.name, copy_function=_link_or_copy) if path.is_dir() else \
             _link_or_copy(path, staging / path.name)
+        if engine_folder(path).is_dir():
+            shutil.copytree(engine_folder(path), staging / engine_folder(path).name, copy_function=_link_or_copy)
         shutil.copyfile(manifest, staging / manifest.name)
         _fsync_dir(staging)
     except BaseException:
@@ -166,6 +201,7 @@ def _prune(folder: Path, keep: int) -> None:
             shutil.rmtree(old.path, ignore_errors=True)
         else:
             old.path.unlink(missing_ok=True)
+        shutil.rmtree(engine_folder(old.path), ignore_errors=True)
     # A shard folder without a manifest, or a .tmp file, was left by a worker group that died while writing it. Pruning
     # runs right after a commit, when no rank is writing, so such a leftover is never a checkpoint in progress.
     for leftover in folder.glob("step-*"):
@@ -188,8 +224,12 @@ def list_checkpoints(folder: Path) -> list[Checkpoint]:
 
 
 def verify(checkpoint: Checkpoint) -> str | None:
-    """None when the file (or every file of a sharded checkpoint) is complete and matches its manifest,
-    else what is wrong."""
+    """None when the file (or every file of a sharded checkpoint, and every rank's engine piece) is complete and
+    matches its manifest, else what is wrong."""
+    for name, expected in checkpoint.manifest.get("engine", {}).get("files", {}).items():
+        problem = _verify_file(engine_folder(checkpoint.path) / name, expected)
+        if problem:
+            return f"{engine_folder(checkpoint.path).name}/{name}: {problem}"
     if "files" in checkpoint.manifest:
         for name, expected in checkpoint.manifest["files"].items():
             problem = _verify_file(checkpoint.path / name, expected)

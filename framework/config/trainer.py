@@ -53,6 +53,9 @@ class TrainerConfig(Checked):
     resume: Optional[str] = "auto"
     # NaN/inf loss or gradient: stop (keeps the last good checkpoint) | skip (the step)
     on_nonfinite: OnNonfinite = OnNonfinite.stop
+    # stop once this many optimizer steps in a row were skipped (on_nonfinite=skip, fp16's GradScaler): fp16's scaler
+    # halves its scale at each skip, and 20 halvings take 65536 below 0.1, past where scaling can be the cause
+    max_consecutive_skips: int = rule(20, at_least(1))
     # at a log boundary, name any rank whose busy time per step exceeds the median rank's by this factor
     straggler_threshold: float = rule(1.2, above(1))
     # ...only once it did so at this many log boundaries in a row, and by at least straggler_min_gap_ms per step

@@ -106,11 +106,11 @@ class DDPWrapped(Wrapped):
     def traffic(self):
         return self.comm_hook.traffic
 
-    def engine_state(self, group: ProcessGroup) -> list:
-        return self.comm_hook.gathered_state(group)
+    def engine_state(self) -> dict:
+        return self.comm_hook.state_dict()
 
-    def load_engine_state(self, saved: list | None, rank: int, world_size: int, step: int) -> str:
-        return self.comm_hook.load_state_dict(saved, rank, world_size, step)
+    def load_engine_state(self, mine: dict | None, saved_world: int, world_size: int, step: int) -> str:
+        return self.comm_hook.load_state_dict(mine, saved_world, world_size, step)
 
 
 class DDPStrategy(ElasticStrategy):

@@ -12,7 +12,7 @@ and the factor Q that warm start continues from. DDP lays its buckets out twice 
 rebuilds them in the order gradients became ready), and a resumed run starts from the first layout again, so that
 state follows the parameters, not the bucket index: when a bucket's parameters change, its state is split by
 parameter and put back into whichever bucket holds them when that bucket is next reduced. Checkpoints hold it per
-parameter, every rank's own."""
+parameter, each rank writing and reading its own piece (framework/training/checkpointing.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -134,27 +134,9 @@ class GradientHook:
                         "has_gauss": int(has_gauss), "cached": float(cached)},
                 "pieces": {i: {k: t.detach().cpu() for k, t in p.items()} for i, p in pieces.items()}}
 
-    def gathered_state(self, group) -> list[dict]:
-        """Every rank's state_dict(), in rank order, on every rank (every rank calls it). The error feedback and
-        factors go tensor by tensor (group.all_gather, on the group's device), so no rank ever holds more than one
-        parameter's pieces from every rank at once in device memory; the rest, small, as objects."""
-        mine = self.state_dict()
-        pieces = mine.pop("pieces", None)
-        index = sorted((i, key) for i, piece in (pieces or {}).items() for key in piece)
-        others = group.gather_objects({**mine, "index": index})
-        if pieces is None or any(o["index"] != index for o in others):  # (the same on every rank: same buckets)
-            return [{k: v for k, v in o.items() if k != "index"} for o in others] if pieces is None else \
-                group.gather_objects({**mine, "pieces": pieces})
-        gathered: list[dict] = [{} for _ in others]
-        for i, key in index:
-            stacked = group.all_gather(pieces[i][key].to(group.device)).cpu()
-            for rank, state in enumerate(gathered):
-                state.setdefault(i, {})[key] = stacked[rank]
-        return [{**{k: v for k, v in o.items() if k != "index"}, "pieces": p} for o, p in zip(others, gathered)]
-
-    def load_state_dict(self, saved: list | None, rank: int, world_size: int, step: int) -> str:
-        """Every rank's saved state (None: the checkpoint holds none); what was reset, in words ('' for nothing)."""
-        mine = (saved[rank] if len(saved) == world_size else saved[0]) if saved else None
+    def load_state_dict(self, mine: dict | None, saved_world: int, world_size: int, step: int) -> str:
+        """This rank's saved state (rank 0's where `saved_world`, the ranks that wrote it, is not world_size; None:
+        the checkpoint holds none); what was reset, in words ('' for nothing)."""
         was = mine.get("compression") if mine else None
         label, state = self.traffic.label, self.powersgd
         changed = f"strategy.compression was {was}, now {label}" if was and was != label else ""
@@ -173,10 +155,10 @@ class GradientHook:
         rng = mine["rng"]
         state.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["position"], rng["has_gauss"],
                              rng["cached"]))
-        same_world, same_rank = len(saved) == world_size, mine["rank"] == state.matrix_approximation_rank
+        same_world, same_rank = saved_world == world_size, mine["rank"] == state.matrix_approximation_rank
         resets = []
         if not same_world and any("error" in p for p in mine["pieces"].values()):
-            resets.append(f"its error feedback (each rank's own: written by {len(saved)} ranks, continuing on "
+            resets.append(f"its error feedback (each rank's own: written by {saved_world} ranks, continuing on "
                           f"{world_size})")
         if not same_rank and any("q" in p for p in mine["pieces"].values()):
             resets.append(f"its warm-start factors (rank {mine['rank']} -> {state.matrix_approximation_rank})")
@@ -247,6 +229,24 @@ def powersgd_allreduce(hook: GradientHook, bucket):
         # (gloo: "Received data size doesn't match expected size"). One bucket's chain ends before the next starts.
         hook.in_flight.wait()
     before = state.total_numel_after_compression
-    future = hook.in_flight = powerSGD_hook(state, bucket)
+    b = bucket.index()
+    future = hook.in_flight = powerSGD_hook(state, bucket).then(lambda fut: recover(state, b, fut.value()))
     hook.traffic.add((state.total_numel_after_compression - before) * bucket.buffer().element_size(), 0)
     return future
+
+
+def recover(state: PowerSGDState, b: int, reduced: torch.Tensor) -> torch.Tensor:
+    """After torch's hook reduced bucket b: state a non-finite gradient made non-finite is let go, so that the next
+    step starts clean (torch's hook adds the error feedback to every later gradient and continues from Q: one inf,
+    under fp16 a routine GradScaler overflow, made every later step NaN). This rank's error feedback is zeroed. Q was
+    all-reduced, so every rank finds it non-finite at once and drops P and Q together; torch then draws fresh ones
+    from state.rng, whose draws are the same on every rank. The error is zeroed on the device (no sync); Q's check
+    waits for the device once per bucket (torch's hook has just synchronized it on CUDA anyway)."""
+    error = state.error_dict.get(b)
+    if error is not None:  # a non-finite gradient of a tensor left whole leaves Q finite: its own check
+        error.masked_fill_(~torch.isfinite(error).all(), 0)
+    q = state.q_memory_dict.get(b)
+    if q is not None and not bool(torch.isfinite(q).all()):
+        state.p_memory_dict.pop(b, None)
+        state.q_memory_dict.pop(b, None)
+    return reduced

@@ -92,6 +92,10 @@ class HorovodStrategy(Strategy):
             gpus = torch.cuda.device_count()
             raise ConfigError(f"strategy.np={local_workers} is not allowed: this machine has {gpus} GPU(s) and horovod "
                               f"with NCCL needs one GPU per worker; use at most {gpus} on this machine")
+        if options.compression == "fp16" and options.op == "average" and hvd.rocm_built():
+            raise ConfigError("strategy.compression=fp16 is not allowed with this horovod build (ROCm): it would sum "
+                              "fp16 gradients before averaging them (Horovod takes no gradient_predivide_factor "
+                              "there), overflowing world size times sooner; use strategy.compression=none")
         if options.op == "adasum" and not hvd.mpi_built():
             raise ConfigError("strategy.op=adasum is not allowed with this horovod build: Adasum needs horovod built "
                               "with MPI (ours uses gloo); use average or sum")
@@ -121,6 +125,7 @@ class HorovodStrategy(Strategy):
             compression=CountedCompression(compressor, traffic),
             op={"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}[options.op],
             backward_passes_per_step=self.trainer.grad_accum,
+            gradient_predivide_factor=predivide_factor(options, group.world_size),
         )
         # Not hvd.broadcast_optimizer_state: on a fresh optimizer it first takes a step with zero gradients to
         # create the state, which advances Adam's step count (and applies weight decay), so the run would no
@@ -131,6 +136,14 @@ class HorovodStrategy(Strategy):
         # all-reduces after the last one, so every micro-batch's backward runs the same way: no GradientSync.
         return HorovodWrapped(model, optimizer, HorovodPrecision(self.trainer.precision, group.device),
                               CheckpointIO(group.rank, group.world_size, group.cuda_devices), model, traffic=traffic)
+
+
+def predivide_factor(options: HorovodOptions, world_size: int) -> float:
+    """Horovod's average sums first and divides after (postscale): fp16 gradients would be summed in fp16 and
+    overflow world_size times sooner than each rank's own. Under fp16 compression each rank divides first (prescale
+    1 / world_size, as torch's fp16 hook for ddp does), so the sum is already the mean. Horovod refuses the factor
+    on ROCm builds and with any op but average (validate() refuses fp16 on ROCm)."""
+    return float(world_size) if options.compression == "fp16" and options.op == "average" else 1.0
 
 
 def _accept_set_to_none(optimizer) -> None:

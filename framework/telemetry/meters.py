@@ -24,10 +24,10 @@ import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
            "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens",
-           "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps")
+           "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps", "skipped_steps")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
  MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS, COMM_SECONDS, BYTES_SENT, BYTES_UNCOMPRESSED,
- COMPRESSED_STEPS) = range(len(COLUMNS))
+ COMPRESSED_STEPS, SKIPPED_STEPS) = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -55,6 +55,7 @@ class IntervalMeter:
         self.first_nonfinite.zero_()
         self.samples = 0
         self.steps = 0
+        self.skipped_steps = 0  # trainer.on_nonfinite=skip: steps whose optimizer step was skipped (no loss, no samples)
         self.data_seconds = 0.0
         for dev in self.memory_devices:  # peaks are per interval: evaluation's peak must not show in training's
             torch.cuda.reset_peak_memory_stats(dev)
@@ -84,8 +85,9 @@ class IntervalMeter:
     def add_data_time(self, seconds: float) -> None:
         self.data_seconds += seconds
 
-    def add_step(self, step: int) -> None:
+    def add_step(self, step: int, skipped: bool = False) -> None:
         self.steps += 1
+        self.skipped_steps += skipped
         if self.traffic:
             self.traffic.end_step()
         # A NaN/inf loss makes the interval's sum non-finite for good; remember the step where that happened.
@@ -107,6 +109,7 @@ class IntervalMeter:
         rows[:, SAMPLES] = torch.tensor(self.slot_sizes, dtype=torch.float64) * micro_batches
         rows[:, SECONDS] = seconds
         rows[:, STEPS] = self.steps
+        rows[:, SKIPPED_STEPS] = self.skipped_steps
         rows[:, DATA_SECONDS] = self.data_seconds
         rows[:, WAIT_SECONDS] = torch.as_tensor(self.wait_clock.read(n), dtype=torch.float64) if self.wait_clock else math.nan
         phases = self.wait_clock.phases(n) if self.wait_clock else None
@@ -165,6 +168,14 @@ class IntervalSummary:
     bytes_sent: float = math.nan
     bytes_uncompressed: float = math.nan
     compressed_steps: float = math.nan
+    # trainer.on_nonfinite=skip: the interval's steps whose optimizer step was skipped (their samples and loss are
+    # not counted)
+    skipped_steps: int = 0
+
+    @property
+    def trained(self) -> bool:
+        """Whether any step of the interval trained: an interval of skipped steps has no loss and no throughput."""
+        return self.steps > self.skipped_steps
 
     @property
     def compression_ratio(self) -> float:
@@ -213,4 +224,5 @@ class IntervalSummary:
             bytes_sent=float(rows[:, BYTES_SENT].sum()),
             bytes_uncompressed=float(rows[:, BYTES_UNCOMPRESSED].sum()),
             compressed_steps=float(rows[0, COMPRESSED_STEPS]),
+            skipped_steps=int(rows[0, SKIPPED_STEPS]),
         )

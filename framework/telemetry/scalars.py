@@ -16,17 +16,22 @@ def lr_scalars(lr: float | dict[str, float]) -> dict[str, float]:
 
 
 def interval_scalars(s: IntervalSummary, lr: float | dict[str, float], cuda: bool) -> dict[str, float]:
-    """lr: one number, or every param group's by name (Trainer.lrs())."""
-    scalars = {"throughput/samples_per_sec": s.samples_per_sec, "loss/train": s.loss, "time/step_ms": s.step_ms,
-               "time/data_ms": s.data_ms, **lr_scalars(lr)}
+    """lr: one number, or every param group's by name (Trainer.lrs()). An interval whose steps were all skipped
+    (trainer.on_nonfinite=skip) has no loss and no throughput point: train/skipped_steps says what happened."""
+    scalars = {"time/step_ms": s.step_ms, "time/data_ms": s.data_ms, **lr_scalars(lr)}
+    if s.trained:
+        scalars.update({"throughput/samples_per_sec": s.samples_per_sec, "loss/train": s.loss})
+    if s.skipped_steps:
+        scalars["train/skipped_steps"] = s.skipped_steps
     for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
-        scalars[f"throughput/samples_per_sec/rank{r}"] = rate
-        scalars[f"loss/train/rank{r}"] = loss
+        if s.trained:
+            scalars[f"throughput/samples_per_sec/rank{r}"] = rate
+            scalars[f"loss/train/rank{r}"] = loss
         scalars[f"memory/optimizer_state_mib/rank{r}"] = s.per_slot_optimizer_state_mib[r]
         if cuda:
             scalars[f"memory/max_allocated_gib/rank{r}"] = s.per_slot_max_mem_gib[r]
             scalars[f"memory/max_reserved_gib/rank{r}"] = s.per_slot_max_reserved_gib[r]
-    if s.per_slot_tokens_per_sec:  # the step counts tokens
+    if s.per_slot_tokens_per_sec and s.trained:  # the step counts tokens
         scalars["throughput/tokens_per_sec"] = s.tokens_per_sec
         for r, rate in enumerate(s.per_slot_tokens_per_sec):
             scalars[f"throughput/tokens_per_sec/rank{r}"] = rate
@@ -47,7 +52,7 @@ def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | N
         if forward == forward:  # dp replicas, pipeline stages
             scalars[f"time/forward_ms/rank{r}"] = forward
             scalars[f"time/backward_ms/rank{r}"] = backward
-        if busy > 0:
+        if busy > 0 and s.trained:
             scalars[f"throughput/device/samples_per_busy_sec/rank{r}"] = s.per_slot_samples[r] / max(1, s.steps) / (
                 busy / 1000)
     for r, sent in enumerate(s.per_slot_bytes_sent):
@@ -55,7 +60,7 @@ def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | N
             scalars[f"comm/bytes_sent/rank{r}"] = sent
     if s.compression_ratio == s.compression_ratio:
         scalars["comm/compression_ratio"] = s.compression_ratio
-    for r, rate in enumerate(tflops):
+    for r, rate in enumerate(tflops if s.trained else []):
         scalars[f"throughput/device/tflops/rank{r}"] = rate
         if mfu[r] is not None:
             scalars[f"throughput/device/mfu/rank{r}"] = mfu[r]

@@ -1,7 +1,8 @@
 """Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
 
 throughput/samples_per_sec, throughput/samples_per_sec/rank{r} (and throughput/tokens_per_sec[/rank{r}] where the
-step counts tokens), loss/train, loss/train/rank{r},
+step counts tokens), loss/train, loss/train/rank{r} (none of these for an interval whose steps were all skipped),
+train/skipped_steps (trainer.on_nonfinite=skip: the interval's skipped steps, where there were some),
 loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr (and lr/<group> for each
 param group when optimizer.param_groups makes several), memory/optimizer_state_mib/rank{r} (what that rank's
 optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}

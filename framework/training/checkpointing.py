@@ -1,15 +1,18 @@
 """When the loop writes checkpoints, and resuming one: every rank calls save (rank 0 writes a single file; for an
-engine that shards them, every rank writes its shards); the files, their commit and the choice of which to resume
-are framework/checkpoints/'s."""
+engine that shards them, every rank writes its shards; an engine state of tensors, each rank its own piece); the
+files, their commit and the choice of which to resume are framework/checkpoints/'s."""
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
-                                         save_checkpoint, save_sharded_checkpoint)
+                                         load_engine_piece, save_checkpoint, save_sharded_checkpoint,
+                                         write_engine_piece)
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
 
@@ -36,13 +39,13 @@ class Checkpointer:
              lr_schedule: dict | None = None) -> Path:
         group, io = self.group, wrapped.checkpoint_io
         rngs = group.gather_objects(rng_state(group.cuda_devices))
-        engines = wrapped.engine_state(group) if isinstance(wrapped, EngineState) else [None]  # ddp's PowerSGD
+        engines, pieces = self._engine_state(wrapped, position.step)
         manifest = {"step": position.step, "epoch": position.epoch, "samples_in_epoch": position.samples_in_epoch,
                     "batch_size": position.batch_size, "signature": self.signature,
                     "world_size": group.world_size, "format": io.format.name,
-                    "param_groups": group_settings(wrapped.optimizer)}  # names and settings, for people and tests
-        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule,
-                           engines if any(e is not None for e in engines) else None)
+                    "param_groups": group_settings(wrapped.optimizer),  # names and settings, for people and tests
+                    **({"engine": pieces} if pieces else {})}
+        state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule, engines)
         if io.format.sharded:  # the engine writes shards on every rank
             saved = save_sharded_checkpoint(
                 self.folder, state, manifest, self.keep,
@@ -64,6 +67,26 @@ class Checkpointer:
             raise CheckpointNotWritten(problems[0])
         self.last = answers[0][1]
         return self.last
+
+    def _engine_state(self, wrapped: Wrapped, step: int) -> tuple[list | None, dict | None]:
+        """An engine's own state (ddp's PowerSGD): with tensors in it (error feedback as large as the gradients),
+        each rank writes its own piece and the manifest lists them (the second value); without, it is small and goes
+        into the checkpoint file, every rank's in rank order (the first). Every rank calls it."""
+        if not isinstance(wrapped, EngineState):
+            return None, None
+        mine, group = wrapped.engine_state(), self.group
+        if not _holds_tensors(mine):
+            return group.gather_objects(mine), None
+        problem, entry = None, None
+        try:
+            entry = write_engine_piece(self.folder, step, group.rank, mine)
+        except CheckpointNotWritten as exc:
+            problem = str(exc)
+        answers = group.gather_objects((problem, entry))  # every rank learns whether every piece was written
+        problems = [p for p, _ in answers if p]
+        if problems:
+            raise CheckpointNotWritten(problems[0])
+        return None, {"holds": mine.get("holds"), "files": dict(e for _, e in answers)}
 
     def last_saved(self) -> Path | None:
         """This run's newest committed checkpoint: the last one it wrote, or the one it resumed from its own folder."""
@@ -95,18 +118,36 @@ class Checkpointer:
         if checkpoint.path.parent == self.folder:
             self.last = checkpoint.path
         changes = _changes(checkpoint.manifest, position, self.group.world_size, self.batch_size)
-        engine = _engine_state(wrapped, state.get("engine"), self.group, position.step)
+        engine = _engine_state(wrapped, checkpoint, state.get("engine"), self.group, position.step)
         self.say(f"resumed from {checkpoint.path} (step {position.step}, epoch {position.epoch + 1}){changes}"
                  f"{'; ' + engine if engine else ''}")
         return position, totals, state.get("callbacks", {}), state.get("lr_schedule")
 
 
-def _engine_state(wrapped: Wrapped, saved: list | None, group: ProcessGroup, step: int) -> str:
-    """The engine's own state back on every rank (EngineState); what it resets, in words."""
+def _engine_state(wrapped: Wrapped, checkpoint: Checkpoint, saved: list | None, group: ProcessGroup, step: int) -> str:
+    """The engine's own state back on every rank (EngineState): each rank reads its own piece where the manifest
+    lists the ranks' pieces, else its entry of the list in the checkpoint file (every rank's: small, or written
+    before the pieces); what it resets, in words."""
+    pieces = checkpoint.manifest.get("engine")
+    if pieces:
+        saved_world, held = len(pieces["files"]), pieces.get("holds")
+        mine = load_engine_piece(checkpoint, group.rank, group.world_size) if isinstance(wrapped, EngineState) \
+            else None
+    else:
+        saved_world = len(saved) if saved else 0
+        mine = (saved[group.rank] if saved_world == group.world_size else saved[0]) if saved else None
+        held = next((state["holds"] for state in saved or [] if state and state.get("holds")), None)
     if isinstance(wrapped, EngineState):
-        return wrapped.load_engine_state(saved, group.rank, group.world_size, step)
-    held = next((state["holds"] for state in saved or [] if state and state.get("holds")), None)
+        return wrapped.load_engine_state(mine, saved_world, group.world_size, step)
     return f"the checkpoint's {held} are not used by this engine" if held else ""
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    return isinstance(value, (list, tuple)) and any(_holds_tensors(v) for v in value)
 
 
 def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:

@@ -163,13 +163,14 @@ class CountsTraffic(Protocol):
 class EngineState(Protocol):
     """An engine that keeps training state of its own beside model and optimizer, different on each rank (ddp's
     PowerSGD: each rank's error feedback, the warm-start factors, its step count). Every checkpoint holds every
-    rank's (framework/training/checkpointing.py): engine_state is a collective that returns them in rank order, on
-    every rank; a resume gives them back, and the engine says what it resets ('' for nothing): another world size,
-    another strategy.compression."""
+    rank's (framework/training/checkpointing.py): engine_state is this rank's own (CPU tensors and plain values; no
+    collective), which each rank writes itself where it holds tensors; a resume gives each rank its own back (rank
+    0's where `saved_world`, the ranks that wrote it, is not this world size; None: the checkpoint holds none), and
+    the engine says what it resets ('' for nothing): another world size, another strategy.compression."""
 
-    def engine_state(self, group: ProcessGroup) -> list: ...
+    def engine_state(self) -> dict: ...
 
-    def load_engine_state(self, saved: list | None, rank: int, world_size: int, step: int) -> str: ...
+    def load_engine_state(self, mine: dict | None, saved_world: int, world_size: int, step: int) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

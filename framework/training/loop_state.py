@@ -49,7 +49,8 @@ class RunTotals:
             self.slot_samples[i] += s.per_slot_samples[i]
             self.slot_seconds[i] += s.seconds  # the job's time, as each interval's rates: the ranks add up to the job
             self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
-        self.train_loss = s.loss
+        if s.trained:  # an interval of skipped steps has no loss
+            self.train_loss = s.loss
         self._add_traffic(s)
 
     def _add_traffic(self, s: IntervalSummary) -> None:

@@ -23,6 +23,7 @@ from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTot
 from framework.training.engine import ProcessGroup, Weighting, Wrapped, forward_backward, gradient_sync
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import build_lr_schedule
+from framework.training.skips import SkipStreak
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
 
 
@@ -101,6 +102,7 @@ class Trainer:
         # said so)
         self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,
                                              self.state.higher_is_better)
+        self.skips = SkipStreak(options.max_consecutive_skips)
         caveat = getattr(telemetry.clock, "caveat", None)
         if caveat and len(telemetry.meter.slot_sizes) > 1 and group.is_main:
             self.say(f"note: {caveat}")
@@ -238,7 +240,11 @@ class Trainer:
         for count in tokens:
             if count is not None:
                 self.telemetry.meter.add_tokens(count)
-        self.telemetry.meter.add_step(step)
+        self.telemetry.meter.add_step(step, skipped=not stepped)
+        stuck = self.skips.record(step, stepped)
+        if stuck:
+            raise TrainingStopped(f"{stuck}; stopped; {self._kept()}. Lower optimizer.lr, set trainer.grad_clip or "
+                                  "use trainer.precision=fp32")
 
     def _log(self, step: int) -> None:
         self.telemetry.heartbeat.beat(step, "log")
@@ -260,13 +266,15 @@ class Trainer:
         if not bad:
             return
         rank, step = min(bad, key=lambda b: b[1])
-        last = self.checkpointer.last_saved()
-        kept = f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
         raise TrainingStopped(
             f"the training loss became NaN/inf at step {step} on rank {rank}; stopped "
-            f"(trainer.on_nonfinite=stop); {kept}. Lower optimizer.lr, set trainer.grad_clip, "
+            f"(trainer.on_nonfinite=stop); {self._kept()}. Lower optimizer.lr, set trainer.grad_clip, "
             "use trainer.precision=fp32, or trainer.on_nonfinite=skip"
         )
+
+    def _kept(self) -> str:
+        last = self.checkpointer.last_saved()
+        return f"the last good checkpoint is {last}" if last else "no checkpoint had been written yet"
 
     def _evaluate(self, step: int) -> None:
         main = self.group.is_main

@@ -3,6 +3,7 @@ hands to its all-reduces, the gradients against uncompressed DDP's, PowerSGD's b
 really all-reduces, and its state carried by parameter into a DDP whose buckets are laid out otherwise (what a
 resumed run's first step meets). FSDP2's bf16 reduce-scatter likewise."""
 import copy
+import math
 
 import pytest
 import torch
@@ -127,8 +128,6 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     their first layout (DDP rebuilds them after its first step, in the order gradients became ready), gets the
     state by parameter (every rank's, as a checkpoint holds it) or not. Step 6's gradients of both, and what the
     state load said."""
-    from framework.strategies.groups import TorchGroup
-
     torch.manual_seed(0)
     model = _mlp()
     ddp, hook = _wrapped(model, "powersgd", rank=2, start_step=3)
@@ -136,11 +135,9 @@ def _resumed_step(rank: int, world: int, carry_state: bool):
     batches = _batches("mlp", rank, 6)
     for batch in batches[:5]:
         _step(ddp, batch, optimizer)
-    saved = hook.gathered_state(TorchGroup(rank, rank, world, CPU))  # what a checkpoint holds, every rank's
-    assert len(saved) == world and all(set(s["pieces"]) == set(saved[0]["pieces"]) for s in saved)
-    assert not torch.equal(saved[0]["pieces"][0]["error"], saved[1]["pieces"][0]["error"]), "each rank its own"
+    saved = hook.state_dict()  # what this rank writes into a checkpoint
     resumed, resumed_hook = _wrapped(copy.deepcopy(model), "powersgd", rank=2, start_step=3)
-    said = resumed_hook.load_state_dict(saved if carry_state else None, rank, world, step=5)
+    said = resumed_hook.load_state_dict(saved if carry_state else None, world, world, step=5)
     first_layout = tuple(resumed_hook.index[id(p)] for p in resumed.module.parameters())
     expected, got = _step(ddp, batches[5]), _step(resumed, batches[5])
     return expected, got, said, hook.layouts[0], first_layout
@@ -215,3 +212,135 @@ def test_powersgd_over_several_buckets_keeps_the_ranks_collectives_in_order_on_g
     ordered them differently on the two ranks (gloo aborts: "Received data size doesn't match expected size")."""
     for buckets, same in world2.run(_many_buckets):
         assert buckets >= 2 and same
+
+
+def _one_overflow(rank: int, world: int, compression: str):
+    """Eight steps of the MLP, PowerSGD (rank 2) from step 3, and at step 4 rank 0's loss times inf (a GradScaler
+    overflow, or a non-finite step trainer.on_nonfinite=skip skips): whether each step's averaged gradients were
+    finite, and whether the ranks' agreed. A step with non-finite gradients is skipped, as the loop skips it."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = _mlp()
+    ddp, _ = _wrapped(model, compression, **({"rank": 2, "start_step": 3} if compression == "powersgd" else {}))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    finite, same = [], []
+    for step, (x, y) in enumerate(_batches("mlp", rank, 8), start=1):
+        ddp.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        (loss * (math.inf if step == 4 and rank == 0 else 1.0)).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        finite.append(bool(torch.isfinite(grads).all()))
+        if finite[-1]:
+            optimizer.step()
+        everyone = [torch.empty_like(grads) for _ in range(world)]
+        dist.all_gather(everyone, grads)
+        same.append(all(torch.equal(everyone[0], other) for other in everyone) if finite[-1] else None)
+    return finite, same
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "powersgd"])
+def test_one_non_finite_step_leaves_the_next_steps_finite(world2, compression):
+    """torch's PowerSGD hook adds the error feedback to every later gradient and warm-starts from Q: without
+    recover() one inf made steps 4-8 non-finite (every later step skipped) under powersgd, not under none or fp16."""
+    for finite, same in world2.run(_one_overflow, compression):
+        assert finite == [True, True, True, False, True, True, True, True]
+        assert all(s for s in same if s is not None), "the ranks' gradients agree after the redraw"
+
+
+def _synchronizes(rank: int, world: int, bucket_cap_mb: float):
+    """Four steps of a 1.6M-parameter MLP, PowerSGD from step 3, with CUDA reported available and
+    torch.cuda.synchronize counted (the CPU buckets' device is never synchronized): the synchronizations of each
+    step, and the gradient buckets."""
+    from unittest import mock
+
+    from framework.config.strategy_options import PowerSGDOptions
+    from framework.strategies.ddp_compression import GradientHook, gradient_hook
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    hook = GradientHook("powersgd", PowerSGDOptions(rank=2, start_step=3), list(model.parameters()))
+    ddp.register_comm_hook(hook, gradient_hook)
+    g = torch.Generator().manual_seed(rank)
+    counts = []
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.synchronize") as sync:
+        for _ in range(4):
+            sync.reset_mock()
+            _step(ddp, (torch.randn(8, 256, generator=g), torch.randint(0, 4, (8,), generator=g)))
+            counts.append(sync.call_count)
+    return counts, len(hook.layouts)
+
+
+def test_powersgd_synchronizes_the_device_once_per_bucket_where_cuda_is_available(world2):
+    """torch's powerSGD_hook ends each bucket with torch.cuda.synchronize whenever CUDA is available: on NCCL the
+    backward waits for every bucket's reduction (docs/strategies.md), so fewer, larger buckets wait less often."""
+    for (small, buckets), (large, one) in zip(world2.run(_synchronizes, 1), world2.run(_synchronizes, 100)):
+        assert buckets >= 2 and one == 1
+        assert small == [0, 0, buckets, buckets], "none before its start, then one per bucket"
+        assert large == [0, 0, 1, 1]
+
+
+def _checkpointed(rank: int, world: int, folder: str):
+    """strategy=ddp with PowerSGD (rank 2, from step 3) trains 5 steps and the loop's Checkpointer saves; a fresh
+    DDP of the same start resumes from it, and from the same checkpoint in the format written before each rank wrote
+    its own piece (every rank's state in the one file). What the checkpoint's files hold, and step 6's gradients of
+    the three."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from framework.checkpoints.position import Position
+    from framework.checkpoints.store import Checkpoint, engine_folder, load_checkpoint, save_checkpoint
+    from framework.strategies.groups import TorchGroup
+    from framework.training.checkpointing import Checkpointer
+    from support.driver import strategy_for
+
+    strategy = strategy_for("strategy=ddp", "trainer.accelerator=cpu", "strategy.compression=powersgd",
+                            "strategy.powersgd.rank=2", "strategy.powersgd.start_step=3")
+    group = TorchGroup(rank, rank, world, CPU)
+    torch.manual_seed(0)
+    start = _mlp()
+
+    def wrapped_from(model):
+        return strategy.parallelize(copy.deepcopy(model), lambda params: torch.optim.SGD(params, lr=0.1), group)
+
+    trained = wrapped_from(start)
+    batches = _batches("mlp", rank, 6)
+    for batch in batches[:5]:
+        _step(trained.model, batch, trained.optimizer)
+    checkpointer = Checkpointer(group, Path(folder) / "new", None, 2, 16, {}, lambda line: None)
+    path = checkpointer.save(trained, Position(5, 0, 80, 16), {}, {})
+    checkpoint = Checkpoint(path, json.loads(path.with_suffix(".json").read_text()))
+    in_file = load_checkpoint(checkpoint)["engine"]
+    pieces = sorted(p.name for p in engine_folder(path).iterdir())
+    mine = trained.engine_state()
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    old = Path(folder) / "old" / "checkpoints"
+    if rank == 0:  # what a checkpoint held before: every rank's state in the one file, no pieces
+        state = {**load_checkpoint(checkpoint), "engine": every}
+        manifest = {k: v for k, v in checkpoint.manifest.items() if k not in ("engine", "file", "bytes", "sha256")}
+        save_checkpoint(old, state, manifest, keep=1)
+    dist.barrier()
+    old_path = old / path.name
+    old_checkpoint = Checkpoint(old_path, json.loads(old_path.with_suffix(".json").read_text()))
+    expected = _step(trained.model, batches[5])
+    got = []
+    for saved in (checkpoint, old_checkpoint):
+        resumed = wrapped_from(start)
+        Checkpointer(group, Path(folder) / "resumed", None, 2, 16, {}, lambda line: None).resume(saved, resumed)
+        got.append(_step(resumed.model, batches[5]))
+    return in_file, pieces, checkpoint.manifest["engine"], expected, got
+
+
+def test_each_rank_writes_and_reads_its_own_powersgd_piece_and_old_checkpoints_still_load(world2, tmp_path):
+    """No rank gathers another's error feedback (as large as the gradients): each writes its piece beside the
+    checkpoint, listed in the manifest, and reads its own back; the resumed step equals the uninterrupted one."""
+    for in_file, pieces, listed, expected, got in world2.run(_checkpointed, str(tmp_path)):
+        assert in_file is None and pieces == ["rank0.pt", "rank1.pt"]
+        assert sorted(listed["files"]) == pieces and listed["holds"].startswith("PowerSGD's error feedback")
+        for resumed in got:  # from each rank's piece, and from the format before
+            for e, g in zip(expected, resumed):
+                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-8)

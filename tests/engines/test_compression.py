@@ -81,3 +81,20 @@ def test_a_resume_on_one_worker_says_it_resets_each_ranks_error_feedback(runs):
     [line] = [line for line in run.stdout.splitlines() if line.startswith("resumed from")]
     assert line.endswith("; PowerSGD resets its error feedback (each rank's own: written by 2 ranks, continuing on "
                          "1)"), line
+
+
+def test_one_non_finite_powersgd_step_is_skipped_and_the_run_trains_on(runs):
+    """A new user's run (issue 55): PowerSGD rank 1, trainer.on_nonfinite=skip, one step's loss NaN on rank 1. Before
+    the hook let its state go, every later step was skipped, the run ended with exit 0, and TensorBoard showed a loss
+    of 0.0 and 0 samples/s at each skipped step."""
+    bad = START + 2
+    run = runs.train([*POWERSGD, "trainer.on_nonfinite=skip"], faults=f"nan_loss:{bad}:1").ok()
+    assert [line for line in run.stdout.splitlines() if "step skipped" in line] == [
+        f"step {bad}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)"]
+    assert run.result()["skipped_steps"] == 1
+    scalars = read_scalars(run.run_dir)
+    losses = dict(scalars["loss/train"])
+    assert sorted(losses) == [s for s in range(1, STEPS + 1) if s != bad], "no loss point at the skipped step"
+    assert all(0 < v < 10 for v in losses.values())
+    assert sorted(dict(scalars["throughput/samples_per_sec"])) == sorted(losses)
+    assert scalars["train/skipped_steps"] == [(bad, 1.0)]

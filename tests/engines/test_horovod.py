@@ -6,13 +6,15 @@ exception or death, and a signal that stops every worker. The refusals: tests/un
 
 The module is skipped only when horovod is not importable; scripts/setup.sh builds it (setup.d/10-horovod.sh)."""
 import json
+import math
 import signal
 import uuid
 
 import pytest
 
 from support.marks import needs_gpu
-from support.processes import TINY, check_ok, faults_env, gone_within, held_at, run_train, start_train, wait_until_held
+from support.processes import (TINY, check_ok, faults_env, gone_within, held_at, run_train, start_train,
+                               user_code_env, wait_until_held)
 from support.references import LENET, STEPS, adam
 from support.run_files import assert_curves_match, read_scalars, run_dirs
 
@@ -62,6 +64,16 @@ def test_fp16_compression_and_sum_op_train(runs):
     assert {v for _, v in scalars["comm/compression_ratio"]} == {2.0}
     assert {v for r in (0, 1) for _, v in scalars[f"comm/bytes_sent/rank{r}"]} == {2 * 129_068}
     assert "| fp16: 2.0x fewer gradient bytes; wait " in run.stdout
+
+
+def test_fp16_compression_averages_gradients_whose_fp16_sum_would_overflow(runs):
+    """Each rank's probe gradient is 40,000 (support/user_code/large_gradients.py): summed in fp16 before Horovod's
+    average divides (its default) the two make inf and the loss NaN from step 2; each rank divides first under fp16
+    compression (gradient_predivide_factor = world size), so the sum is the mean, 40,000."""
+    run = runs.train(["strategy=horovod", "strategy.compression=fp16", "model._target_=large_gradients.ProbedLeNet",
+                      *LENET, "trainer.max_steps=4"], env=user_code_env()).ok()
+    losses = read_scalars(run.run_dir)["loss/train"]
+    assert [s for s, _ in losses] == [1, 2, 3, 4] and all(math.isfinite(v) for _, v in losses)
 
 
 def test_sweep_over_ddp_and_horovod_makes_one_folder_per_job(runs):

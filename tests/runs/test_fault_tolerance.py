@@ -77,6 +77,16 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
+def test_a_run_that_skips_step_after_step_stops_with_one_line(runs):
+    """trainer.on_nonfinite=skip with steps 3-5 NaN and a bound of 3: the run stops at step 5, not as if it trained."""
+    run = runs.train(["strategy=single", *RUN, "trainer.on_nonfinite=skip", "trainer.max_consecutive_skips=3"],
+                     faults="nan_loss:3:0,nan_loss:4:0,nan_loss:5:0")
+    assert run.returncode != 0
+    assert ("3 optimizer steps in a row (steps 3 to 5) were skipped for a non-finite loss or gradient "
+            "(trainer.max_consecutive_skips=3): the run is not training; stopped; the last good checkpoint is ") \
+        in run.stderr
+
+
 def test_nan_loss_can_skip_the_step_instead(tmp_path):
     out = check_ok(run_train(["strategy=single", *RUN, "trainer.on_nonfinite=skip"], tmp_path,
                              faults="nan_loss:6:0"))

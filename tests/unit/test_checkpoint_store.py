@@ -6,11 +6,15 @@ import pytest
 import torch
 
 from framework.checkpoints.store import (
+    engine_folder,
     find_checkpoint,
+    keep_apart,
     list_checkpoints,
     load_checkpoint,
+    load_engine_piece,
     newest_valid,
     save_checkpoint,
+    write_engine_piece,
 )
 from framework.common.errors import ConfigError
 
@@ -60,6 +64,33 @@ def test_what_a_killed_writer_left_goes_at_the_next_commit(tmp_path):
     _save(tmp_path, 4)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "step-00000001.json", "step-00000001.pt", "step-00000004.json", "step-00000004.pt"]
+
+
+def _save_with_pieces(folder, step, keep=3, ranks=2):
+    """A checkpoint whose ranks each wrote an engine piece (ddp's PowerSGD) before rank 0 committed it."""
+    files = dict(write_engine_piece(folder, step, r, {"error": torch.full((3,), float(r))}) for r in range(ranks))
+    return save_checkpoint(folder, {"w": torch.zeros(1)}, {"step": step, "epoch": 0, "engine": {"files": files}}, keep)
+
+
+def test_engine_pieces_are_verified_read_by_their_own_rank_kept_apart_and_pruned_with_their_checkpoint(tmp_path):
+    first = _save_with_pieces(tmp_path, 1, keep=2)
+    (tmp_path / "step-00000002.engine").mkdir()  # a leftover: its ranks wrote, the commit never came
+    second = _save_with_pieces(tmp_path, 3, keep=2)
+    assert not (tmp_path / "step-00000002.engine").exists()
+    assert torch.equal(load_engine_piece(second, rank=1, world_size=2)["error"], torch.ones(3))
+    assert torch.equal(load_engine_piece(second, rank=2, world_size=3)["error"], torch.zeros(3)), "rank 0's"
+    best = keep_apart(second.path, tmp_path / "best")
+    assert sorted(p.name for p in engine_folder(best.path).iterdir()) == ["rank0.pt", "rank1.pt"]
+    _save_with_pieces(tmp_path, 4, keep=2)
+    assert not engine_folder(first.path).exists() and engine_folder(second.path).exists()
+    piece = engine_folder(second.path) / "rank1.pt"
+    piece.write_bytes(piece.read_bytes()[:10])
+    warnings = []
+    assert newest_valid(tmp_path, warnings.append).step == 4 and not warnings
+    _save_with_pieces(tmp_path, 5, keep=3)
+    (engine_folder(tmp_path / "step-00000005.pt") / "rank0.pt").unlink()
+    assert newest_valid(tmp_path, warnings.append).step == 4
+    assert "step-00000005.engine/rank0.pt: cannot read it" in warnings[0]
 
 
 class RunsCode:

@@ -183,37 +183,37 @@ def _saved(ranks: int, rank: int = 2) -> list[dict]:
 
 def test_the_same_world_gets_every_piece_back_and_nothing_is_reset():
     hook = _powersgd()
-    assert hook.load_state_dict(_saved(2), rank=1, world_size=2, step=8) == ""
+    assert hook.load_state_dict(_saved(2)[1], 2, world_size=2, step=8) == ""
     assert hook.powersgd.iter == 8
     assert torch.equal(hook.pending[0]["error"], torch.full((512,), 1.0)) and "q" in hook.pending[0]
 
 
 def test_another_world_size_resets_the_error_feedback_each_rank_kept_and_keeps_the_factors():
     hook = _powersgd()
-    said = hook.load_state_dict(_saved(2), rank=0, world_size=1, step=8)
+    said = hook.load_state_dict(_saved(2)[0], 2, world_size=1, step=8)
     assert said == "PowerSGD resets its error feedback (each rank's own: written by 2 ranks, continuing on 1)"
     assert set(hook.pending[0]) == {"q"} and hook.powersgd.iter == 8
 
 
 def test_another_rank_resets_the_warm_start_factors():
     hook = _powersgd(rank=4)
-    said = hook.load_state_dict(_saved(2, rank=2), rank=0, world_size=2, step=8)
+    said = hook.load_state_dict(_saved(2, rank=2)[0], 2, world_size=2, step=8)
     assert said == "PowerSGD resets its warm-start factors (rank 2 -> 4)"
     assert set(hook.pending[0]) == {"error"}
 
 
 def test_another_compression_says_what_it_drops_or_starts_without():
     plain = GradientHook("none", PowerSGDOptions(), [])
-    assert plain.load_state_dict(_saved(2), rank=0, world_size=2, step=8) == (
+    assert plain.load_state_dict(_saved(2)[0], 2, world_size=2, step=8) == (
         "strategy.compression was powersgd rank 2, now none: the checkpoint's PowerSGD state (error feedback, "
         "warm-start factors) is dropped")
     hook = _powersgd()
-    said = hook.load_state_dict([plain.state_dict()] * 2, rank=0, world_size=2, step=8)
+    said = hook.load_state_dict(plain.state_dict(), 2, world_size=2, step=8)
     assert said == ("strategy.compression was none, now powersgd rank 2: PowerSGD goes on from step 9 with no error "
                     "feedback and fresh factors")
     assert hook.powersgd.iter == 8 and not hook.pending
     later = _powersgd(start_step=20)  # still in its warm-up: nothing of PowerSGD's to reset
-    assert later.load_state_dict([plain.state_dict()] * 2, rank=0, world_size=2, step=8) == (
+    assert later.load_state_dict(plain.state_dict(), 2, world_size=2, step=8) == (
         "strategy.compression was none, now powersgd rank 2")
 
 

@@ -95,6 +95,16 @@ def test_bad_horovod_values_fail_before_any_worker_starts(tmp_path, args, messag
     assert message in line, line
 
 
+def test_fp16_compression_is_refused_on_a_rocm_horovod_which_takes_no_predivide_factor(tmp_path, monkeypatch):
+    """On ROCm Horovod refuses gradient_predivide_factor, so fp16 gradients would be summed before the average."""
+    hvd = pytest.importorskip("horovod.torch")
+    monkeypatch.setattr(hvd, "rocm_built", lambda: True)
+    line = driver_says(["strategy=horovod", "strategy.compression=fp16", *TINY], tmp_path)
+    assert "strategy.compression=fp16 is not allowed with this horovod build (ROCm): it would sum fp16 gradients" \
+        in line and "\n" not in line, line
+    assert driver_says(["strategy=horovod", "strategy.compression=fp16", "strategy.op=sum", *TINY], tmp_path) == ""
+
+
 @pytest.mark.parametrize("engine,module,install", [
     ("deepspeed", "deepspeed", "pip install '.[deepspeed]'"),
     ("horovod", "horovod", "install it with: bash scripts/setup.d/10-horovod.sh .venv"),
