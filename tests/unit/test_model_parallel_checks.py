@@ -313,3 +313,14 @@ def test_the_mesh_refuses_a_torch_older_than_the_one_it_is_tested_with(tmp_path,
     line = driver_says([*CHAR_LM, "strategy=tp"], tmp_path)
     assert line.startswith("strategy=tp is not allowed with torch 2.5.1: the mesh engine needs torch >= 2.14"), line
     assert driver_says([*CHAR_LM, "strategy=ddp"], tmp_path) == ""
+
+
+@pytest.mark.parametrize("version", ["2.14.0a0+gitabc1234", "2.14.0.dev20261101", "2.14.0rc1", "2.15.0a0+cu130"])
+def test_the_mesh_takes_a_pre_release_build_of_the_torch_it_is_tested_with(tmp_path, monkeypatch, version):
+    """NVIDIA's containers and nightlies: PEP 440 sorts 2.14.0a0 before 2.14, the release tuple does not."""
+    from torch.torch_version import TorchVersion
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion(version))
+    assert driver_says([*CHAR_LM, "strategy=tp"], tmp_path) == ""
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.13.9"))
+    assert driver_says([*CHAR_LM, "strategy=tp"], tmp_path).startswith("strategy=tp is not allowed with torch 2.13.9")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import torch
 from torch import nn
-from torch.torch_version import TorchVersion
 
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
@@ -40,7 +40,14 @@ from framework.training.speedups import SpeedupModules
 
 
 # pyproject allows torch >= 2.4 for the other engines; the mesh's APIs are newer, and this is the torch its tests ran
-TESTED_TORCH = "2.14"
+TESTED_TORCH = (2, 14)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """A torch version's release numbers: NVIDIA's containers and nightlies build `2.14.0a0+sha`, which PEP 440
+    sorts before 2.14 although it holds 2.14's APIs."""
+    leading = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in leading.group().split(".")[:len(TESTED_TORCH)]) if leading else ()
 
 
 class MeshStrategy(ElasticStrategy):
@@ -73,11 +80,12 @@ class MeshStrategy(ElasticStrategy):
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
         o, t, shape = self.options, self.trainer, self.shape
-        if TorchVersion(torch.__version__) < TESTED_TORCH:
+        if release(torch.__version__) < TESTED_TORCH:
+            tested = ".".join(map(str, TESTED_TORCH))
             raise ConfigError(f"strategy={self.name} is not allowed with torch {torch.__version__}: the mesh engine "
-                              f"needs torch >= {TESTED_TORCH}, what it is tested with (torch.distributed.pipelining's "
+                              f"needs torch >= {tested}, what it is tested with (torch.distributed.pipelining's "
                               "pre-split micro-batches and zero-bubble schedules, DTensor's norms); pip install "
-                              f"'torch>={TESTED_TORCH}' (the other strategies take torch >= 2.4)")
+                              f"'torch>={tested}' (the other strategies take torch >= 2.4)")
         if t.cuda and "nccl" not in self.backend:
             raise ConfigError(f"strategy.backend={o.backend} is not allowed with strategy={self.name} on GPUs: the "
                               "mesh's collectives (FSDP2's reduce-scatter, tensor parallel's all-reduces, the "
