@@ -216,3 +216,37 @@ def test_the_mesh_shards_the_model_before_it_moves_what_is_left_to_the_device(wo
     for overrides in (("strategy=tp",), ("strategy=tp", "strategy.tp=1", "strategy.dp_shard=2")):
         for moves in world2.run(_moved_after_sharding, overrides):
             assert moves and moves[0] is True, (overrides, moves)
+
+
+def _tie_after_sharding_two_stages_of_one_rank(rank: int, world: int) -> list[bool]:
+    """ZBVZeroBubble's rank 0 with a data-parallel axis: the GPT's first and last stage (of 4) as the views
+    parallelize() makes of them, each sharded as its own FSDP2 root over dp_shard=2, as MeshStrategy._split does.
+    Whether the head is still the embedding's parameter, before and after."""
+    from framework.models.blocks import auto_units, innermost_first
+    from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
+    from framework.strategies.fsdp_units import without_tied
+    from framework.strategies.model_parallel.group import MeshGroup
+    from framework.strategies.model_parallel.pipeline_cut import stage_pieces, view
+    from framework.strategies.model_parallel.shape import MeshShape
+
+    from framework.models.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT((8,), 11, n_layer=4, n_head=2, n_embd=8)
+    stages = stage_pieces(model, 4, None)
+    first, last = view(model, set(stages[0])), view(model, set(stages[3]))
+    tied = [first.wte.weight is last.head.weight]
+    group = MeshGroup(rank, rank, world, CPU).on_mesh(MeshShape(dp_shard=world))
+    for part in (first, last):
+        shard_with_fsdp2(part, innermost_first(part, without_tied(part, auto_units(part))), group.dp_mesh(),
+                         ShardPrecision.of("fp32"), reshard_after_forward=False)
+    return tied + [first.wte.weight is last.head.weight]
+
+
+def test_torch_still_unties_a_parameter_two_fsdp2_roots_of_one_rank_share(world2):
+    """The reason the driver refuses ZBVZeroBubble with a data-parallel axis for a model whose first and last stages
+    share a parameter (tied_on_one_rank, tests/unit/test_model_parallel_checks.py): fully_shard replaces a parameter
+    only on the modules of its own call, so the two stage views end with two parameters. If this starts failing,
+    torch keeps the tie, and the refusal could go."""
+    for before, after in world2.run(_tie_after_sharding_two_stages_of_one_rank):
+        assert before and not after

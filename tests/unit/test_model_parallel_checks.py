@@ -88,6 +88,12 @@ CASES = {
                                         "model.n_layer=6"],
                                        "strategy.stages_per_rank=3 is not allowed with strategy.schedule=ZBVZeroBubble: "
                                        "it runs exactly 2 stages per rank"),
+    "zbv_untying_the_head_from_its_embedding": (
+        ["strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4", "strategy.dp_shard=2"],
+        "strategy.schedule=ZBVZeroBubble is not allowed with strategy.dp_shard=2 for GPT: its stages 0 and 3, both on "
+        "one pipeline rank, share wte.weight and head.weight (one tied parameter), and FSDP2 would shard each stage's "
+        "copy as a parameter of its own, trained apart; use a schedule or split points that put them on two ranks "
+        "(strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble)"),
     "zero_bubble_compiled": (["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4",
                               "trainer.compile=true"],
                              "trainer.compile=true is not allowed with strategy.schedule=InterleavedZeroBubble: a "
@@ -118,6 +124,9 @@ def test_good_meshes_pass_the_driver(tmp_path):
                       ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"],
                       ["strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"],
                       ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4"],
+                      # the tied head on another pipeline rank than its embedding: TiedGradients sums their copies
+                      ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4",
+                       "strategy.dp_shard=2"],
                       # the sequence split by the first block's input, as the GPT's own plan does
                       ["strategy=tp", "+strategy.plan={blocks.0:shard_sequence,blocks.*.ln_1:sequence,"
                                       "blocks.*.attn:gather_sequence,ln_f:sequence,head:gather_sequence}"],

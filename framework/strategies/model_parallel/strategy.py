@@ -34,7 +34,7 @@ from framework.strategies.model_parallel.pipeline_run import PipelineRunner
 from framework.strategies.model_parallel.precision import MeshPrecision
 from framework.strategies.model_parallel.shape import MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
-from framework.strategies.model_parallel.tied import TiedGradients, find_ties
+from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
@@ -158,7 +158,23 @@ class MeshStrategy(ElasticStrategy):
         if o.tp > 1:
             check_plan(model, o)
         if o.pp > 1:
-            stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
+            stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
+            if self.shape.sharded:
+                self._check_ties_on_one_rank(model, stages)
+
+    def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
+        o = self.options
+        found = tied_on_one_rank(model, stages, stage_ranks(len(stages), o.pp, o.schedule))
+        if found is None:
+            return
+        tie, shared = found
+        axes = " and ".join(f"strategy.{k}={getattr(o, k)}" for k in ("dp_replicate", "dp_shard") if getattr(o, k) > 1)
+        raise ConfigError(f"strategy.schedule={o.schedule} is not allowed with {axes} for {type(model).__name__}: "
+                          f"its stages {' and '.join(map(str, shared))}, both on one pipeline rank, share "
+                          f"{' and '.join(tie.names)} (one tied parameter), and FSDP2 would shard each stage's copy "
+                          "as a parameter of its own, trained apart; use a schedule or split points that put them on "
+                          "two ranks (strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble), or no data-parallel "
+                          "axis (strategy.dp_shard=1 strategy.dp_replicate=1)")
 
     def check_task(self, model: nn.Module, example, train) -> None:
         self._check_stream(train)
