@@ -269,3 +269,25 @@ def test_every_run_takes_the_layout_and_threads_the_strategys_run_resolves(tmp_p
     assert runner.environment == {"OMP_NUM_THREADS": str(threads_per_worker(2))}
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert _prepared(args, tmp_path / "again").runner.environment == {}, "the user's own setting is every run's"
+
+
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 79.19 "
+       "GiB of which 1.25 GiB is free.")
+
+
+def test_a_one_process_run_out_of_gpu_memory_says_why_and_what_to_lower(tmp_path):
+    """verify.py's one-process run trains the whole global batch on one GPU: a ddp run sized to fill its GPUs made it
+    run out of memory, reported as 'the single run failed' with torch's last line."""
+    from framework.verify.runs import _failure
+
+    log = tmp_path / "single.log"
+    log.write_text(f"Traceback (most recent call last):\n  ...\n{OOM}\n")
+    line = _failure("single", 1, log)
+    assert line.startswith("the single run ran out of GPU memory (exit 1): one process trains each step's whole "
+                           "global batch on one GPU, where the strategy's run splits it over its workers; lower "
+                           "trainer.batch_size for the comparison"), line
+    assert "\n" not in line and line.endswith(f"its output: {log}")
+    assert _failure("fp32/single", 1, log).startswith("the fp32/single run ran out of GPU memory (exit 1): one process")
+    assert _failure("ddp", 1, log).startswith("the ddp run ran out of GPU memory (exit 1): lower trainer.batch_size")
+    log.write_text("Traceback (most recent call last):\nValueError: something else\n")
+    assert _failure("single", 1, log).startswith("the single run failed (exit 1): ValueError: something else")
