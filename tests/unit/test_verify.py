@@ -69,6 +69,8 @@ def test_the_runs_overrides_compose_and_pass_train_pys_checks(tmp_path):
             assert driver_says([*args, *first_steps(5)], tmp_path) == "", args
     both = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "fp32", None))
     assert driver_says([*user, *both.both, *first_steps(5)], tmp_path) == ""
+    on_gpus = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "bf16", None, cuda=True))
+    assert driver_says([*user, *on_gpus.both, *first_steps(5)], tmp_path) == ""
 
 
 def test_the_one_process_run_keeps_everything_but_the_strategy():
@@ -291,3 +293,47 @@ def test_a_one_process_run_out_of_gpu_memory_says_why_and_what_to_lower(tmp_path
     assert _failure("ddp", 1, log).startswith("the ddp run ran out of GPU memory (exit 1): lower trainer.batch_size")
     log.write_text("Traceback (most recent call last):\nValueError: something else\n")
     assert _failure("single", 1, log).startswith("the single run failed (exit 1): ValueError: something else")
+
+
+def test_on_gpus_the_kernels_are_a_candidate_and_exact_kernels_switch_tf32_and_timing_off():
+    """cuDNN's convolutions run TF32 by default and choose algorithms per batch shape: on a GPU two fp32 batch splits
+    can differ at step 1 by that alone. On GPUs (only there) an experiment runs both with exact kernels."""
+    from types import SimpleNamespace
+
+    from framework.callbacks.exact_kernels import ExactKernels
+    from framework.verify.causes import EXACT_KERNELS
+
+    model = BatchNormCNN((1, 28, 28), 10)
+    assert "exact_kernels" not in [c.key for c in candidates(model, DDPOptions(), "ddp", "bf16", None)]
+    on_gpus = candidates(model, DDPOptions(), "ddp", "bf16", None, cuda=True)
+    assert [c.key for c in on_gpus] == ["sync_batchnorm", "training_mode_draws", "exact_kernels", "fp32"]
+    assert on_gpus[2].both == EXACT_KERNELS and not on_gpus[2].strategy_only
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark)
+    try:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = True, True, False, True
+        ExactKernels().on_fit_start(SimpleNamespace(device=torch.device("cpu")))
+        assert cudnn.allow_tf32 and cudnn.benchmark, "the CPU: nothing changed"
+        ExactKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32 and cudnn.deterministic and not cudnn.benchmark
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = before
+
+
+def test_the_rounding_floor_on_a_gpu_also_runs_the_other_blas_library(monkeypatch):
+    """Flipping cudnn.benchmark changes nothing where the timed choice is cuDNN's default one (and nothing for matrix
+    products): the floor's other kernels also take the other BLAS library."""
+    from types import SimpleNamespace
+
+    from framework.callbacks.other_kernels import OtherKernels
+
+    chosen = []
+    current = SimpleNamespace(name="Cublas")
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
+                        lambda backend=None: chosen.append(backend) if backend else current)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    OtherKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+    assert chosen == ["cublaslt"] and torch.backends.cudnn.benchmark
+    current.name = "Cublaslt"
+    OtherKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+    assert chosen == ["cublaslt", "cublas"]
