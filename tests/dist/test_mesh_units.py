@@ -250,3 +250,45 @@ def test_torch_still_unties_a_parameter_two_fsdp2_roots_of_one_rank_share(world2
     torch keeps the tie, and the refusal could go."""
     for before, after in world2.run(_tie_after_sharding_two_stages_of_one_rank):
         assert before and not after
+
+
+def _zero_bubble_gradients(rank: int, world: int, schedule: str, recompute: bool) -> dict:
+    """One training step of pp=2 under a zero-bubble schedule (2 stages per rank), the GPT's blocks recomputed in
+    backward or not, as the worker applies activation checkpointing before parallelize(): this rank's gradients."""
+    from framework.models.gpt import GPT
+    from framework.training.engine import Weighting
+    from framework.training.losses import SequenceCrossEntropy
+    from framework.training.speedups import apply_speedups
+    from framework.training.step import Supervised
+    from support.driver import strategy_for
+
+    torch.manual_seed(0)
+    model = GPT((8,), 11, n_layer=4, n_head=2, n_embd=8)
+    strategy = strategy_for("strategy=pp", f"strategy.schedule={schedule}", "trainer.accelerator=cpu",
+                            "trainer.batch_size=4")
+    if recompute:
+        apply_speedups(model, False, CPU, move=False, checkpointed=strategy.speedup_modules(model).recomputed)
+    wrapped = strategy.parallelize(model, lambda params, names=None: torch.optim.SGD(params, lr=0.1),
+                                   _on_mesh(strategy, rank, world))
+    forwards = []  # each block's first layer starts again when the block is recomputed (checkpoint stops early)
+    for block in model.blocks:
+        if block is not None:
+            block.ln_1.register_forward_pre_hook(lambda *_: forwards.append(1))
+    tokens = torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(1))
+    wrapped.forward_backward(Supervised(), (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()),
+                             SequenceCrossEntropy(), Weighting(k=1))
+    return len(forwards), {name: p.grad.clone() for name, p in wrapped.model.named_parameters() if p.grad is not None}
+
+
+def test_zero_bubble_schedules_with_recomputed_blocks_give_the_gradients_of_the_plain_step(world2):
+    """A zero-bubble schedule splits each backward into its input gradients and, later, its weight gradients, both
+    through the recomputed blocks' saved tensors: activation checkpointing with them was neither refused nor run.
+    It runs, and changes no gradient."""
+    for schedule in ("ZBVZeroBubble", "InterleavedZeroBubble"):
+        plain = world2.run(_zero_bubble_gradients, schedule, False)
+        recomputed = world2.run(_zero_bubble_gradients, schedule, True)
+        for rank, ((runs, a), (reruns, b)) in enumerate(zip(plain, recomputed)):
+            assert reruns > runs > 0, (schedule, rank, "each block's forward ran again in backward")
+            assert a and sorted(a) == sorted(b), (schedule, rank, "no _checkpoint_wrapped_module. in the names")
+            for name, grad in a.items():
+                torch.testing.assert_close(b[name], grad, rtol=1e-5, atol=1e-7, msg=f"{schedule} rank {rank}: {name}")

@@ -13,6 +13,7 @@ import dataclasses
 import re
 
 import torch
+import torch.distributed.config as dist_config
 from torch import nn
 
 from framework.common.errors import ConfigError
@@ -123,6 +124,11 @@ class MeshStrategy(ElasticStrategy):
                     raise ConfigError(f"strategy.{key}={getattr(o, key)} is not allowed with strategy.pp=1: it says "
                                       "how pipeline parallel runs; set strategy.pp (> 1) or leave it out")
             return
+        if dist_config.pipeline_per_direction_p2p and not t.cuda:
+            raise ConfigError("TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P=1 is not allowed with strategy.pp on CPU "
+                              "workers: torch splits the pipeline's group into one communicator per direction only "
+                              "where the default group is bound to a GPU; unset it (it is for nccl's V and looped "
+                              "schedules)")
         v, m = o.virtual_stages, o.pipeline_microbatches
         if o.schedule in MULTI_STAGE and v < 2:
             raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule={o.schedule}: it "
