@@ -5,6 +5,7 @@ import os
 import pytest
 
 from support.driver import driver_says
+from support.fake_cuda import cuda_reported
 from support.processes import gpu_smoke_script
 
 
@@ -70,19 +71,6 @@ def test_the_compression_cells_pass_the_driver(tmp_path):
 MACHINES = {"1_gpu_no_bf16": (1, False), "2_gpus_bf16": (2, True), "8_gpus_no_bf16": (8, False)}
 
 
-def _cuda_reported(monkeypatch, gpus: int, bf16: bool) -> None:
-    """What torch would say on such a machine: the device count and bf16 are the things faked here (this machine has
-    no GPU), so that the driver takes its CUDA branch, where the GPU-only refusals are."""
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100" if not bf16 else "H100")
-    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("machine", list(MACHINES))
 def test_every_cell_the_matrix_runs_passes_the_driver_on_gpus(tmp_path, monkeypatch, machine, precision):
@@ -90,7 +78,7 @@ def test_every_cell_the_matrix_runs_passes_the_driver_on_gpus(tmp_path, monkeypa
     fp32 cell of `fsdp compression=bf16` was refused on every GPU without bf16 (only ddp's bf16 row was dropped), and
     a check with CPU workers never reached that refusal."""
     gpus, bf16 = MACHINES[machine]
-    _cuda_reported(monkeypatch, gpus, bf16)
+    cuda_reported(monkeypatch, gpus, bf16)
     smoke = gpu_smoke_script()
     precisions, skips, cells = smoke.plan(gpus, bf16, smoke.write_text(tmp_path / "text.txt"))
     assert ("bf16" in precisions) == bf16
