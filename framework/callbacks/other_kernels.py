@@ -3,9 +3,9 @@ this callback computes the same thing with its float sums in another order. On t
 threads (the kernels split their reductions by thread: BatchNorm's, the convolutions'); on a GPU cuDNN picks its
 algorithms by timing them (torch.backends.cudnn.benchmark flipped) and matrix products go through the other BLAS
 library (cuBLAS <-> cuBLASLt: torch.backends.cuda.preferred_blas_library), whose kernels split their sums otherwise
-(the cuDNN flip alone changes nothing where the timed choice is the default one). The samples, the random draws and the arithmetic
-are the same. How far this run drifts from the plain one is how far rounding alone takes this configuration in as many
-steps: a model whose gradients cancel (BatchNorm's) or a large learning rate amplify it."""
+(the cuDNN flip alone changes nothing where the timed choice is the default one). The samples, the random draws and
+the arithmetic are the same. How far this run drifts from the plain one is how far rounding alone takes this
+configuration in as many steps: a model whose gradients cancel (BatchNorm's) or a large learning rate amplify it."""
 from __future__ import annotations
 
 import torch

@@ -106,7 +106,7 @@ def _failure(name: str, code: int, log: Path) -> str:
     if code == REFUSED:
         return said
     if any(marker in line for line in lines for marker in OUT_OF_MEMORY):
-        if Path(name).name.startswith("single"):
+        if Path(name).name == "single":  # an experiment's one-process run is <experiment>/single
             return (f"the {name} run ran out of GPU memory (exit {code}): one process trains each step's whole "
                     "global batch on one GPU, where the strategy's run splits it over its workers; lower "
                     "trainer.batch_size for the comparison (both runs take it) or the model's size; its output: "

@@ -41,10 +41,12 @@ def tied_on_one_rank(model: nn.Module, stages: list[list[str]], holders: list[in
     different ranks. Each stage of a rank is an FSDP2 root of its own, and fully_shard replaces a parameter only on
     the modules of its own call: two roots make two parameters of one (checked in tests/dist/test_mesh_units.py)."""
     for tie in find_ties(model, {piece: s for s, names in enumerate(stages) for piece in names}):
-        ranks = [holders[s] for s in tie.holders]  # find_ties' holders are stage indices here
-        for s in tie.holders:
-            if ranks.count(holders[s]) > 1:
-                return tie, [t for t in tie.holders if holders[t] == holders[s]]
+        by_rank: dict[int, list[int]] = {}
+        for stage in tie.holders:  # find_ties' holders are stage indices here
+            by_rank.setdefault(holders[stage], []).append(stage)
+        shared = next((same for same in by_rank.values() if len(same) > 1), None)
+        if shared:
+            return tie, shared
     return None
 
 
