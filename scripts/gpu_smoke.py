@@ -8,13 +8,16 @@ epoch's (the same samples: one batch's loss against another's would be noise). O
 (fsdp one nccl rank: FSDP's collectives on CUDA tensors want nccl, and nccl one rank per GPU). A cell that runs
 past CELL_TIMEOUT_S is stopped with every process it started (the elastic agent's workers hold the GPUs) and shows
 as `timeout`. A precision a strategy refuses by design shows as `-`; an optional engine that is not usable here
-(not installed, or horovod built without NCCL) skips its row, said in one line."""
+(not installed, or horovod built without NCCL) skips its row, said in one line, and so do the rows of bf16 compression
+on GPUs without bf16 (V100, T4). A machine whose GPUs torch cannot use (a torch built for a newer CUDA than the driver
+runs) fails with both versions."""
 from __future__ import annotations
 
 import importlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,17 +173,17 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars("loss/train")}
 
 
-def cell(strategy_args: list[str], precision: str, work: Path, common: list[str] = COMMON) -> str:
+def cell(args: list[str], work: Path) -> str:
     try:
-        return checked_cell(strategy_args, precision, work, common)
+        return checked_cell(args, work)
     except CellTimeout:
         return f"timeout: a run took over {CELL_TIMEOUT_S} s; stopped with all its processes"
     except LeftProcesses:
         return "failed: a run ended and left processes of its own running (stopped now)"
 
 
-def checked_cell(strategy_args: list[str], precision: str, work: Path, common: list[str] = COMMON) -> str:
-    args = [*strategy_args, *common, f"trainer.precision={precision}"]
+def checked_cell(args: list[str], work: Path) -> str:
+    """args: the run's whole command line (plan's); the first run is killed, the second resumes it."""
     work.mkdir(parents=True)
     killed = train([*args, *KILL], work, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get(
         "PYTHONPATH")]))})
@@ -210,42 +213,106 @@ def checked_cell(strategy_args: list[str], precision: str, work: Path, common: l
     return f"ok {rates} samples/s, {memory} GiB"
 
 
+def skip_reason(name: str, args: list[str] | None, bf16: bool) -> str | None:
+    """Why a row runs none of its cells on this machine, or None."""
+    if args is None:
+        return f"skipped: needs {4 if 'dp_shard' in name else 2} GPUs"
+    if not bf16 and "strategy.compression=bf16" in args:
+        return "skipped: bf16 compression needs GPUs with bf16 (torch.cuda.is_bf16_supported) and NCCL >= 2.10"
+    return missing_engine(name)
+
+
+def plan(gpus: int, bf16: bool, text: Path) -> tuple[list[str], dict[str, str], dict[tuple[str, str], list[str] | str]]:
+    """The matrix on `gpus` GPUs, with bf16 or without (V100, T4): its precisions (columns), each skipped row's
+    reason, and each cell's whole train.py command line, or its mark where it does not run ('-': a precision the
+    strategy refuses by design; 'skipped'). text: the mesh cells' text (write_text)."""
+    precisions = [p for p in PRECISIONS if p != "bf16" or bf16]
+    meshes = mesh_strategies(gpus)
+    mesh_common = [*MESH_COMMON, f"dataset.path={text}"]
+    skips, cells = {}, {}
+    for name, (strategy_args, trains_in) in {**strategies(gpus), **meshes}.items():
+        skip = skip_reason(name, strategy_args, bf16)
+        if skip:
+            skips[name] = skip
+        for precision in precisions:
+            if precision not in trains_in:
+                cells[name, precision] = "-"
+            elif skip:
+                cells[name, precision] = "skipped"
+            else:
+                cells[name, precision] = [*strategy_args, *(mesh_common if name in meshes else COMMON),
+                                          f"trainer.precision={precision}"]
+    return precisions, skips, cells
+
+
+def driver_cuda() -> str:
+    """The newest CUDA the NVIDIA driver runs (NVML, else nvidia-smi -q), or 'unknown'."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetCudaDriverVersion()
+        return f"{version // 1000}.{version % 1000 // 10}"
+    except Exception:  # no nvidia-ml-py, or NVML cannot reach a driver: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, timeout=20).stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return "unknown"
+    found = re.search(r"CUDA Version\s*:\s*([\d.]+)", out)
+    return found.group(1) if found else "unknown"
+
+
+def unusable_gpus() -> str | None:
+    """Where torch sees no GPU but the machine has NVIDIA GPUs (a torch built for a newer CUDA than the driver
+    runs, or a CPU-only torch): the line that fails make test-gpu; None where there are none."""
+    from framework.results.provenance import gpus
+
+    found = gpus()["devices"]
+    if not found:
+        return None
+    driver = found[0].get("driver", "of unknown version")
+    built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return (f"make test-gpu: FAILED: this machine has {len(found)} NVIDIA GPU(s) and torch {torch.__version__} "
+            f"({built}) cannot use them: the driver {driver} runs CUDA up to {driver_cuda()}; install a torch built "
+            "for that CUDA or older, or a newer driver")
+
+
 def main() -> int:
     if not torch.cuda.is_available():
+        unusable = unusable_gpus()
+        if unusable:
+            print(unusable)
+            return 1
         print("make test-gpu: no CUDA GPU is visible on this machine, so there is nothing to run (exit 0)")
         return 0
     gpus = torch.cuda.device_count()
     print(f"make test-gpu: {gpus} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=REPO)
-    precisions = [p for p in PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported(including_emulation=False)]
-    meshes = mesh_strategies(gpus)
-    rows = {**strategies(gpus), **meshes}
     table = {}
     # One cell at a time: each measures samples/s and memory per GPU, which cells sharing the GPUs would distort.
     with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-smoke-") as tmp:
-        mesh_common = [*MESH_COMMON, f"dataset.path={write_text(Path(tmp) / 'text.txt')}"]
-        for name, (strategy_args, trains_in) in rows.items():
-            skip = missing_engine(name) or (None if strategy_args is not None else
-                                            f"skipped: needs {4 if 'dp_shard' in name else 2} GPUs")
-            if skip:
-                print(f"  {name}: {skip}", flush=True)
+        precisions, skips, cells = plan(gpus, torch.cuda.is_bf16_supported(including_emulation=False),
+                                        write_text(Path(tmp) / "text.txt"))
+        rows = list(dict.fromkeys(name for name, _ in cells))
+        for name in rows:
+            if name in skips:
+                print(f"  {name}: {skips[name]}", flush=True)
             for precision in precisions:
+                args = cells[name, precision]
+                if isinstance(args, str):
+                    table[name, precision] = args
+                    continue
                 work = Path(tmp) / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}-{precision}"
-                if precision not in trains_in:
-                    table[name, precision] = "-"
-                elif skip:
-                    table[name, precision] = "skipped"
-                else:
-                    table[name, precision] = cell(strategy_args, precision, work,
-                                                  mesh_common if name in meshes else COMMON)
-                    print(f"  {name} {precision}: {table[name, precision]}", flush=True)
+                table[name, precision] = cell(args, work)
+                print(f"  {name} {precision}: {table[name, precision]}", flush=True)
     width = max(len(v) for v in table.values())
     print(f"\n| strategy | {' | '.join(p.ljust(width) for p in precisions)} |")
     print("|---" * (len(precisions) + 1) + "|")
     for name in rows:
         print(f"| {name} | {' | '.join(table[name, p].ljust(width) for p in precisions)} |")
     print("\nok: samples/s per GPU (rank), peak allocated memory per GPU; each cell killed after step "
-          f"{KILL_AFTER} and resumed from step {RESUMED_FROM}; skipped: an optional engine not usable here (above)")
+          f"{KILL_AFTER} and resumed from step {RESUMED_FROM}; skipped: a row this machine cannot run (why: above)")
     bad = [v for v in table.values() if v.startswith(("failed", "timeout"))]
     failed = tests.returncode not in (0, 5) or bool(bad)
     print(f"gpu tests: {'passed' if tests.returncode in (0, 5) else 'FAILED'}; matrix: "

@@ -22,6 +22,7 @@ from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import tied_parameters, without_tied
+from framework.strategies.fsdp_wire import WireDtype, send_gradients_as
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup, Wrapped
@@ -49,9 +50,10 @@ class FSDPWrapped(Wrapped):
     reduce-scatter); with reshard_after_forward=false (memory traded for speed) the parameters also stay unsharded
     until the last micro-batch, so its forward gathers nothing again."""
 
-    def __init__(self, *args, reshard_after_forward: bool, **kwargs):
+    def __init__(self, *args, reshard_after_forward: bool, wire: WireDtype | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.reshard_after_forward = reshard_after_forward
+        self.wire = wire  # strategy.compression's cast on the reduce-scatter, None without one
 
     def gradient_sync(self, on: bool):
         self.model.set_requires_gradient_sync(on)
@@ -127,14 +129,16 @@ class FSDPStrategy(ElasticStrategy):
         # The mesh names this run's device: fully_shard's default is the machine's accelerator, which would put a
         # trainer.accelerator=cpu run on a GPU machine onto the GPU.
         mesh = init_device_mesh(group.device.type, (group.world_size,))
-        # bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master copy is what steps), or in
-        # bf16 with strategy.compression=bf16
-        reduce = torch.bfloat16 if options.compression == "bf16" else None
-        shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision, reduce),
+        # bf16 parameters for compute, gradients reduced and held in fp32 (the sharded fp32 master copy is what
+        # steps); strategy.compression=bf16 casts them for the wire only (framework/strategies/fsdp_wire.py)
+        shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision),
                          options.reshard_after_forward, offload)
+        wire = WireDtype(torch.bfloat16) if options.compression == "bf16" else None
+        if wire is not None:
+            send_gradients_as(model, wire)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
-                           reshard_after_forward=options.reshard_after_forward)
+                           reshard_after_forward=options.reshard_after_forward, wire=wire)
 
 
 class DcpCheckpoints(CheckpointIO):

@@ -25,11 +25,12 @@ class ShardPrecision:
     reduce: torch.dtype | None = None  # gradients reduce-scattered in it; None: in the compute dtype
 
     @classmethod
-    def of(cls, precision: str, reduce: torch.dtype | None = None) -> "ShardPrecision":
-        """trainer.precision's policy: bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32
-        master copy is what steps) unless `reduce` says otherwise; fp32: no casts."""
+    def of(cls, precision: str) -> "ShardPrecision":
+        """trainer.precision's policy: bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master
+        copy is what steps; reduce_dtype is also what an accumulation's gradients are held in between micro-batches,
+        so compression casts on the wire only: framework/strategies/fsdp_wire.py); fp32: no casts."""
         compute = {"bf16": torch.bfloat16}.get(precision)
-        return cls(compute, reduce if reduce is not None else (torch.float32 if compute else None))
+        return cls(compute, torch.float32 if compute else None)
 
     def policy(self) -> MixedPrecisionPolicy:
         return MixedPrecisionPolicy(param_dtype=self.compute, reduce_dtype=self.reduce)

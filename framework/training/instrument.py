@@ -60,8 +60,9 @@ def gradient_traffic(wrapped: Wrapped, compression: str) -> Traffic | None:
         return None
     traffic = Traffic(str(compression))
     counted = CountedReduceScatter(traffic, params[0].element_size())
+    wire = getattr(wrapped, "wire", None)  # fsdp's compression: the cast goes first, what it sends is counted
     for unit in units:
-        unit.set_custom_reduce_scatter(counted)
+        unit.set_custom_reduce_scatter(wire.through(counted) if wire is not None else counted)
     return traffic
 
 

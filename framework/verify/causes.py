@@ -43,8 +43,13 @@ def _names(modules: list[tuple[str, nn.Module]], most: int = 4) -> str:
     return shown + (f" and {len(modules) - most} more" if len(modules) > most else "")
 
 
-def candidates(model: nn.Module, options, strategy_name: str, precision: str, augment) -> list[Candidate]:
-    """The experiments for this run, in the order they are tried. `options`: the strategy's typed options."""
+EXACT_KERNELS = ["+callbacks.verify_exact_kernels._target_=framework.callbacks.exact_kernels.ExactKernels"]
+
+
+def candidates(model: nn.Module, options, strategy_name: str, precision: str, augment, cuda: bool = False
+               ) -> list[Candidate]:
+    """The experiments for this run, in the order they are tried. `options`: the strategy's typed options; cuda:
+    whether the runs train on GPUs."""
     found = []
     norms = [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
     if norms and not getattr(options, "sync_batchnorm", False):
@@ -80,6 +85,14 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
             found="each rank draws its crops and flips from a generator seeded with its rank, so a sample is "
                   "augmented otherwise than in one process. Expected: equally random, other numbers; without it the "
                   "gap closes"))
+    if cuda:
+        found.append(Candidate(
+            "exact_kernels", "the GPU's choice of kernels (TF32, cuDNN's timed and non-deterministic algorithms)",
+            "TF32 off, cuDNN deterministic and untimed (benchmark off), in both runs",
+            both=EXACT_KERNELS,
+            found="cuDNN's convolutions run TF32 by default and pick their algorithms per batch shape, so a rank's "
+                  "micro-batch and one process's batch round otherwise from step 1 on. Expected: the runs train "
+                  "equally well; with exact kernels the gap closes (and each step is slower)"))
     if precision != "fp32":
         found.append(Candidate(
             "fp32", f"{precision} rounding", "trainer.precision=fp32 in both runs",

@@ -133,7 +133,7 @@ class Verification:
         print(f"verify: {baseline.difference_text(label)}", flush=True)
         print("\n".join(baseline.table(label)), flush=True)
         cause, tried = self._experiments(candidates(self.task.model, s.strategy, self.name, t.precision,
-                                                    s.dataset.augment), baseline)
+                                                    s.dataset.augment, t.cuda_wanted), baseline)
         self._write(cause, tried)
         if cause is not None:
             print(f"verify: not equal to one process; the cause, found by experiment: {cause.name}: {cause.found}",

@@ -93,13 +93,26 @@ class Runner:
         return run_dir
 
 
+# what torch says when the caching allocator cannot get memory (torch.OutOfMemoryError, and the same from older torch)
+OUT_OF_MEMORY = ("torch.OutOfMemoryError", "CUDA out of memory", "torch.cuda.OutOfMemoryError")
+
+
 def _failure(name: str, code: int, log: Path) -> str:
-    """The run's own error line (a refusal's one line), else its output's last line, and where its log is."""
+    """The run's own error line (a refusal's one line), else its output's last line, and where its log is. A
+    one-process run out of GPU memory says why: it holds the whole global batch the strategy's run splits."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     said = next((line.removeprefix("error: ") for line in reversed(lines) if line.startswith("error: ")),
                 lines[-1] if lines else "no output")
     if code == REFUSED:
         return said
+    if any(marker in line for line in lines for marker in OUT_OF_MEMORY):
+        if Path(name).name == "single":  # an experiment's one-process run is <experiment>/single
+            return (f"the {name} run ran out of GPU memory (exit {code}): one process trains each step's whole "
+                    "global batch on one GPU, where the strategy's run splits it over its workers; lower "
+                    "trainer.batch_size for the comparison (both runs take it) or the model's size; its output: "
+                    f"{shown(log)}")
+        return (f"the {name} run ran out of GPU memory (exit {code}): lower trainer.batch_size or the model's size; "
+                f"its output: {shown(log)}")
     return f"the {name} run failed (exit {code}): {said}; its output: {shown(log)}"
 
 

@@ -45,3 +45,33 @@ def test_recomputed_units_with_dropout_give_the_same_loss_and_gradients(world2):
     assert len(norms) == 1, "every rank measures the same, global norm"
     whole = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in plain[0][1].values()]))
     assert norms.pop() == pytest.approx(float(whole), rel=1e-5)
+
+
+def _accumulated_gradient(rank: int, world: int, compression: str, precision: str) -> list[float]:
+    """strategy=fsdp's gradient of a bias-free Linear(2, 2) after 8 micro-batches, the first 7 without sync (as
+    trainer.grad_accum=8 runs them): the first micro-batch's gradient is 1 in every element, each later one's 2^-9,
+    below bf16's resolution at 1 (2^-7). Summed in fp32 and cast once for the wire: 1 + 7 x 2^-9 rounds to
+    1 + 2^-6; summed in bf16 each 2^-9 is lost and the sum stays 1."""
+    from framework.strategies.groups import TorchGroup
+    from support.driver import strategy_for
+
+    torch.manual_seed(0)
+    strategy = strategy_for("strategy=fsdp", "trainer.accelerator=cpu", f"strategy.compression={compression}",
+                            f"trainer.precision={precision}")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
+    wrapped = strategy.parallelize(model, lambda params: torch.optim.SGD(params, lr=0.1),
+                                   TorchGroup(rank, rank, world, CPU))
+    for micro_batch in range(8):
+        wrapped.gradient_sync(micro_batch == 7)
+        x = torch.full((1, 2), 1.0 if micro_batch == 0 else 2.0 ** -9)
+        wrapped.model(x).float().sum().backward()
+    return sorted(set(wrapped.model[0].weight.grad.full_tensor().flatten().tolist()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp_bf16_compression_accumulates_micro_batches_in_fp32_and_casts_only_for_the_wire(world2, precision):
+    """FSDP2 holds an accumulation's gradients in its reduce_dtype between micro-batches: with reduce_dtype=bf16
+    (strategy.compression=bf16 until issue 55) the 7 small gradients vanished from the sum."""
+    fp32_sum = 1 + 7 * 2.0 ** -9
+    assert world2.run(_accumulated_gradient, "none", precision) == [[fp32_sum]] * 2
+    assert world2.run(_accumulated_gradient, "bf16", precision) == [[1 + 2.0 ** -6]] * 2

@@ -88,6 +88,12 @@ CASES = {
                                         "model.n_layer=6"],
                                        "strategy.stages_per_rank=3 is not allowed with strategy.schedule=ZBVZeroBubble: "
                                        "it runs exactly 2 stages per rank"),
+    "zbv_untying_the_head_from_its_embedding": (
+        ["strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4", "strategy.dp_shard=2"],
+        "strategy.schedule=ZBVZeroBubble is not allowed with strategy.dp_shard=2 for GPT: its stages 0 and 3, both on "
+        "one pipeline rank, share wte.weight and head.weight (one tied parameter), and FSDP2 would shard each stage's "
+        "copy as a parameter of its own, trained apart; use a schedule or split points that put them on two ranks "
+        "(strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble)"),
     "zero_bubble_compiled": (["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4",
                               "trainer.compile=true"],
                              "trainer.compile=true is not allowed with strategy.schedule=InterleavedZeroBubble: a "
@@ -118,6 +124,9 @@ def test_good_meshes_pass_the_driver(tmp_path):
                       ["strategy=pp", "strategy.tp=2", "strategy.split_points=[ln_f]"],
                       ["strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"],
                       ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4"],
+                      # the tied head on another pipeline rank than its embedding: TiedGradients sums their copies
+                      ["strategy=pp", "strategy.schedule=InterleavedZeroBubble", "model.n_layer=4",
+                       "strategy.dp_shard=2"],
                       # the sequence split by the first block's input, as the GPT's own plan does
                       ["strategy=tp", "+strategy.plan={blocks.0:shard_sequence,blocks.*.ln_1:sequence,"
                                       "blocks.*.attn:gather_sequence,ln_f:sequence,head:gather_sequence}"],
@@ -313,3 +322,28 @@ def test_the_mesh_refuses_a_torch_older_than_the_one_it_is_tested_with(tmp_path,
     line = driver_says([*CHAR_LM, "strategy=tp"], tmp_path)
     assert line.startswith("strategy=tp is not allowed with torch 2.5.1: the mesh engine needs torch >= 2.14"), line
     assert driver_says([*CHAR_LM, "strategy=ddp"], tmp_path) == ""
+
+
+@pytest.mark.parametrize("version", ["2.14.0a0+gitabc1234", "2.14.0.dev20261101", "2.14.0rc1", "2.15.0a0+cu130"])
+def test_the_mesh_takes_a_pre_release_build_of_the_torch_it_is_tested_with(tmp_path, monkeypatch, version):
+    """NVIDIA's containers and nightlies: PEP 440 sorts 2.14.0a0 before 2.14, the release tuple does not."""
+    from torch.torch_version import TorchVersion
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion(version))
+    assert driver_says([*CHAR_LM, "strategy=tp"], tmp_path) == ""
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.13.9"))
+    assert driver_says([*CHAR_LM, "strategy=tp"], tmp_path).startswith("strategy=tp is not allowed with torch 2.13.9")
+
+
+def test_per_direction_pipeline_communicators_are_refused_on_cpu_workers(tmp_path, monkeypatch):
+    """torch's TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P (one communicator per direction, against V schedules'
+    FIFO deadlock on nccl) splits the group, which torch refuses where the default group has no device: on CPU
+    workers every rank failed with "No device associated with the default pg"."""
+    import torch.distributed.config as dist_config
+
+    monkeypatch.setattr(dist_config, "pipeline_per_direction_p2p", True)
+    line = driver_says([*CHAR_LM, "strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"], tmp_path)
+    assert line.startswith("TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P=1 is not allowed with strategy.pp on CPU "
+                           "workers"), line
+    monkeypatch.setattr(dist_config, "pipeline_per_direction_p2p", False)
+    assert driver_says([*CHAR_LM, "strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"], tmp_path) == ""

@@ -69,6 +69,8 @@ def test_the_runs_overrides_compose_and_pass_train_pys_checks(tmp_path):
             assert driver_says([*args, *first_steps(5)], tmp_path) == "", args
     both = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "fp32", None))
     assert driver_says([*user, *both.both, *first_steps(5)], tmp_path) == ""
+    on_gpus = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "bf16", None, cuda=True))
+    assert driver_says([*user, *on_gpus.both, *first_steps(5)], tmp_path) == ""
 
 
 def test_the_one_process_run_keeps_everything_but_the_strategy():
@@ -269,3 +271,69 @@ def test_every_run_takes_the_layout_and_threads_the_strategys_run_resolves(tmp_p
     assert runner.environment == {"OMP_NUM_THREADS": str(threads_per_worker(2))}
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert _prepared(args, tmp_path / "again").runner.environment == {}, "the user's own setting is every run's"
+
+
+OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 79.19 "
+       "GiB of which 1.25 GiB is free.")
+
+
+def test_a_one_process_run_out_of_gpu_memory_says_why_and_what_to_lower(tmp_path):
+    """verify.py's one-process run trains the whole global batch on one GPU: a ddp run sized to fill its GPUs made it
+    run out of memory, reported as 'the single run failed' with torch's last line."""
+    from framework.verify.runs import _failure
+
+    log = tmp_path / "single.log"
+    log.write_text(f"Traceback (most recent call last):\n  ...\n{OOM}\n")
+    line = _failure("single", 1, log)
+    assert line.startswith("the single run ran out of GPU memory (exit 1): one process trains each step's whole "
+                           "global batch on one GPU, where the strategy's run splits it over its workers; lower "
+                           "trainer.batch_size for the comparison"), line
+    assert "\n" not in line and line.endswith(f"its output: {log}")
+    assert _failure("fp32/single", 1, log).startswith("the fp32/single run ran out of GPU memory (exit 1): one process")
+    assert _failure("ddp", 1, log).startswith("the ddp run ran out of GPU memory (exit 1): lower trainer.batch_size")
+    log.write_text("Traceback (most recent call last):\nValueError: something else\n")
+    assert _failure("single", 1, log).startswith("the single run failed (exit 1): ValueError: something else")
+
+
+def test_on_gpus_the_kernels_are_a_candidate_and_exact_kernels_switch_tf32_and_timing_off():
+    """cuDNN's convolutions run TF32 by default and choose algorithms per batch shape: on a GPU two fp32 batch splits
+    can differ at step 1 by that alone. On GPUs (only there) an experiment runs both with exact kernels."""
+    from types import SimpleNamespace
+
+    from framework.callbacks.exact_kernels import ExactKernels
+    from framework.verify.causes import EXACT_KERNELS
+
+    model = BatchNormCNN((1, 28, 28), 10)
+    assert "exact_kernels" not in [c.key for c in candidates(model, DDPOptions(), "ddp", "bf16", None)]
+    on_gpus = candidates(model, DDPOptions(), "ddp", "bf16", None, cuda=True)
+    assert [c.key for c in on_gpus] == ["sync_batchnorm", "training_mode_draws", "exact_kernels", "fp32"]
+    assert on_gpus[2].both == EXACT_KERNELS and not on_gpus[2].strategy_only
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark)
+    try:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = True, True, False, True
+        ExactKernels().on_fit_start(SimpleNamespace(device=torch.device("cpu")))
+        assert cudnn.allow_tf32 and cudnn.benchmark, "the CPU: nothing changed"
+        ExactKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+        assert not matmul.allow_tf32 and not cudnn.allow_tf32 and cudnn.deterministic and not cudnn.benchmark
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, cudnn.deterministic, cudnn.benchmark = before
+
+
+def test_the_rounding_floor_on_a_gpu_also_runs_the_other_blas_library(monkeypatch):
+    """Flipping cudnn.benchmark changes nothing where the timed choice is cuDNN's default one (and nothing for matrix
+    products): the floor's other kernels also take the other BLAS library."""
+    from types import SimpleNamespace
+
+    from framework.callbacks.other_kernels import OtherKernels
+
+    chosen = []
+    current = SimpleNamespace(name="Cublas")
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library",
+                        lambda backend=None: chosen.append(backend) if backend else current)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    OtherKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+    assert chosen == ["cublaslt"] and torch.backends.cudnn.benchmark
+    current.name = "Cublaslt"
+    OtherKernels().on_fit_start(SimpleNamespace(device=torch.device("cuda", 0)))
+    assert chosen == ["cublaslt", "cublas"]

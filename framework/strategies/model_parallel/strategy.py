@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import torch
+import torch.distributed.config as dist_config
 from torch import nn
-from torch.torch_version import TorchVersion
 
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
@@ -34,13 +35,20 @@ from framework.strategies.model_parallel.pipeline_run import PipelineRunner
 from framework.strategies.model_parallel.precision import MeshPrecision
 from framework.strategies.model_parallel.shape import MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
-from framework.strategies.model_parallel.tied import TiedGradients, find_ties
+from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
 
 # pyproject allows torch >= 2.4 for the other engines; the mesh's APIs are newer, and this is the torch its tests ran
-TESTED_TORCH = "2.14"
+TESTED_TORCH = (2, 14)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """A torch version's release numbers: NVIDIA's containers and nightlies build `2.14.0a0+sha`, which PEP 440
+    sorts before 2.14 although it holds 2.14's APIs."""
+    leading = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in leading.group().split(".")[:len(TESTED_TORCH)]) if leading else ()
 
 
 class MeshStrategy(ElasticStrategy):
@@ -73,11 +81,12 @@ class MeshStrategy(ElasticStrategy):
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
         o, t, shape = self.options, self.trainer, self.shape
-        if TorchVersion(torch.__version__) < TESTED_TORCH:
+        if release(torch.__version__) < TESTED_TORCH:
+            tested = ".".join(map(str, TESTED_TORCH))
             raise ConfigError(f"strategy={self.name} is not allowed with torch {torch.__version__}: the mesh engine "
-                              f"needs torch >= {TESTED_TORCH}, what it is tested with (torch.distributed.pipelining's "
+                              f"needs torch >= {tested}, what it is tested with (torch.distributed.pipelining's "
                               "pre-split micro-batches and zero-bubble schedules, DTensor's norms); pip install "
-                              f"'torch>={TESTED_TORCH}' (the other strategies take torch >= 2.4)")
+                              f"'torch>={tested}' (the other strategies take torch >= 2.4)")
         if t.cuda and "nccl" not in self.backend:
             raise ConfigError(f"strategy.backend={o.backend} is not allowed with strategy={self.name} on GPUs: the "
                               "mesh's collectives (FSDP2's reduce-scatter, tensor parallel's all-reduces, the "
@@ -115,6 +124,11 @@ class MeshStrategy(ElasticStrategy):
                     raise ConfigError(f"strategy.{key}={getattr(o, key)} is not allowed with strategy.pp=1: it says "
                                       "how pipeline parallel runs; set strategy.pp (> 1) or leave it out")
             return
+        if dist_config.pipeline_per_direction_p2p and not t.cuda:
+            raise ConfigError("TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P=1 is not allowed with strategy.pp on CPU "
+                              "workers: torch splits the pipeline's group into one communicator per direction only "
+                              "where the default group is bound to a GPU; unset it (it is for nccl's V and looped "
+                              "schedules)")
         v, m = o.virtual_stages, o.pipeline_microbatches
         if o.schedule in MULTI_STAGE and v < 2:
             raise ConfigError(f"strategy.stages_per_rank={v} is not allowed with strategy.schedule={o.schedule}: it "
@@ -150,7 +164,23 @@ class MeshStrategy(ElasticStrategy):
         if o.tp > 1:
             check_plan(model, o)
         if o.pp > 1:
-            stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
+            stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
+            if self.shape.sharded:
+                self._check_ties_on_one_rank(model, stages)
+
+    def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
+        o = self.options
+        found = tied_on_one_rank(model, stages, stage_ranks(len(stages), o.pp, o.schedule))
+        if found is None:
+            return
+        tie, shared = found
+        axes = " and ".join(f"strategy.{k}={getattr(o, k)}" for k in ("dp_replicate", "dp_shard") if getattr(o, k) > 1)
+        raise ConfigError(f"strategy.schedule={o.schedule} is not allowed with {axes} for {type(model).__name__}: "
+                          f"its stages {' and '.join(map(str, shared))}, both on one pipeline rank, share "
+                          f"{' and '.join(tie.names)} (one tied parameter), and FSDP2 would shard each stage's copy "
+                          "as a parameter of its own, trained apart; use a schedule or split points that put them on "
+                          "two ranks (strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble), or no data-parallel "
+                          "axis (strategy.dp_shard=1 strategy.dp_replicate=1)")
 
     def check_task(self, model: nn.Module, example, train) -> None:
         self._check_stream(train)

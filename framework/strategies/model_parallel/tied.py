@@ -35,6 +35,21 @@ def find_ties(model: nn.Module, pp_rank_of_piece: dict[str, int]) -> list[Tie]:
     return ties
 
 
+def tied_on_one_rank(model: nn.Module, stages: list[list[str]], holders: list[int]) -> tuple[Tie, list[int]] | None:
+    """A parameter two stages of one pipeline rank share (ZBVZeroBubble's V puts the first and the last stage, an LM's
+    embedding and its tied head, on rank 0), and those stages; None when every shared parameter's stages are on
+    different ranks. Each stage of a rank is an FSDP2 root of its own, and fully_shard replaces a parameter only on
+    the modules of its own call: two roots make two parameters of one (checked in tests/dist/test_mesh_units.py)."""
+    for tie in find_ties(model, {piece: s for s, names in enumerate(stages) for piece in names}):
+        by_rank: dict[int, list[int]] = {}
+        for stage in tie.holders:  # find_ties' holders are stage indices here
+            by_rank.setdefault(holders[stage], []).append(stage)
+        shared = next((same for same in by_rank.values() if len(same) > 1), None)
+        if shared:
+            return tie, shared
+    return None
+
+
 class TiedGradients:
     """Built on every rank, in the same order (it may create process groups, which every rank must create)."""
 

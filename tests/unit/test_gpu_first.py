@@ -1,0 +1,39 @@
+"""scripts/gpu_first.py (scripts/gpu_first.sh's checks), the parts a CPU can show in this process: every run it
+starts passes the driver on a GPU machine of one GPU (CUDA reported, the device count faked: the GPU-only refusals
+are reached), and its checks come in the order of their risk. Its gpu_smoke cells: tests/unit/test_gpu_smoke.py."""
+import importlib.util
+
+import pytest
+
+from support.driver import driver_says
+from support.processes import REPO
+from support.fake_cuda import cuda_reported
+
+
+def _gpu_first():
+    spec = importlib.util.spec_from_file_location("gpu_first", REPO / "scripts" / "gpu_first.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_checks_come_highest_risk_first_and_fit_the_eight_minutes():
+    checks = _gpu_first().checks()
+    assert [c.name for c in checks] == ["powersgd fp16 overflow", "resnet18 compression", "fsdp bf16 accumulation",
+                                        "verify tf32"]
+    assert sum(c.seconds for c in checks) < 8 * 60 - 120, "setup and some gpu_smoke cells fit beside them"
+
+
+@pytest.mark.parametrize("name", ["powersgd fp16 overflow", "resnet18 compression", "verify tf32"])
+def test_every_run_of_a_check_passes_the_driver_on_one_gpu(tmp_path, monkeypatch, name):
+    """train.py's runs as they are; verify.py's as the train.py runs it compares (its verify.* keys taken out)."""
+    cuda_reported(monkeypatch, 1, True)
+    gpu_first = _gpu_first()
+    monkeypatch.syspath_prepend(str(gpu_first.PROBES))  # as the script's runs have it on PYTHONPATH
+    check = next(c for c in gpu_first.checks() if c.name == name)
+    assert check.commands
+    for i, (tool, overrides) in enumerate(check.commands):
+        assert tool in ("train.py", "verify.py") and "trainer.accelerator=gpu" in overrides
+        args = [o for o in overrides if not o.startswith("verify.")]
+        line = driver_says(args, tmp_path / f"run{i}")
+        assert line == "", (name, line)
