@@ -223,7 +223,7 @@ def test_a_run_whose_last_step_ends_a_stream_epoch_still_says_what_the_epoch_gav
     overrides = [*pin_accelerator([*BASE, "strategy=single", "trainer.max_steps=7", "trainer.keep_checkpoints=0"]),
                  config_dir_override(str(stream_conf))]
     with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
-        strategy, payload, _ = plan_run(compose("config", overrides=overrides), tmp_path)
+        strategy, payload, _ = plan_run(compose("config", overrides=overrides), tmp_path, None)
     with allowing(payload.settings.targets):
         result = _worker(payload, payload.settings, strategy, None)
     assert result.steps == 7
