@@ -37,7 +37,8 @@ class ElasticStrategy(Strategy):
     def __init__(self, options: ElasticOptions, trainer, ranks: Ranks | None,
                  checkpoint_format: CheckpointFormat = FILE):
         starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks, ranks,
-                          self._describe_note, Preload(self._worker_modules, self._worker_environment(trainer.cuda)))
+                          self._describe_note,
+                          preload=Preload(self._worker_modules, self._worker_environment(trainer.cuda)))
         super().__init__(options, trainer, starter, checkpoint_format)
 
     def _worker_environment(self, cuda: bool) -> dict[str, str]:

@@ -111,7 +111,7 @@ class LoopState:
     every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
 
     def __init__(self, options: TrainerConfig, group: ProcessGroup, wrapped: Wrapped, run: RunInfo,
-                 total_steps: int | None, epochs: int, higher_is_better: bool):
+                 total_steps: int | None, epochs: int, *, higher_is_better: bool):
         self.options = options  # the trainer group's settings (framework/config/trainer.py)
         self.run_dir, self.say, self.model_record = run.run_dir, run.say, run.model_record
         self.model = wrapped.module  # the user's module inside every wrapper: what weights files hold
