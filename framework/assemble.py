@@ -48,7 +48,7 @@ from framework.training.trainer import LoopData, LoopTelemetry, Trainer
 EVAL_BATCH_PER_DEVICE = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunContext:
     """One process's run as assembly takes it, built once after the process joined its group: the typed settings,
     the strategy and the group it joined, the ranks its starter gave it (None: nobody started it as one of several),
@@ -69,7 +69,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Task:
     """What a run trains or evaluates: the data, the plain model (on the CPU, before any wrapper), the step, the loss
     and the metrics, the batched augmentation, and the memory layout the model and batches share on `device`."""
@@ -98,7 +98,8 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(s.trainer.channels_last, model, device, data.in_shape,
                                       channels_last_refusal is None)
-    return Task(data, model, step, loss, metrics, augment, channels_last)
+    return Task(data=data, model=model, step=step, loss=loss, metrics=metrics, augment=augment,
+                channels_last=channels_last)
 
 
 def assemble_task(ctx: RunContext) -> Task:
@@ -121,8 +122,9 @@ def assemble_run(ctx: RunContext, callbacks: Callbacks) -> Trainer:
         data = loop_data(ctx, task, train_source(ctx, task, micro_batch), micro_batch)
         checkpointer = Checkpointer(group, ctx.run_dir, t, run_signature(ctx.settings, task.data), ctx.say,
                                     timed_barrier(group, telemetry.clock))
-        run = RunInfo(ctx.run_dir, ctx.say, hparams_of(ctx.settings, ctx.strategy.name),
-                      model_record(ctx.settings.model, task.data), ctx.stop, checkpointer, callbacks)
+        run = RunInfo(run_dir=ctx.run_dir, say=ctx.say, hparams=hparams_of(ctx.settings, ctx.strategy.name),
+                      model_record=model_record(ctx.settings.model, task.data), stop=ctx.stop,
+                      checkpointer=checkpointer, callbacks=callbacks)
         return Trainer(t, ctx.settings.lr_schedule, group=group, wrapped=wrapped, data=data, telemetry=telemetry,
                        run=run)
     except BaseException:
@@ -184,7 +186,7 @@ def data_share(group: ProcessGroup, micro_batch: int, grad_accum: int = 1, num_w
     """This rank's place in the data: its data-parallel rank (model-parallel peers share one), the samples it takes
     at a time and its peers' collectives."""
     return DataShare(group.dp_rank, group.dp_size, group.device, micro_batch, grad_accum, num_workers,
-                     Peers(group.dp_all_reduce_sum, group.gather_objects))
+                     peers=Peers(group.dp_all_reduce_sum, group.gather_objects))
 
 
 def test_batches(ctx: RunContext, task: Task):

@@ -157,7 +157,8 @@ def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | 
     group = strategy.join()
     wrapped = None
     try:
-        ctx = RunContext(settings, strategy, group, ranks, Path(payload.run_dir), _unsaid, NoStop())
+        ctx = RunContext(settings=settings, strategy=strategy, group=group, ranks=ranks, run_dir=Path(payload.run_dir),
+                         say=_unsaid, stop=NoStop())
         task = assemble_task(ctx)
         source = Path(payload.source)
         sharded = payload.kind == "checkpoint" and source.is_dir()

@@ -57,8 +57,8 @@ def _worker(payload: Payload, s: Settings, strategy: Strategy, stop) -> RunResul
     try:
         run_dir = Path(payload.run_dir)
         t = s.trainer
-        ctx = RunContext(s, strategy, group, strategy.starter.ranks, run_dir,
-                         console(run_dir, group.is_main, t.progress_bar, t.log_all_ranks), stop or NoStop())
+        ctx = RunContext(settings=s, strategy=strategy, group=group, ranks=strategy.starter.ranks, run_dir=run_dir,
+                         say=console(run_dir, group.is_main, t.progress_bar, t.log_all_ranks), stop=stop or NoStop())
         result = _train(ctx, payload.resume)
         finished = True
         return result

@@ -92,7 +92,7 @@ class ElasticStrategy(Strategy):
         return TorchGroup.join(self.starter.ranks, self.backend, self.trainer.cuda, self.options.timeout)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DDPWrapped(Wrapped):
     """GradientSync: a micro-batch that is not the last of an accumulation keeps its gradients local (no_sync).
     CountsTraffic and EngineState: its communication hook (strategy.compression) counts the bytes it sends and keeps

@@ -18,7 +18,7 @@ from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.param_groups import group_lrs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunTotals:
     """Rank 0's running totals over every logged interval (checkpointed, so a resumed run keeps them)."""
 
@@ -90,7 +90,7 @@ class EvalResult:
     metrics: dict[str, float]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunInfo:
     """The run the loop trains in: its folder, rank 0's console, the hyperparameters the HParams tab shows, what
     rebuilds the model (weights files), the stop a signal requests, what writes its checkpoints and what watches it."""
