@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from framework.models.lenet import LeNet  # noqa: E402
-from framework.telemetry.stall import Heartbeat, StallWatchdog  # noqa: E402
+from framework.telemetry.stall import Heartbeat, StallSeat, StallWatchdog  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchkit.report import write_results  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
         for _ in range(args.repeats):
             plain.append(steps_per_second(args.steps, None))
             heartbeat = Heartbeat()
-            watchdog = StallWatchdog(heartbeat, Path(run_dir), 0, 1, timeout=4.0, say=print,
+            watchdog = StallWatchdog(heartbeat, StallSeat(Path(run_dir), 0, 1), timeout=4.0, say=print,
                                      last_checkpoint=lambda: None, prints_summary=True).start()
             try:
                 watched.append(steps_per_second(args.steps, heartbeat))

@@ -1,37 +1,75 @@
 """The one assembly: a run's task (data, model, step, loss, metrics) built from its settings, and what the loop
 trains built from the task and the strategy. The driver's dry run (framework/preflight.py), every worker
 (framework/worker.py) and eval.py (framework/evaluate.py) build their task here, the same way. With the driver, the
-only code that reads the whole config; each component is built from, and receives, its own part."""
+only code that reads the whole config; each component is built from, and receives, its own part.
+
+A worker's run is assembled from one `RunContext`, built once after it joined (framework/worker.py,
+framework/evaluate.py); what it hands the layers below is a slice (a DataShare, the trainer's options, a group)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
-from framework.callbacks.base import Callback
+from framework.callbacks.base import Callback, Callbacks
 from framework.callbacks.profiler import StepProfiler
 from framework.checkpoints.state import signature
 from framework.config.components import build_component
 from framework.config.settings import Settings
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
-from framework.data.loaders import BatchPipeline, eval_batches
+from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
+from framework.data.ranks_in_turn import RanksInTurn
 from framework.data.source import DataShare, Peers
+from framework.data.streams import is_stream
 from framework.data.text import vocabulary_of
 from framework.common.errors import ConfigError
 from framework.models.build import build_model
+from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
-from framework.training.engine import ProcessGroup, Wrapped
+from framework.telemetry.meters import IntervalMeter
+from framework.telemetry.per_gpu import count_flops, has_convolutions
+from framework.telemetry.stall import Heartbeat
+from framework.training.checkpointing import Checkpointer
+from framework.training.engine import ProcessGroup, Wrapped, slot_sizes
+from framework.training.instrument import gradient_traffic, per_gpu, timed_barrier, wait_clock
+from framework.training.loop_state import RunInfo
 from framework.training.metrics import build_loss, build_metrics, check_metrics, class_ids_of
 from framework.training.optim import build_optimizer
 from framework.training.param_groups import ParamGroups
 from framework.training.speedups import apply_speedups, use_channels_last
+from framework.training.trainer import LoopData, LoopTelemetry, Trainer
 
 EVAL_BATCH_PER_DEVICE = 1024
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """One process's run as assembly takes it, built once after the process joined its group: the typed settings,
+    the strategy and the group it joined, the ranks its starter gave it (None: nobody started it as one of several),
+    the run folder (an evaluation's own folder for eval.py), where its lines go and what stops its loop."""
+
+    settings: Settings
+    strategy: Strategy
+    group: ProcessGroup
+    ranks: Ranks | None
+    run_dir: Path
+    say: Callable[[str], None]  # rank 0's console and train.log (framework/telemetry/progress.py: Console)
+    stop: object  # framework/training/interrupts.py: .requested, .signum
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass(kw_only=True)
 class Task:
     """What a run trains or evaluates: the data, the plain model (on the CPU, before any wrapper), the step, the loss
     and the metrics, the batched augmentation, and the memory layout the model and batches share on `device`."""
@@ -60,12 +98,80 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(s.trainer.channels_last, model, device, data.in_shape,
                                       channels_last_refusal is None)
-    return Task(data, model, step, loss, metrics, augment, channels_last)
+    return Task(data=data, model=model, step=step, loss=loss, metrics=metrics, augment=augment,
+                channels_last=channels_last)
 
 
-def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task) -> Wrapped:
+def assemble_task(ctx: RunContext) -> Task:
+    """The run's task in a worker, every rank seeded alike first (the same initial weights everywhere)."""
+    seed_everything(ctx.settings.trainer.seed)
+    return build_task(ctx.settings, ctx.group.device, ctx.strategy.channels_last_refusal)
+
+
+def assemble_run(ctx: RunContext, callbacks: Callbacks) -> Trainer:
+    """What a worker trains: its task parallelized by the strategy, the loop's telemetry, data and checkpoints, in
+    one Trainer (its wrapped model closed here where assembly fails after parallelize)."""
+    t, group = ctx.settings.trainer, ctx.group
+    task = assemble_task(ctx)
+    micro_batch = t.batch_size // (group.dp_size * t.grad_accum)
+    # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
+    flops = count_flops(task.model, example_input(task.data), micro_batch) if group.is_main else None
+    wrapped = parallelize(ctx, task)
+    try:
+        telemetry = loop_telemetry(ctx, wrapped, task, micro_batch, flops)
+        data = loop_data(ctx, task, train_source(ctx, task, micro_batch), micro_batch)
+        checkpointer = Checkpointer(group, ctx.run_dir, t, run_signature(ctx.settings, task.data), ctx.say,
+                                    timed_barrier(group, telemetry.clock))
+        run = RunInfo(run_dir=ctx.run_dir, say=ctx.say, hparams=hparams_of(ctx.settings, ctx.strategy.name),
+                      model_record=model_record(ctx.settings.model, task.data), stop=ctx.stop,
+                      checkpointer=checkpointer, callbacks=callbacks)
+        return Trainer(t, ctx.settings.lr_schedule, group=group, wrapped=wrapped, data=data, telemetry=telemetry,
+                       run=run)
+    except BaseException:
+        wrapped.close()
+        raise
+
+
+def loop_data(ctx: RunContext, task: Task, source=None, micro_batch: int = 0) -> LoopData:
+    """What the loop trains on (`source`, none for eval.py) and evaluates on, and how it scores them."""
+    return LoopData(source, micro_batch, test_batches(ctx, task), task.step, task.loss, task.metrics)
+
+
+def train_source(ctx: RunContext, task: Task, micro_batch: int):
+    """This process's training steps: its data-parallel rank's; with trainer.deal_as_ranks=N those of N ranks in
+    turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
+    s, group, say = ctx.settings, ctx.group, ctx.say
+    t, data = s.trainer, task.data
+    pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, task.augment)
+    share = data_share(group, micro_batch, t.grad_accum, t.num_workers)
+    n = t.deal_as_ranks
+    if n and not is_stream(data.train):
+        played = [replace(share, rank=rank, world=n, grad_accum=t.grad_accum // n) for rank in range(n)]
+        return RanksInTurn([build_train_loader(data, each, pipeline, s.dataset.in_memory, t.seed,
+                                               say if each.rank == 0 else _unsaid) for each in played], share)
+    return build_train_loader(data, share, pipeline, s.dataset.in_memory, t.seed, say)
+
+
+def _unsaid(line: str) -> None:
+    """The other played ranks' notes (trainer.deal_as_ranks): the first one's, said once."""
+
+
+def loop_telemetry(ctx: RunContext, wrapped: Wrapped, task: Task, micro_batch: int, flops) -> LoopTelemetry:
+    """The loop's meters for what parallelize() made: its wait clock, per-slot meters, per-GPU facts, heartbeat."""
+    s, group = ctx.settings, ctx.group
+    clock = wait_clock(wrapped, group)
+    memory = [torch.device("cuda", i) for i in group.cuda_devices]
+    meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock,
+                          share=group.dp_size / group.world_size,
+                          traffic=gradient_traffic(wrapped, getattr(s.strategy, "compression", "none")))
+    devices = per_gpu(group, wrapped, micro_batch, flops, s.trainer, has_convolutions(task.model), ctx.say)
+    return LoopTelemetry(meter, devices, Heartbeat(), clock)
+
+
+def parallelize(ctx: RunContext, task: Task) -> Wrapped:
     """The task's model with its speed-ups, on the device and in the engine's wrapper, with its optimizer (its
     param groups planned on the plain model, by the user's parameter names)."""
+    s, strategy, group = ctx.settings, ctx.strategy, ctx.group
     groups = ParamGroups.of(s.optimizer, task.model)
     t, modules = s.trainer, strategy.speedup_modules(task.model)
     model = apply_speedups(task.model, task.channels_last, group.device, move=not strategy.moves_model_itself,
@@ -80,13 +186,14 @@ def data_share(group: ProcessGroup, micro_batch: int, grad_accum: int = 1, num_w
     """This rank's place in the data: its data-parallel rank (model-parallel peers share one), the samples it takes
     at a time and its peers' collectives."""
     return DataShare(group.dp_rank, group.dp_size, group.device, micro_batch, grad_accum, num_workers,
-                     Peers(group.dp_all_reduce_sum, group.gather_objects))
+                     peers=Peers(group.dp_all_reduce_sum, group.gather_objects))
 
 
-def test_batches(task: Task, group: ProcessGroup, num_workers: int):
+def test_batches(ctx: RunContext, task: Task):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
+    group = ctx.group
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
-    share = data_share(group, EVAL_BATCH_PER_DEVICE, num_workers=num_workers)
+    share = data_share(group, EVAL_BATCH_PER_DEVICE, num_workers=ctx.settings.trainer.num_workers)
     return lambda: eval_batches(task.data.test, share, pipeline, task.data.collate["test"], task.data.pairs,
                                 task.data.example)
 

@@ -24,7 +24,7 @@ from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
 from framework.common.errors import ConfigError
 from framework.config.targets import TargetAllowlist, allowing
-from framework.assemble import build_task, parallelize, test_batches
+from framework.assemble import RunContext, assemble_task, loop_data, parallelize
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
 from framework.results.sweep_resume import RESOLVED_CONFIG
@@ -33,8 +33,8 @@ from framework.session.environment import Ranks
 from framework.session.situations import refuse
 from framework.strategies import build_strategy, choose_strategy
 from framework.training.loop_state import EvalResult
-from framework.training.trainer import LoopData, evaluate
-from framework.worker import seed_everything
+from framework.training.interrupts import NoStop
+from framework.training.trainer import evaluate
 
 EVAL_FILE = "eval.json"
 RUN_GROUPS = ("model", "dataset", "loss", "metrics", "step")  # taken from the run unless named on the command line
@@ -157,23 +157,27 @@ def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | 
     group = strategy.join()
     wrapped = None
     try:
-        seed_everything(settings.trainer.seed)
-        task = build_task(settings, group.device, strategy.channels_last_refusal)
+        ctx = RunContext(settings=settings, strategy=strategy, group=group, ranks=ranks, run_dir=Path(payload.run_dir),
+                         say=_unsaid, stop=NoStop())
+        task = assemble_task(ctx)
         source = Path(payload.source)
         sharded = payload.kind == "checkpoint" and source.is_dir()
         if not sharded:  # a full state dict goes into the plain model, before any wrapper shards it
             state = read_weights(source) if payload.kind == "weights" else load_checkpoint(_checkpoint(source))
             _load(task.model, state["model"], source)
-        wrapped = parallelize(settings, strategy, group, task)
+        wrapped = parallelize(ctx, task)
         if sharded:
             wrapped.checkpoint_io.load_shards(source.parent, source.name, wrapped.model, wrapped.optimizer)
-        data = LoopData(None, 0, test_batches(task, group, settings.trainer.num_workers), task.step, task.loss, task.metrics)
-        result = evaluate(group, wrapped, data)
+        result = evaluate(group, wrapped, loop_data(ctx, task))
         return result if group.is_main else None
     finally:
         if wrapped is not None:
             wrapped.close()
         group.leave(wait_for_peers=False)
+
+
+def _unsaid(line: str) -> None:
+    """An evaluation's workers say nothing: the driver prints the result."""
 
 
 def _checkpoint(path: Path) -> Checkpoint:

@@ -64,8 +64,8 @@ def write_run_weights(state: LoopState, name: str, weights: dict) -> Path | None
     error a warning, and the run goes on."""
     value = state.totals.val_loss if state.objective == "loss" else state.totals.val_metrics.get(state.objective)
     try:
-        path = write_weights(state.run_dir, name, weights, step=state.step,
-                             objective={"name": state.objective, "value": value}, **state.model_record)
+        path = write_weights(state.run_dir, name, weights, state.model_record, step=state.step,
+                             objective={"name": state.objective, "value": value})
         if is_pretrained_model(state.model):  # a transformers model: its own format too
             write_pretrained(state.run_dir, name, state.model, weights)
         return path

@@ -34,8 +34,10 @@ class ConsoleLog(Callback):
         state.say(
             f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | loss {s.loss:.4f} | "
             f"{s.samples_per_sec:,.0f} samples/s (per rank: {per_rank}) | data {data_share:.0f}% of step",
-            progress=Progress(step, state.total_steps, epoch, state.epochs, s.loss, s.samples_per_sec,
-                              s.samples_per_sec / state.options.batch_size) if state.total_steps else None,
+            progress=Progress(step=step, total_steps=state.total_steps, epoch=epoch, epochs=state.epochs,
+                              loss=s.loss, samples_per_sec=s.samples_per_sec,
+                              steps_per_sec=s.samples_per_sec / state.options.batch_size)
+            if state.total_steps else None,
         )
 
     def on_evaluation_end(self, state, step: int, result) -> None:

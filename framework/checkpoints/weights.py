@@ -24,13 +24,14 @@ SUFFIXES = (".safetensors", ".pt")  # a weights file's formats, the one read fir
 _JSON_KEYS = ("model_config", "in_shape", "num_classes", "step", "objective", "vocab")
 
 
-def write_weights(run_dir: Path, name: str, state: dict, model_config: dict, in_shape, num_classes, step: int,
-                  objective: dict, vocab: list[str] | None = None) -> Path:
-    """weights/<name>.safetensors and weights/<name>.pt; returns the .pt's path."""
+def write_weights(run_dir: Path, name: str, state: dict, model: dict, step: int, objective: dict) -> Path:
+    """weights/<name>.safetensors and weights/<name>.pt; returns the .pt's path. model: what rebuilds it
+    (model_config, in_shape, num_classes, and vocab where the dataset has one: framework/assemble.py's model_record)."""
     folder = run_dir / WEIGHTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"model_config": model_config, "in_shape": list(in_shape) if in_shape else None,
-              "num_classes": num_classes, "step": step, "objective": objective, "vocab": vocab}
+    in_shape = model["in_shape"]
+    record = {"model_config": model["model_config"], "in_shape": list(in_shape) if in_shape else None,
+              "num_classes": model["num_classes"], "step": step, "objective": objective, "vocab": model.get("vocab")}
     try:
         write_atomically(folder / f"{name}.safetensors", as_safetensors(state, record))
     except TypeError as exc:  # a module whose state_dict() holds extra state that is no tensor: the .pt keeps it

@@ -14,7 +14,7 @@ from framework.config.foreign_keys import entry_key_hint
 from framework.config.rules import Checked, SettingError, at_least, between, int_list, rule
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DatasetConfig(Checked):
     train: Any = None  # a component: any map-style torch Dataset giving (input, label), by _target_
     test: Any = None

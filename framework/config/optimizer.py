@@ -32,14 +32,14 @@ class OptimizerConfig(Checked):
         return arguments
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SGDConfig(OptimizerConfig):
     momentum: float = rule(0.0, between(0.0, 1.0, high_open=True))
     weight_decay: float = rule(0.0, at_least_number(0))
     nesterov: bool = False  # needs momentum > 0 (torch.optim.SGD's own rule, said when the driver builds it)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AdamConfig(OptimizerConfig):
     _target_: str = "torch.optim.Adam"
     lr: float = rule(0.001, above(0))
@@ -54,7 +54,7 @@ class AdamConfig(OptimizerConfig):
         return arguments
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AdamWConfig(AdamConfig):
     _target_: str = "torch.optim.AdamW"
     weight_decay: float = rule(0.01, at_least_number(0))
@@ -64,7 +64,7 @@ MUON_LR_ADJUSTMENTS = ("original", "match_rms_adamw", "spectral_unclamped")
 MUON_TARGET = "framework.training.muon.MuonWithAdamW"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MuonConfig(OptimizerConfig):
     """optimizer=muon: torch.optim.Muon on the hidden 2-D matrices, AdamW on embeddings, the output layer, norms,
     biases and conv kernels (framework/training/muon.py; the rule: framework/training/param_groups.py). lr and

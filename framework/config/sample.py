@@ -14,7 +14,7 @@ class WeightsFile(Choice):
     last = "last"  # weights/last.pt (the end of the run)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SampleConfig(Checked):
     ckpt_path: str = "???"  # a run folder or a weights file (weights/*.pt)
     weights: WeightsFile = WeightsFile.best  # which file of a run folder's weights/

@@ -25,7 +25,7 @@ from framework.common.errors import ConfigError
 DEFAULT_STEP = "framework.training.step.Supervised"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Settings:
     trainer: TrainerConfig
     strategy: StrategyOptions  # the Options of the strategy class its _target_ names

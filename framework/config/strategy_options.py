@@ -53,7 +53,7 @@ class DPOptions(StrategyOptions):
                                            "none, fp16, bf16, powersgd)")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ElasticOptions(StrategyOptions):
     """How workers start and join, for every strategy that starts them like ddp (torch's elastic agent)."""
 
@@ -88,7 +88,7 @@ class PowerSGDOptions:
     warm_start: bool = True  # each step's low-rank factors start from the previous step's
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DDPOptions(ElasticOptions):
     _target_: str = "framework.strategies.ddp.DDPStrategy"
     name: str = "ddp"
@@ -125,7 +125,7 @@ class DDPOptions(ElasticOptions):
                  "keeps their state from step 3 on)" if first == 3 else "")))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FSDPOptions(ElasticOptions):
     _target_: str = "framework.strategies.fsdp.FSDPStrategy"
     name: str = "fsdp"
@@ -158,7 +158,7 @@ MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")  # s
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into input and weight gradients
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MeshOptions(ElasticOptions):
     """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/model_parallel/): the presets tp and pp
     differ only in their defaults. The degrees' product is the number of workers (with nproc_per_node=null on the CPU,
@@ -213,7 +213,7 @@ class MeshOptions(ElasticOptions):
         return self.microbatches if self.microbatches is not None else 2 * self.pp
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepSpeedOptions(ElasticOptions):
     _target_: str = "framework.strategies.deepspeed.DeepSpeedStrategy"
     name: str = "deepspeed"
@@ -235,7 +235,7 @@ class DeepSpeedOptions(ElasticOptions):
                                "{key}.zero_stage=1, 2 or 3")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HorovodOptions(StrategyOptions):
     _target_: str = "framework.strategies.horovod.HorovodStrategy"
     name: str = "horovod"

@@ -12,7 +12,7 @@ from framework.config.rules import (Checked, SettingError, above, at_least, at_l
                                     step_range)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainerConfig(Checked):
     epochs: int = rule(3, at_least(1))
     max_steps: Optional[int] = rule(None, at_least(1))  # stop after this many optimizer steps (null: all epochs)
@@ -86,7 +86,7 @@ class TrainerConfig(Checked):
             raise SettingError("resume", self.resume, "auto, none, or a path to a checkpoint or run folder")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     """The trainer settings a strategy sees (TrainerConfig.engine()); the names are trainer.*'s, for its messages."""
 

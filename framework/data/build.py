@@ -173,7 +173,7 @@ def subset(dataset: Dataset, indices: torch.Tensor) -> Dataset:
     return Subset(dataset, indices.tolist())
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Data:
     train: Dataset
     test: Dataset
@@ -401,5 +401,6 @@ def build_data(cfg: DatasetConfig, class_ids: ClassIds = ClassIds(), check: bool
     num_classes = _num_classes(cfg, splits, check, class_ids)
     if not collated:
         _input(splits["train"], 0, "train")
-    return Data(splits["train"], splits["test"], in_shape, num_classes, getattr(splits["train"], "normalization", None),
-                example, collate, not_pairs)
+    return Data(train=splits["train"], test=splits["test"], in_shape=in_shape, num_classes=num_classes,
+                normalization=getattr(splits["train"], "normalization", None), example=example, collate=collate,
+                not_pairs=not_pairs)

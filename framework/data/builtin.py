@@ -96,8 +96,8 @@ class Synthetic(InMemoryDataset):
     the same prototypes (one generator, seeded by `seed`: the train split first, then the test split)."""
 
     def __init__(self, shape, num_classes: int, train_size: int, test_size: int, noise: float = 1.0,
-                 seed: int = 0, train: bool = True, transform=None):
-        super().__init__(transform)
+                 seed: int = 0, *, train: bool = True):
+        super().__init__()
         shape = list(shape)
         for key, value, low in (("num_classes", num_classes, 2), ("train_size", train_size, 1),
                                 ("test_size", test_size, 1), ("seed", seed, 0)):

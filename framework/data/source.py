@@ -7,7 +7,7 @@ it holds. A split read by index (framework/data/loaders.py) knows its steps per 
 Every loader takes its rank's place in the data as one DataShare."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
@@ -45,6 +45,7 @@ class DataShare:
     micro_batch: int
     grad_accum: int = 1
     num_workers: int = 0
+    _: KW_ONLY  # past six, by name
     peers: Peers = field(default_factory=Peers)
 
     @property

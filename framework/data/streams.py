@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import itertools
 import multiprocessing
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -124,6 +124,7 @@ class Plan:
     workers: int
     self_sharded: bool
     offset: int = 0  # framework sharding: the stream position this epoch continues at
+    _: KW_ONLY  # past six, by name
     first_worker: int = 0  # self-sharded: the worker whose micro-batch comes next
     limit: int | None = None  # the stream's last position read (dataset.max_<split>_samples)
     starts: list = field(default_factory=list)  # a ReaderStart per worker (self-sharded), or one for all (framework)

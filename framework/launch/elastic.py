@@ -9,6 +9,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,10 +53,21 @@ def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
 
 
 
-def launch_elastic(entry: Callable[[Any, Ranks], Any], payload: Any, *, nproc_per_node: int, nnodes: int,
-                   rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
-                   run_id: str | None, log_all_ranks: bool = False,
-                   log_dir: str | None = None, preload: tuple[str, ...] = ()) -> Any:
+@dataclass(frozen=True)
+class Rendezvous:
+    """How the nodes' agents meet (torchrun's --nnodes, --rdzv-backend, --rdzv-endpoint, --node-rank, --rdzv-id) and
+    how often they restart the worker group after a failure (--max-restarts)."""
+
+    nnodes: int
+    backend: str
+    endpoint: str | None
+    node_rank: int | None
+    run_id: str | None
+    max_restarts: int
+
+
+def launch_elastic(entry: Callable[[Any, Ranks], Any], payload: Any, *, nproc_per_node: int, rendezvous: Rendezvous,
+                   log_all_ranks: bool = False, log_dir: str | None = None, preload: tuple[str, ...] = ()) -> Any:
     """Run entry(payload, ranks) in nproc_per_node fresh processes per node (ranks: the ones the agent gave that
     worker); return global rank 0's result
     (None on nodes that do not hold rank 0). Local rank 0 keeps this console (a terminal stays a terminal,
@@ -66,17 +78,18 @@ def launch_elastic(entry: Callable[[Any, Ranks], Any], payload: Any, *, nproc_pe
         # Without this, each of N workers (CPU or GPU: both run CPU ops, e.g. the optimizer of small tensors and
         # the data path) starts one thread per core and they thrash. torchrun sets 1; we share the cores out.
         os.environ["OMP_NUM_THREADS"] = str(threads_per_worker(nproc_per_node))
+    nnodes, rdzv_backend, rdzv_endpoint = rendezvous.nnodes, rendezvous.backend, rendezvous.endpoint
     if nnodes == 1 and not rdzv_endpoint:
         # Like torchrun --standalone: a private store on a free port, so parallel jobs never collide.
         rdzv_backend, rdzv_endpoint = "c10d", "localhost:0"
     rdzv_configs: dict[str, Any] = {}
     if rdzv_backend == "static":
-        rdzv_configs["rank"] = node_rank
+        rdzv_configs["rank"] = rendezvous.node_rank
     template = start_worker_template(preload)
     config = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc_per_node,
-        run_id=run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-        rdzv_configs=rdzv_configs, max_restarts=max_restarts, monitor_interval=0.1,
+        run_id=rendezvous.run_id or uuid.uuid4().hex, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+        rdzv_configs=rdzv_configs, max_restarts=rendezvous.max_restarts, monitor_interval=0.1,
         logs_specs=_rank_logs(nproc_per_node, log_all_ranks, log_dir),
         log_line_prefix_template="[rank${rank}]: " if log_all_ranks else None,
         # forked from the worker template (start_worker_template), not from this process

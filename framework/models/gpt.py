@@ -65,7 +65,7 @@ class GPT(nn.Module):
         "blocks.*.mlp.2": "rowwise_to_sequence",
         "ln_f": "sequence", "head": "gather_sequence"}
 
-    def __init__(self, in_shape, num_classes: int, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
+    def __init__(self, in_shape, num_classes: int, *, n_layer: int = 4, n_head: int = 4, n_embd: int = 128,
                  dropout: float = 0.0, bias: bool = False):
         super().__init__()
         require("model.n_layer", n_layer, at_least(1))

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunResult:
     test_metrics: dict[str, float]  # the metrics group's names -> their value on the test split
     objective: str  # trainer.objective: what a sweep optimizes (a metric's name, or loss)

@@ -36,7 +36,7 @@ WORKER_KEYS = ("strategy", "strategy.nproc_per_node", "strategy.np", "strategy.n
 RESOLVED_CONFIG = "resolved_config.yaml"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepTime:
     """One job's optimizer step in ms, its parts, and its busiest rank."""
 
@@ -103,7 +103,8 @@ def step_time(scalars: dict[str, dict[int, float]], steps: list[int]) -> StepTim
     if waits:
         communication = min(waits) + (statistics.fmean(comms) if comms else 0.0)
         straggling = statistics.fmean(waits) - min(waits)
-    return StepTime(step, data, compute, communication, straggling, max(range(len(busy)), key=busy.__getitem__), busy)
+    return StepTime(step=step, data=data, compute=compute, communication=communication, slowest_rank_wait=straggling,
+                    busiest_rank=max(range(len(busy)), key=busy.__getitem__), busy=busy)
 
 
 def row_of(job_dir: Path, job: Job) -> Row | None:

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, replace
 
 from framework.common.errors import ConfigError
 from framework.session.slurm import adopt_scheduler_ranks, started_by_submitit
@@ -31,6 +31,7 @@ class Ranks:
     world_size: int
     local_world_size: int
     scheduler: str | None = None  # 'slurm' or 'local' (submitit_local): a scheduler's tasks, mapped to ranks
+    _: KW_ONLY  # past six, by name
     submitit: bool = False  # submitit started the tasks: it runs Hydra's job function in every one of them
 
     @property

@@ -37,7 +37,8 @@ class ElasticStrategy(Strategy):
     def __init__(self, options: ElasticOptions, trainer, ranks: Ranks | None,
                  checkpoint_format: CheckpointFormat = FILE):
         starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks, ranks,
-                          self._describe_note, Preload(self._worker_modules, self._worker_environment(trainer.cuda)))
+                          self._describe_note,
+                          preload=Preload(self._worker_modules, self._worker_environment(trainer.cuda)))
         super().__init__(options, trainer, starter, checkpoint_format)
 
     def _worker_environment(self, cuda: bool) -> dict[str, str]:
@@ -91,7 +92,7 @@ class ElasticStrategy(Strategy):
         return TorchGroup.join(self.starter.ranks, self.backend, self.trainer.cuda, self.options.timeout)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DDPWrapped(Wrapped):
     """GradientSync: a micro-batch that is not the last of an accumulation keeps its gradients local (no_sync).
     CountsTraffic and EngineState: its communication hook (strategy.compression) counts the bytes it sends and keeps

@@ -49,7 +49,7 @@ class CountedCompression:
         return self.compressor.decompress(tensor, context)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HorovodWrapped(Wrapped):
     """CountsTraffic: its compressor counts the bytes each all-reduce is handed."""
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from framework.config.strategy_options import ElasticOptions, HorovodOptions
-from framework.launch.elastic import launch_elastic, start_worker_template
+from framework.launch.elastic import Rendezvous, launch_elastic, start_worker_template
 from framework.launch.horovod_runner import launch_horovod
 from framework.session.environment import HOROVOD, TORCH, Ranks, threads_per_worker
 
@@ -81,7 +81,7 @@ class Elastic(Starter):
     outer_kinds = frozenset({TORCH})
 
     def __init__(self, options: ElasticOptions, cuda: bool, backend: str, log_all_ranks: bool, ranks: Ranks | None,
-                 note: str = "", preload: Preload = Preload()):
+                 note: str = "", *, preload: Preload = Preload()):
         super().__init__(ranks)
         self.options, self.cuda, self.backend, self.log_all_ranks = options, cuda, backend, log_all_ranks
         self.note = note  # the engine's own words after describe()'s
@@ -110,10 +110,10 @@ class Elastic(Starter):
         options = self.options
         if options.nproc_per_node is None and not self.cuda:
             _say_cpu_workers(options.name, "nproc_per_node")
+        rendezvous = Rendezvous(options.nnodes, options.rdzv_backend, options.rdzv_endpoint, options.node_rank,
+                                options.run_id, options.max_restarts)
         return launch_elastic(
-            entry, payload, nproc_per_node=self.nproc_per_node(), nnodes=options.nnodes,
-            rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint, node_rank=options.node_rank,
-            max_restarts=options.max_restarts, run_id=options.run_id,
+            entry, payload, nproc_per_node=self.nproc_per_node(), rendezvous=rendezvous,
             log_all_ranks=self.log_all_ranks, log_dir=os.path.join(payload.run_dir, "worker_logs"),
             preload=self._preloaded())
 

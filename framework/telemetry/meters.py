@@ -133,7 +133,7 @@ class IntervalMeter:
         return rows
 
 
-@dataclass
+@dataclass(kw_only=True)
 class IntervalSummary:
     """What one log boundary reports, computed on rank 0 from the gathered rows."""
 

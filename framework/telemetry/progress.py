@@ -14,7 +14,7 @@ from pathlib import Path
 CLEAR_LINE = "\r\x1b[K"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Progress:
     step: int
     total_steps: int

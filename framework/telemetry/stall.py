@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from framework.session.exit import exit_now
@@ -40,15 +41,24 @@ def mark_driver_process() -> None:
     os.environ[_DRIVER_PID] = str(os.getpid())
 
 
+@dataclass(frozen=True)
+class StallSeat:
+    """Where a rank's watchdog keeps its heartbeats and stacks (the run folder), and whose it reads."""
+
+    run_dir: Path
+    rank: int
+    world_size: int
+
+
 @contextlib.contextmanager
-def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", run_dir: Path, rank: int, world_size: int, say,
-                     last_checkpoint, before_exit=None):
+def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", seat: StallSeat, say, last_checkpoint,
+                     before_exit=None):
     """A StallWatchdog around the loop on every rank (none with trainer.stall_timeout=null). before_exit: what the
     watchdog does last before it ends a stalled rank (dump_nccl_flight_recorder on nccl)."""
     if timeout is None:
         yield
         return
-    watchdog = StallWatchdog(heartbeat, run_dir, rank, world_size, timeout, say, last_checkpoint,
+    watchdog = StallWatchdog(heartbeat, seat, timeout, say, last_checkpoint,
                              prints_summary=os.environ.get(_DRIVER_PID) == str(os.getpid()),
                              before_exit=before_exit).start()
     try:
@@ -72,8 +82,9 @@ class Heartbeat:
 
 
 class StallWatchdog:
-    def __init__(self, heartbeat: Heartbeat, run_dir: Path, rank: int, world_size: int, timeout: float, say,
-                 last_checkpoint, prints_summary: bool, before_exit=None):
+    def __init__(self, heartbeat: Heartbeat, seat: StallSeat, timeout: float, say, last_checkpoint, *,
+                 prints_summary: bool, before_exit=None):
+        run_dir, rank, world_size = seat.run_dir, seat.rank, seat.world_size
         self.heartbeat, self.rank, self.world_size, self.timeout = heartbeat, rank, world_size, timeout
         self.say, self.last_checkpoint, self.prints_summary = say, last_checkpoint, prints_summary
         self.before_exit = before_exit

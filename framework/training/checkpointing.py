@@ -13,6 +13,7 @@ from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
                                          load_engine_piece, save_checkpoint, save_sharded_checkpoint,
                                          write_engine_piece)
+from framework.config.trainer import TrainerConfig
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
 
@@ -21,12 +22,14 @@ class Checkpointer:
     """Writes this run's checkpoints when due (every rank calls save; rank 0, or every rank for sharded formats,
     writes) and resumes one; remembers the newest committed one, so nothing re-reads the folder to find it."""
 
-    def __init__(self, group: ProcessGroup, run_dir: Path, every_n_steps: int | None, keep: int, batch_size: int,
-                 signature: dict, say, barrier=None):
+    def __init__(self, group: ProcessGroup, run_dir: Path, options: TrainerConfig, signature: dict, say,
+                 barrier=None):
         self.group, self.say = group, say
         self.barrier = barrier or group.barrier  # the wait clock may time it
         self.folder = run_dir / CHECKPOINT_DIR
-        self.every, self.keep, self.batch_size = every_n_steps, keep, batch_size
+        # trainer.checkpoint_every_n_steps, keep_checkpoints; batch_size: a checkpoint's position is in samples
+        self.every, self.keep = options.checkpoint_every_n_steps, options.keep_checkpoints
+        self.batch_size = options.batch_size
         self.signature = signature
         self.last: Path | None = None
 

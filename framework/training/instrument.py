@@ -8,6 +8,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from framework.config.trainer import TrainerConfig
 from framework.telemetry.per_gpu import PerGpu, local_slots
 from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 from framework.telemetry.traffic import CountedReduceScatter, Traffic
@@ -78,15 +79,18 @@ def timed_barrier(group: ProcessGroup, clock):
     return barrier
 
 
-def per_gpu(group: ProcessGroup, wrapped: Wrapped, micro_batch: int, model_flops, precision: str, convolutions: bool,
-            straggler_threshold: float, straggler_intervals: int, straggler_min_gap_ms: float, say) -> PerGpu:
+def per_gpu(group: ProcessGroup, wrapped: Wrapped, micro_batch: int, model_flops, options: TrainerConfig,
+            convolutions: bool, say) -> PerGpu:
     """Every rank, once (it gathers each slot's host, device and peak): what tells one GPU from another at a log
-    boundary; rank 0 says what it can report. model_flops: count_flops() of the user's module on rank 0."""
+    boundary; rank 0 says what it can report. model_flops: count_flops() of the user's module on rank 0; options:
+    trainer.precision and the straggler_* rule."""
+    precision = options.precision
     used = len(slot_sizes(wrapped, micro_batch))
     mine = local_slots(group.devices, used, precision, convolutions)
     slots = [s for rank_slots in group.gather_objects(mine) for s in rank_slots]
     flops = model_flops if isinstance(model_flops, float) else None
-    meters = PerGpu(slots, flops, straggler_threshold, straggler_intervals, straggler_min_gap_ms)
+    meters = PerGpu(slots, flops, options.straggler_threshold, options.straggler_intervals,
+                    options.straggler_min_gap_ms)
     if group.is_main:
         if used < len(group.devices):
             say(f"a micro-batch of {micro_batch} splits into {used} chunk(s), so {used} of the {len(group.devices)} "

@@ -18,7 +18,7 @@ from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.param_groups import group_lrs
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunTotals:
     """Rank 0's running totals over every logged interval (checkpointed, so a resumed run keeps them)."""
 
@@ -91,7 +91,7 @@ class EvalResult:
     metrics: dict[str, float]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunInfo:
     """The run the loop trains in: its folder, rank 0's console, the hyperparameters the HParams tab shows, what
     rebuilds the model (weights files), the stop a signal requests, what writes its checkpoints and what watches it."""
@@ -112,7 +112,7 @@ class LoopState:
     every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
 
     def __init__(self, options: TrainerConfig, group: ProcessGroup, wrapped: Wrapped, run: RunInfo,
-                 total_steps: int | None, epochs: int, higher_is_better: bool):
+                 total_steps: int | None, epochs: int, *, higher_is_better: bool):
         self.options = options  # the trainer group's settings (framework/config/trainer.py)
         self.run_dir, self.say, self.model_record = run.run_dir, run.say, run.model_record
         self.model = wrapped.module  # the user's module inside every wrapper: what weights files hold

@@ -16,15 +16,18 @@ ADAMW_ONLY = ("betas", "amsgrad", "maximize", "foreach", "capturable", "differen
               "decoupled_weight_decay")
 
 
+# Muon's own keywords, where this optimizer's defaults differ from torch.optim.Muon's or name them
+MUON_DEFAULTS = {"momentum": 0.95, "nesterov": True, "ns_steps": 5, "adjust_lr_fn": "match_rms_adamw"}
+
+
 class MuonWithAdamW(Optimizer):
     """params: param groups, each with `use_muon` (True: torch.optim.Muon, every parameter 2-D; False:
     torch.optim.AdamW). The keywords are both algorithms' defaults: lr and weight_decay shared (Muon's lr adjusted per
     matrix by adjust_lr_fn: match_rms_adamw makes AdamW's lr and weight decay fit Muon too), Muon's own, and AdamW's
     as adamw_betas and adamw_eps."""
 
-    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, adjust_lr_fn: str | None = "match_rms_adamw",
-                 adamw_betas=(0.9, 0.95), adamw_eps: float = 1e-8, **muon_keywords):
+    def __init__(self, params, *, lr: float = 1e-3, weight_decay: float = 0.1, adamw_betas=(0.9, 0.95),
+                 adamw_eps: float = 1e-8, **muon_keywords):
         groups = list(params)
         if not groups or not all(isinstance(g, dict) and isinstance(g.get("use_muon"), bool) for g in groups):
             raise ValueError("MuonWithAdamW takes param groups that each say use_muon: true or false (optimizer=muon "
@@ -38,8 +41,8 @@ class MuonWithAdamW(Optimizer):
         muon_groups = [g for g in groups if g["use_muon"]]
         adamw_groups = [g for g in groups if not g["use_muon"]]
         # each adds its defaults to its own groups, which stay the dicts of `groups`
-        self._muon = Muon(muon_groups, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                          ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, **muon_keywords) if muon_groups else None
+        self._muon = Muon(muon_groups, lr=lr, weight_decay=weight_decay, **{**MUON_DEFAULTS, **muon_keywords}
+                          ) if muon_groups else None
         self._adamw = AdamW(adamw_groups, lr=lr, betas=tuple(adamw_betas), eps=adamw_eps,
                             weight_decay=weight_decay) if adamw_groups else None
         super().__init__(groups, {})

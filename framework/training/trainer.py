@@ -97,7 +97,7 @@ class Trainer:
         objective = options.objective
         # what every callback gets (framework/training/loop_state.py); the loop moves its step, epoch and totals on
         self.state = LoopState(options, group, wrapped, run, self.total_steps, self.epochs,
-                               objective != "loss" and higher_is_better(data.metrics[objective]))
+                               higher_is_better=objective != "loss" and higher_is_better(data.metrics[objective]))
         # a run without a total (a stream without trainer.max_steps): the built-in schedules need one (the driver
         # said so)
         self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,

@@ -16,7 +16,9 @@ LOSS_TAG = "loss/train"
 def compare_runs(one_process: Path, strategy: Path, loss_tolerance: float, weight_tolerance: float) -> Comparison:
     steps, one, other = side_by_side(one_process, strategy)
     gap, worst = weight_difference(final_weights(one_process), final_weights(strategy))
-    return Comparison(one_process, strategy, steps, one, other, loss_tolerance, weight_tolerance, gap, worst)
+    return Comparison(one_process=one_process, strategy=strategy, steps=steps, one_losses=one, strategy_losses=other,
+                      loss_tolerance=loss_tolerance, weight_tolerance=weight_tolerance, weight_gap=gap,
+                      worst_weight=worst)
 
 
 def floor_of(one_process: Path, floor_run: Path, what: str) -> Floor:

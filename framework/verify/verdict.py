@@ -35,7 +35,7 @@ class Floor:
         return list(itertools.accumulate(self.losses, max))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Comparison:
     """One process's run against the strategy's: the loss of each step in both, the largest relative weight
     difference and where it is, and the rounding floor once it was measured."""

@@ -293,10 +293,12 @@ def _checkpointed(rank: int, world: int, folder: str):
 
     from framework.checkpoints.position import Position
     from framework.checkpoints.store import Checkpoint, engine_folder, load_checkpoint, save_checkpoint
+    from framework.config.trainer import TrainerConfig
     from framework.strategies.groups import TorchGroup
     from framework.training.checkpointing import Checkpointer
     from support.driver import strategy_for
 
+    _KEEP_TWO = TrainerConfig(checkpoint_every_n_steps=None, keep_checkpoints=2, batch_size=16)
     strategy = strategy_for("strategy=ddp", "trainer.accelerator=cpu", "strategy.compression=powersgd",
                             "strategy.powersgd.rank=2", "strategy.powersgd.start_step=3")
     group = TorchGroup(rank, rank, world, CPU)
@@ -310,7 +312,7 @@ def _checkpointed(rank: int, world: int, folder: str):
     batches = _batches("mlp", rank, 6)
     for batch in batches[:5]:
         _step(trained.model, batch, trained.optimizer)
-    checkpointer = Checkpointer(group, Path(folder) / "new", None, 2, 16, {}, lambda line: None)
+    checkpointer = Checkpointer(group, Path(folder) / "new", _KEEP_TWO, {}, lambda line: None)
     path = checkpointer.save(trained, Position(5, 0, 80, 16), {}, {})
     checkpoint = Checkpoint(path, json.loads(path.with_suffix(".json").read_text()))
     in_file = load_checkpoint(checkpoint)["engine"]
@@ -330,7 +332,7 @@ def _checkpointed(rank: int, world: int, folder: str):
     got = []
     for saved in (checkpoint, old_checkpoint):
         resumed = wrapped_from(start)
-        Checkpointer(group, Path(folder) / "resumed", None, 2, 16, {}, lambda line: None).resume(saved, resumed)
+        Checkpointer(group, Path(folder) / "resumed", _KEEP_TWO, {}, lambda line: None).resume(saved, resumed)
         got.append(_step(resumed.model, batches[5]))
     return in_file, pieces, checkpoint.manifest["engine"], expected, got
 

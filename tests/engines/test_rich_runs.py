@@ -14,10 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from framework.assemble import build_task
+from framework.assemble import build_task, seed_everything
 from framework.config.settings import settings_of
 from framework.strategies import strategy_class
-from framework.worker import seed_everything
 from support.driver import command_in_process, composed
 from support.processes import assert_killed_run_resumes, check_ok, run_train, user_code_env
 from support.references import EMA_ENGINES, ENGINES, EVAL_EVERY, FROZEN, GROUP_SCALES, LR, RICH_STEPS, rich, rich_run

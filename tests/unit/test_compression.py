@@ -99,8 +99,10 @@ def test_powersgd_with_cpu_workers_where_gpus_are_visible_is_refused(tmp_path, m
 
 
 def _result(**traffic) -> RunResult:
-    return RunResult({"acc": 0.9}, "acc", 0.3, 0.3, 100.0, [50.0, 50.0], [0.0, 0.0], 1.0, 10, 0, 1, 2, 32, 16, "ddp",
-                     "cpu", 0, "", **traffic)
+    return RunResult(test_metrics={"acc": 0.9}, objective="acc", test_loss=0.3, train_loss=0.3, samples_per_sec=100.0,
+                     per_rank_samples_per_sec=[50.0, 50.0], per_rank_max_memory_gib=[0.0, 0.0], train_seconds=1.0,
+                     steps=10, skipped_steps=0, epochs=1, processes=2, global_batch=32, micro_batch=16, strategy="ddp",
+                     device="cpu", resumed_from_step=0, checkpoint="", **traffic)
 
 
 @pytest.mark.parametrize("traffic,line", [

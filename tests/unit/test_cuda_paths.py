@@ -330,7 +330,9 @@ def test_a_callbacks_all_reduce_of_a_cpu_tensor_travels_on_the_groups_device(tmp
     model = nn.Linear(2, 2)
     wrapped = Wrapped(model, torch.optim.SGD(model.parameters(), lr=0.1), Precision("fp32", torch.device("cpu")),
                       CheckpointIO(0, 1, []), model)
-    state = LoopState(TrainerConfig(), group, wrapped, RunInfo(tmp_path, print, {}, {}, None, None, None), 1, 1, False)
+    run = RunInfo(run_dir=tmp_path, say=print, hparams={}, model_record={}, stop=None, checkpointer=None,
+                  callbacks=None)
+    state = LoopState(TrainerConfig(), group, wrapped, run, 1, 1, higher_is_better=False)
     mine = torch.full((3,), 3.0)
     total = state.all_reduce_sum(mine)
     assert group.seen == [torch.device("meta")]

@@ -26,11 +26,10 @@ def test_a_model_that_cannot_generate_is_refused(tmp_path):
     from framework.models.linear import LinearModel
 
     model = LinearModel(in_shape=(4,), num_classes=3)
-    path = write_weights(tmp_path, "best", model.state_dict(), {"_target_": "framework.models.linear.LinearModel"},
-                         (4,), 3, step=1, objective={}, vocab=list("abc"))
+    record = {"model_config": {"_target_": "framework.models.linear.LinearModel"}, "in_shape": (4,), "num_classes": 3}
+    path = write_weights(tmp_path, "best", model.state_dict(), {**record, "vocab": list("abc")}, step=1, objective={})
     with pytest.raises(ConfigError, match=r"its model \(LinearModel\) has no generate\("):
         sample(SampleConfig(ckpt_path=str(path), prompt="ab", accelerator="cpu"))
-    plain = write_weights(tmp_path, "last", model.state_dict(), {"_target_": "framework.models.linear.LinearModel"},
-                          (4,), 3, step=1, objective={})
+    plain = write_weights(tmp_path, "last", model.state_dict(), record, step=1, objective={})
     with pytest.raises(ConfigError, match="holds no vocabulary"):
         sample(SampleConfig(ckpt_path=str(plain), prompt="ab", accelerator="cpu"))

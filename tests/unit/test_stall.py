@@ -31,8 +31,9 @@ def test_a_stalled_rank_on_nccl_dumps_the_flight_recorder_before_it_exits(tmp_pa
     dumped_before_exit = []
     monkeypatch.setattr(stall, "exit_now", lambda code: dumped_before_exit.append(
         (code, (tmp_path / "nccl_flight_recorder" / "rank_0").read_bytes())))
-    watchdog = stall.StallWatchdog(stall.Heartbeat(), tmp_path, 0, 1, 1.0, lambda m: None, lambda: None,
-                                   prints_summary=False, before_exit=lambda: stall.dump_nccl_flight_recorder(0))
+    watchdog = stall.StallWatchdog(stall.Heartbeat(), stall.StallSeat(tmp_path, 0, 1), 1.0, lambda m: None,
+                                   lambda: None, prints_summary=False,
+                                   before_exit=lambda: stall.dump_nccl_flight_recorder(0))
     watchdog._end_stalled_run(idle=1.5)
     assert dumped_before_exit == [(stall.EXIT_STALLED, b"nccl trace of rank 0")]
     assert (tmp_path / "stall" / "rank0.txt").is_file()

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 def _loader(dataset, rank=0, world=1, micro=4, workers=0, agree=None, k=1, say=print):
     peers = Peers(agree=agree) if agree else Peers()
-    return StreamLoader(dataset, None, DataShare(rank, world, CPU, micro, k, workers, peers), say=say)
+    return StreamLoader(dataset, None, DataShare(rank, world, CPU, micro, k, workers, peers=peers), say=say)
 
 
 def _ids(batch) -> list[int]:

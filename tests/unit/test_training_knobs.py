@@ -329,8 +329,9 @@ def test_weights_are_also_safetensors_with_the_models_keys_and_what_rebuilds_it(
     pointers = [v.data_ptr() for v in state.values()]
     assert len(set(pointers)) < len(pointers)  # the embedding and the head share one tensor
     conv = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)  # strided, as channels_last is
-    path = write_weights(tmp_path, "best", {**state, "conv": conv}, {"_target_": "framework.models.gpt.GPT"},
-                         (8,), None, 7, {"name": "loss", "value": 1.5}, vocab=list("abc"))
+    record = {"model_config": {"_target_": "framework.models.gpt.GPT"}, "in_shape": (8,), "num_classes": None,
+              "vocab": list("abc")}
+    path = write_weights(tmp_path, "best", {**state, "conv": conv}, record, 7, {"name": "loss", "value": 1.5})
     tensors = load_file(path.with_suffix(".safetensors"))
     assert set(tensors) == set(state) | {"conv"}
     assert all(torch.equal(tensors[k], v) for k, v in {**state, "conv": conv}.items())
@@ -346,7 +347,8 @@ def test_weights_are_also_safetensors_with_the_models_keys_and_what_rebuilds_it(
 def test_load_model_reads_the_safetensors(tmp_path):
     model = lenet()
     config = {"_target_": "framework.models.lenet.LeNet"}
-    write_weights(tmp_path, "last", model.state_dict(), config, (1, 28, 28), 10, 3, {"name": "loss", "value": 1.0})
+    record = {"model_config": config, "in_shape": (1, 28, 28), "num_classes": 10}
+    write_weights(tmp_path, "last", model.state_dict(), record, 3, {"name": "loss", "value": 1.0})
     (tmp_path / "weights" / "last.pt").unlink()  # only the safetensors: no pickle at all
     loaded = load_model(tmp_path, which="last")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
@@ -426,7 +428,8 @@ def _run_folder(tmp_path, model_target: str) -> Path:
     plain["model"] = {"_target_": model_target}
     run.mkdir()
     OmegaConf.save(OmegaConf.create(plain), run / RESOLVED_CONFIG)
-    write_weights(run, "best", lenet().state_dict(), plain["model"], (1, 28, 28), 10, 1, {"name": "loss", "value": 1.0})
+    record = {"model_config": plain["model"], "in_shape": (1, 28, 28), "num_classes": 10}
+    write_weights(run, "best", lenet().state_dict(), record, 1, {"name": "loss", "value": 1.0})
     return run
 
 

@@ -156,7 +156,9 @@ def test_stop_after_ends_the_run_at_its_step():
 def _comparison(one, other, weight_gap=0.0, floor=None, floor_weights=0.0):
     """Two runs' losses step by step (the floor: one process against its floor run, step by step)."""
     measured = None if floor is None else Floor("c", "one process split", floor, floor_weights)
-    return Comparison("a", "b", list(range(1, len(one) + 1)), one, other, 1e-5, 1e-4, weight_gap, "w", measured)
+    return Comparison(one_process="a", strategy="b", steps=list(range(1, len(one) + 1)), one_losses=one,
+                      strategy_losses=other, loss_tolerance=1e-5, weight_tolerance=1e-4, weight_gap=weight_gap,
+                      worst_weight="w", floor=measured)
 
 
 def test_equal_within_the_tolerances_or_within_ten_times_the_rounding_floor():

@@ -22,7 +22,7 @@ class MeshCheckpoints(DcpCheckpoints):
     format = DCP
 
     def __init__(self, rank: int, world_size: int, cuda_devices: list[int], module: nn.Module, whole: "WholeModel",
-                 canonical: dict[str, str], gathers: bool):
+                 canonical: dict[str, str], *, gathers: bool):
         super().__init__(rank, world_size, cuda_devices, cpu_offload=False)
         self.module = module  # the pieces this rank holds, under the whole model's names
         self.whole = whole

@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
-from framework.config.strategy_options import MULTI_STAGE
+from framework.config.strategy_options import MULTI_STAGE, MeshOptions
 from framework.data.batches import batch_size, tree_map
 from framework.data.build import is_pair
 from framework.strategies.model_parallel import p2p
@@ -96,9 +96,11 @@ def inputs_of(batch):
 
 
 class PipelineRunner:
-    def __init__(self, stages: dict[int, nn.Module], holders: list[int], schedule: str, microbatches: int,
-                 pp_rank: int, pp_group, device: torch.device, precision):
-        """stages: this rank's stage modules by stage index; holders: the pipeline rank of every stage."""
+    def __init__(self, stages: dict[int, nn.Module], holders: list[int], options: MeshOptions, pp_rank: int, pp_group,
+                 device: torch.device, *, precision):
+        """stages: this rank's stage modules by stage index; holders: the pipeline rank of every stage; options: the
+        mesh's schedule and pipeline_microbatches."""
+        schedule, microbatches = options.schedule, options.pipeline_microbatches
         self.stage_modules, self.num_stages, self.holders = stages, len(holders), holders
         self.pp_rank, self.group, self.device, self.precision = pp_rank, pp_group, device, precision
         self.last_rank = holders[-1]  # the rank computing the loss (rank 0 for ZBVZeroBubble's V)

@@ -234,15 +234,15 @@ class MeshStrategy(ElasticStrategy):
         tied = TiedGradients(ties, model, shape, group.rank, pp_group)
         precision = MeshPrecision(self.trainer.precision, group.device, params, shape.sharded, tied, pp_group)
         gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
-        io = MeshCheckpoints(group.rank, group.world_size, group.cuda_devices, model, whole, tied.canonical, gathers)
+        io = MeshCheckpoints(group.rank, group.world_size, group.cuda_devices, model, whole, tied.canonical,
+                             gathers=gathers)
         # the stage's parameters, tensor parallel's DTensors among them, by the whole model's names (a tied copy by
         # the name the whole model has it under): what optimizer.param_groups' patterns match
         optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
         per_tensor_where_mixed(optimizer)
         if o.pp == 1:
             return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded)
-        runner = PipelineRunner(parts, holders, o.schedule, o.pipeline_microbatches, coords["pp"], pp_group, group.device,
-                                precision)
+        runner = PipelineRunner(parts, holders, o, coords["pp"], pp_group, group.device, precision=precision)
         runner.measure_links()
         pipeline = Pipeline(runner)
         return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
