@@ -133,7 +133,7 @@ def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batc
                           traffic=gradient_traffic(wrapped, getattr(s.strategy, "compression", "none")))
     devices = per_gpu(group, wrapped, micro_batch, flops, t.precision, has_convolutions(task.model),
                       t.straggler_threshold, t.straggler_intervals, t.straggler_min_gap_ms, say)
-    return LoopTelemetry(meter, devices, Heartbeat(), clock)
+    return LoopTelemetry(meter, devices, Heartbeat(group.device), clock)
 
 
 def _result(s: Settings, strategy: Strategy, group: ProcessGroup, trainer: Trainer, checkpointer: Checkpointer,
