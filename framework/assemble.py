@@ -17,6 +17,7 @@ from framework.config.settings import Settings
 from framework.data.augment import build_augment
 from framework.data.build import Data, build_data
 from framework.data.loaders import BatchPipeline, eval_batches
+from framework.data.source import DataShare, Peers
 from framework.data.text import vocabulary_of
 from framework.common.errors import ConfigError
 from framework.models.build import build_model
@@ -75,12 +76,19 @@ def parallelize(s: Settings, strategy: Strategy, group: ProcessGroup, task: Task
         model, lambda params, names=None: build_optimizer(s.optimizer, params, workers, groups, names), group)
 
 
+def data_share(group: ProcessGroup, micro_batch: int, grad_accum: int = 1, num_workers: int = 0) -> DataShare:
+    """This rank's place in the data: its data-parallel rank (model-parallel peers share one), the samples it takes
+    at a time and its peers' collectives."""
+    return DataShare(group.dp_rank, group.dp_size, group.device, micro_batch, grad_accum, num_workers,
+                     Peers(group.dp_all_reduce_sum, group.gather_objects))
+
+
 def test_batches(task: Task, group: ProcessGroup, num_workers: int):
     """A function giving this rank's share of the test split, in batches on its device (never augmented)."""
     pipeline = BatchPipeline(task.data.normalization, task.data.in_shape, group.device, task.channels_last)
-    return lambda: eval_batches(task.data.test, pipeline, group.device, EVAL_BATCH_PER_DEVICE, group.dp_rank,
-                                group.dp_size, num_workers, task.data.collate["test"], task.data.pairs,
-                                group.dp_all_reduce_sum, task.data.example)
+    share = data_share(group, EVAL_BATCH_PER_DEVICE, num_workers=num_workers)
+    return lambda: eval_batches(task.data.test, share, pipeline, task.data.collate["test"], task.data.pairs,
+                                task.data.example)
 
 
 def example_input(data: Data) -> object:

@@ -15,9 +15,11 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, RefusedInHydra
 from framework.common.paths import CONF_DIR
+from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
+from framework.config.path_overrides import quoted_paths, quoting_hint
 from framework.config.typed import missing_key_reason, omegaconf_error_line
 from framework.evaluate import evaluate_command
 from framework.run import run, train_as_follower
@@ -25,7 +27,7 @@ from framework.sample import sample_command
 from framework.session.detect import detect, sweep_driver
 from framework.session.environment import import_path_for_children, take_local_rank_argument
 from framework.session.exit import quick_exit
-from framework.session.situations import Direct
+from framework.session.situations import refuse
 from framework.verify.command import verify_command
 
 
@@ -67,9 +69,12 @@ def eval_main() -> None:
 def _single_process_command(app) -> None:
     with quick_exit():
         try:
+            sys.argv[1:] = quoted_paths(sys.argv[1:])  # ckpt_path=<sweep>/1_tp=2 (framework/config/path_overrides.py)
             _run_app(app)
         except HydraException as exc:
-            Direct().fail(ConfigError(composition_error_line(exc)))
+            refuse(ConfigError(composition_error_line(exc)))
+        except RefusedInHydra as exc:  # the output folder cannot be made
+            refuse(exc.error)
 
 
 def main() -> None:
@@ -79,10 +84,10 @@ def main() -> None:
 
 def _main() -> None:
     try:
-        sys.argv[1:] = take_local_rank_argument(sys.argv[1:])
+        sys.argv[1:] = quoted_paths(take_local_rank_argument(sys.argv[1:]))
         session = detect()  # how this process was started (framework/session/), read once
     except ConfigError as exc:  # every rank meets these alike (its own arguments, its scheduler's variables)
-        Direct().fail(exc)
+        refuse(exc)
     if session.follows:  # the other ranks of torchrun/SLURM/horovodrun take the config and folder from rank 0
         try:
             train_as_follower(session)
@@ -94,6 +99,8 @@ def _main() -> None:
             _run_app(train_app)
     except HydraException as exc:  # composing the config failed: a bad override, an unknown option, a wrong type
         session.fail(ConfigError(composition_error_line(exc)))
+    except RefusedInHydra as exc:  # the output folder cannot be made
+        session.fail(exc.error)
     except KeyboardInterrupt:  # in a sweep's driver (a job run here says its own: framework/run.py)
         driver = sweep_driver()
         if driver is not None:
@@ -125,14 +132,14 @@ def composition_error_line(exc: HydraException) -> str:
         said = re.sub(r"^Error when parsing index: \d+, string: .* out of \[.*\]\. ", "", said)  # Hydra 1.4's
         said = said.removeprefix(f"Error parsing override '{exc.override}' ")  # Hydra 1.3's words before the parser's
         return (f"Could not parse the override {exc.override!r}: {said} (the override grammar: "
-                "https://hydra.cc/docs/advanced/override_grammar/basic)")
+                f"https://hydra.cc/docs/advanced/override_grammar/basic){quoting_hint(str(exc.override))}")
     cause = exc.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         if isinstance(exc, ConfigCompositionException) and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             return f"Could not override '{cause.full_key}': {missing_key_reason(cause)}"
         return omegaconf_error_line(cause)
-    text = str(exc).split("Config search path:")[0]  # Hydra lists its search path after the options
-    return " ".join(text.split()) or type(exc).__name__
+    text = " ".join(str(exc).split("Config search path:")[0].split())  # Hydra lists its search path after the options
+    return f"{text}{deletion_hint(text)}" if text else type(exc).__name__
 
 
 if __name__ == "__main__":

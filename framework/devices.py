@@ -22,8 +22,9 @@ from framework.config.hydra_versions import version_base
 from framework.config.settings import settings_of
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR, config_dir_override
-from framework.session.environment import cpu_cores
-from framework.session.situations import Direct
+from framework.session.detect import detect
+from framework.session.environment import Ranks, cpu_cores
+from framework.session.situations import refuse
 from framework.config.targets import TargetAllowlist, allowing
 from framework.strategies import build_strategy, resolve_auto, strategy_class, strategy_names
 from framework.telemetry.gpu_monitor import GIB, GpuMonitor, nvml_status
@@ -90,10 +91,11 @@ def cpu_facts() -> list[str]:
             f"{torch.get_num_threads()} intra-op thread(s) per process"]
 
 
-def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[str]:
+def strategy_plan(overrides: list[str], config_dir: str | None, ranks: Ranks | None) -> list[str]:
     """Each strategy's own account of what it would start here, for the config these overrides compose.
     Only the strategy named in the overrides when there is one (its own options may be overridden too).
-    config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too."""
+    config_dir: a user's config dir (as train.py's --config-dir), whose strategies are listed too. ranks: those
+    another program started this process among (None: nobody did), which each strategy is built with."""
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")]
     lines = ["What each strategy would start here:"]
     names = set()
@@ -107,7 +109,7 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
                 note = resolve_auto(cfg, outer_kind=None).removeprefix("strategy=auto ")
                 with allowing(TargetAllowlist.of_command(cfg)):  # the config this command composed
                     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
-                    strategy = build_strategy(settings.strategy, settings.trainer)
+                    strategy = build_strategy(settings.strategy, settings.trainer, ranks)
                 strategy.validate()
                 plan = f"{note}: {strategy.starter.describe()}" if note else strategy.starter.describe()
             except ConfigError as exc:
@@ -116,9 +118,9 @@ def strategy_plan(overrides: list[str], config_dir: str | None = None) -> list[s
     return lines
 
 
-def report(overrides: list[str], config_dir: str | None = None) -> str:
+def report(overrides: list[str], config_dir: str | None, ranks: Ranks | None) -> str:
     lines = gpu_table() if torch.cuda.device_count() else gpu_table() + cpu_facts()
-    return "\n".join(lines + strategy_plan(overrides, config_dir))
+    return "\n".join(lines + strategy_plan(overrides, config_dir, ranks))
 
 
 def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
@@ -138,9 +140,10 @@ def main() -> None:
         print(__doc__)
         return
     try:
-        print(report(*_arguments(args)))
+        session = detect()
+        print(report(*_arguments(args), session.ranks))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback
-        Direct().fail(ConfigError(exc))
+        refuse(ConfigError(exc))
 
 
 if __name__ == "__main__":

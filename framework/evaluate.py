@@ -28,7 +28,9 @@ from framework.assemble import build_task, parallelize, test_batches
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import check_world_size
 from framework.results.sweep_resume import RESOLVED_CONFIG
-from framework.session.situations import Direct
+from framework.session.detect import detect
+from framework.session.environment import Ranks
+from framework.session.situations import refuse
 from framework.strategies import build_strategy, choose_strategy
 from framework.training.loop_state import EvalResult
 from framework.training.trainer import LoopData, evaluate
@@ -51,18 +53,20 @@ def evaluate_command(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
+        session = detect(hydra_cfg)
+        return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task), session.ranks)
     except (ConfigError, WorkersFailed) as exc:
-        return Direct().fail(exc)
+        refuse(exc)
 
 
-def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
+def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str], ranks: Ranks | None) -> float:
     trusted = TargetAllowlist.of_command(cfg)  # this command's own config, before the run's groups come in
     with allowing(trusted):
-        return _evaluate_trusting(trusted, cfg, out_dir, overrides)
+        return _evaluate_trusting(trusted, cfg, out_dir, overrides, ranks)
 
 
-def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path, overrides: list[str]) -> float:
+def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path, overrides: list[str],
+                       ranks: Ranks | None) -> float:
     source, kind, run_dir = resolve_source(cfg.ckpt_path)
     if run_dir is not None:
         take_run_groups(cfg, run_dir / RESOLVED_CONFIG, overrides)
@@ -71,7 +75,7 @@ def _evaluate_trusting(trusted: TargetAllowlist, cfg: DictConfig, out_dir: Path,
                 trusted.check(OmegaConf.to_container(cfg[group], resolve=True), group)
     strategy_class, note = choose_strategy(cfg, outer=None)
     settings = settings_of(cfg, strategy_class.Options, dataset_as_written=run_dir is None, targets=trusted)
-    strategy = strategy_class(settings.strategy, settings.trainer.engine())
+    strategy = strategy_class(settings.strategy, settings.trainer.engine(), ranks=ranks)
     strategy.validate()
     if kind == "checkpoint" and source.is_dir():
         manifest = json.loads(source.with_suffix(".json").read_text())
@@ -140,15 +144,16 @@ def take_run_groups(cfg: DictConfig, resolved: Path, overrides: list[str]) -> No
             cfg[group] = OmegaConf.merge(run_cfg[group], OmegaConf.from_dotlist(keys))
 
 
-def evaluate_entry(payload: EvalPayload) -> EvalResult | None:
-    """Every worker of an evaluation: build the run's task, load the weights, evaluate; rank 0 returns the result."""
+def evaluate_entry(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | None:
+    """Every worker of an evaluation (with the ranks its starter gave it): build the run's task, load the weights,
+    evaluate; rank 0 returns the result."""
     with allowing(payload.settings.targets):
-        return _evaluate_worker(payload)
+        return _evaluate_worker(payload, ranks)
 
 
-def _evaluate_worker(payload: EvalPayload) -> EvalResult | None:
+def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | None:
     settings = payload.settings
-    strategy = build_strategy(settings.strategy, settings.trainer)
+    strategy = build_strategy(settings.strategy, settings.trainer, ranks)
     group = strategy.join()
     wrapped = None
     try:

@@ -18,7 +18,7 @@ from framework.data.batches import describe, take
 from framework.data.build import Data, first_samples, is_class_ids
 from framework.data.loaders import BatchPipeline, prepare, split_tensors
 from framework.common.errors import ConfigError
-from framework.data.streams import is_stream, shards_itself
+from framework.data.streams import shards_itself, split_length
 from framework.strategies.base import Strategy
 from framework.strategies.muon_engines import muon_refusal
 from framework.telemetry.flops import silenced
@@ -27,6 +27,7 @@ from framework.training.metrics import higher_is_better, is_torchmetric, per_sam
 from framework.training.optim import build_optimizer
 from framework.training.param_groups import ParamGroups
 from framework.training.step import ModelLoss, Supervised
+from framework.training.trainer import planned_steps
 
 
 def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | None:
@@ -43,8 +44,9 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     _objective(s, task.metrics)
     muon_refusal(s.optimizer, strategy)
     _optimizer_and_schedule(s, task)
-    _batch_split(s, strategy, None if is_stream(task.data.train) else len(task.data.train))
-    _stream_schedule(s, task.data.train)
+    _batch_split(s, strategy, split_length(task.data.train))
+    _dealt_as_ranks(s, strategy, task.data.train)
+    _schedule_length(s, task.data.train)
     dry_run(s, task)
     strategy.check_task(task.model, example_input(task.data), task.data.train)
     checkpoint = _resume(s, strategy, run_dir, task.data)
@@ -79,11 +81,7 @@ def _optimizer_and_schedule(s: Settings, task: Task) -> None:
     optimizer = build_optimizer(s.optimizer, task.model.parameters(), 1, ParamGroups.of(s.optimizer, task.model))
     if s.lr_schedule.name == "torch":
         t = s.trainer
-        if is_stream(task.data.train):  # no length: only trainer.max_steps bounds the run
-            steps = t.max_steps or None
-        else:
-            per_epoch = max(len(task.data.train) // t.batch_size, 1)
-            steps = min(t.max_steps, t.epochs * per_epoch) if t.max_steps else t.epochs * per_epoch
+        steps, _ = planned_steps(_steps_per_epoch(s, task.data.train), t.epochs, t.max_steps)
         objective_higher = t.objective != "loss" and higher_is_better(task.metrics[t.objective])
         build_lr_schedule(s.lr_schedule, optimizer, steps, objective_higher)
 
@@ -177,10 +175,8 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
                           "strategy.zero_stage) that wrote it, or trainer.resume=none")
     _resume_world_size(s, strategy, checkpoint)
-    if is_stream(data.train):
-        _resume_stream(s, strategy, checkpoint, data.train)
-    else:
-        _resume_position(s, checkpoint, len(data.train))
+    _resume_stream(s, strategy, checkpoint, data.train)
+    _resume_position(s, checkpoint, _steps_per_epoch(s, data.train))
     return checkpoint
 
 
@@ -195,10 +191,10 @@ def _resume_stream(s: Settings, strategy: Strategy, checkpoint: Checkpoint, trai
                           f"anew; use {saved} workers, or trainer.resume=none")
 
 
-def _stream_schedule(s: Settings, train) -> None:
+def _schedule_length(s: Settings, train) -> None:
     """A stream's length is unknown: a schedule over the run's steps needs trainer.max_steps."""
     # (lr_schedule=torch: the scheduler says itself what it needs, when it is built: _optimizer_and_schedule)
-    if is_stream(train) and not s.trainer.max_steps and s.lr_schedule.name not in ("constant", "torch"):
+    if split_length(train) is None and not s.trainer.max_steps and s.lr_schedule.name not in ("constant", "torch"):
         raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
                           "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
                           "steps; set trainer.max_steps, or use lr_schedule=constant")
@@ -223,8 +219,18 @@ def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, 
         f"another world size. Use {saved} workers (e.g. strategy.nproc_per_node={saved} on one node), or {otherwise}")
 
 
-def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) -> None:
-    """The saved data position must be a whole number of this run's global batches (position.py says why)."""
+def _steps_per_epoch(s: Settings, train) -> int | None:
+    """The training split's global batches per epoch (at least one: a larger batch is refused apart); None for a
+    stream, whose length is unknown."""
+    samples = split_length(train)
+    return None if samples is None else max(samples // s.trainer.batch_size, 1)
+
+
+def _resume_position(s: Settings, checkpoint: Checkpoint, steps_per_epoch: int | None) -> None:
+    """The saved data position must be a whole number of this run's global batches (position.py says why; a
+    stream's position is what its steps had, whatever the batch)."""
+    if steps_per_epoch is None:
+        return
     batch = s.trainer.batch_size
     missing = sorted({"step", "epoch", "samples_in_epoch", "batch_size"} - set(checkpoint.manifest))
     if missing:
@@ -233,10 +239,30 @@ def _resume_position(s: Settings, checkpoint: Checkpoint, train_samples: int) ->
                           "trainer.resume=none")
     position = Position.from_saved(checkpoint.manifest)
     try:
-        resume_point(position, batch, max(train_samples // batch, 1))
+        resume_point(position, batch, steps_per_epoch)
     except PositionDoesNotFit as exc:
         raise ConfigError(f"trainer.batch_size={batch} is not allowed when resuming from {checkpoint.path}: "
                           f"{exc}") from None
+
+
+def _dealt_as_ranks(s: Settings, strategy: Strategy, train) -> None:
+    """trainer.deal_as_ranks=N: one process plays N ranks' data (framework/data/ranks_in_turn.py)."""
+    t, shares = s.trainer, strategy.batch_shares()
+    n = t.deal_as_ranks
+    if n is None:
+        return
+    if shares > 1:
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with strategy={strategy.name} ({shares} "
+                          "data-parallel ranks): it makes one process read the data as N ranks would; use it with "
+                          "one process (strategy=single), or leave it out")
+    if t.grad_accum % n:
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with trainer.grad_accum={t.grad_accum}: a step "
+                          f"takes a micro-batch of every rank in turn, so trainer.grad_accum must be a multiple of {n} "
+                          f"({n} x the accumulation of each rank)")
+    if shards_itself(train):
+        raise ConfigError(f"trainer.deal_as_ranks={n} is not allowed with a dataset.train that shards itself over "
+                          "ranks (shards_itself, or a HuggingFace IterableDataset): it reads the rank of the process "
+                          "that reads it; use a map-style dataset or a stream the framework shards, or leave it out")
 
 
 def _batch_split(s: Settings, strategy: Strategy, samples: int | None) -> None:

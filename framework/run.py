@@ -17,10 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from framework.assemble import build_callbacks
 from framework.checkpoints.store import CHECKPOINT_DIR, newest_valid
 from framework.common.errors import ConfigError
-from framework.config.settings import Payload, settings_of
+from framework.config.settings import Payload, refuse_dangling_interpolations, settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
 from framework.preflight import validate
+from framework.results.failure_note import note_failure
 from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
@@ -31,7 +32,7 @@ from framework.session.situations import Follower, Session
 from framework.strategies import build_strategy, choose_strategy
 from framework.telemetry.stall import mark_driver_process, stall_report
 from framework.training.interrupts import GracefulStop, Interrupted, NoStop
-from framework.worker import worker_entry
+from framework.worker import train_rank, worker_entry
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -50,6 +51,7 @@ def run(cfg: DictConfig) -> float | None:
         _record(cfg, strategy, session.run_dir, hydra_cfg, note)
         return _report(_train(strategy, payload, session), session)
     except (ConfigError, WorkersFailed) as exc:
+        note_failure(session.run_dir, exc)  # the run folder's train.log keeps why (a sweep's summary shows it)
         return session.fail(exc)
     except KeyboardInterrupt:
         return session.stopped(signal.SIGINT, what_is_kept(session.run_dir))
@@ -66,19 +68,20 @@ def train_as_follower(session: Follower) -> None:
     if "payload" in message:
         payload = message["payload"]
         with allowing(payload.settings.targets):  # the `_target_`s rank 0 allowed this run to build
-            strategy = build_strategy(payload.settings.strategy, payload.settings.trainer)
-        worker_entry(payload, strategy, stop=NoStop())
+            strategy = build_strategy(payload.settings.strategy, payload.settings.trainer, session.ranks)
+        train_rank(payload, strategy, stop=NoStop())
     return None
 
 
-def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None = None, warm_up: bool = False):
-    """Choose the strategy (`outer`: the ranks torchrun & co. started, which it must train with), type the config
-    and validate everything; no worker starts here (warm_up: the strategy's starter may start what it can while the
-    checks run). Returns (strategy, payload, note)."""
+def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None, warm_up: bool = False):
+    """Choose the strategy (`outer`: the session's ranks, which torchrun & co. started and it must train with; None
+    where nobody did), type the config and validate everything; no worker starts here (warm_up: the strategy's
+    starter may start what it can while the checks run). Returns (strategy, payload, note)."""
+    refuse_dangling_interpolations(cfg)
     with allowing(TargetAllowlist.of_command(cfg)):  # a training run trusts the config its user composed
         strategy_class, note = choose_strategy(cfg, outer)
         settings = settings_of(cfg, strategy_class.Options)
-        strategy = strategy_class(settings.strategy, settings.trainer.engine())
+        strategy = strategy_class(settings.strategy, settings.trainer.engine(), ranks=outer)
         if warm_up:
             strategy.starter.warm_up()
         for name, callback in build_callbacks(settings.callbacks).items():
@@ -106,10 +109,10 @@ def _train(strategy, payload: Payload, session: Session) -> RunResult | Stopped 
     try:
         if session.leads:
             session.hand_off(payload)
-            return worker_entry(payload, strategy)
+            return train_rank(payload, strategy)
         if strategy.starter.runs_in_process:
             with GracefulStop() as stop:
-                return strategy.starter.launch(lambda p: worker_entry(p, strategy, stop), payload)
+                return strategy.starter.launch(lambda p, _ranks: train_rank(p, strategy, stop), payload)
         return strategy.starter.launch(worker_entry, payload)
     except WorkersFailed as exc:  # the workers ended a stall: say what rank 0 found (framework/telemetry/stall.py)
         raise WorkersFailed(stall_report(payload.run_dir, launched_at) or str(exc)) from None

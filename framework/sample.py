@@ -18,7 +18,7 @@ from framework.config.typed import typed
 from framework.data.text import Vocabulary
 from framework.common.errors import ConfigError
 from framework.results.trained_model import model_from, read_trained, weights_path
-from framework.session.situations import Direct
+from framework.session.situations import refuse
 
 SEPARATOR = "-" * 40
 
@@ -31,7 +31,7 @@ def sample_command(cfg: DictConfig) -> None:
                               "python sample.py ckpt_path=outputs/runs/<run> prompt='...'")
         sample(typed(SampleConfig, cfg, ""))
     except ConfigError as exc:
-        Direct().fail(exc)
+        refuse(exc)
 
 
 def sample(options: SampleConfig) -> list[str]:

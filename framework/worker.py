@@ -5,13 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from framework.assemble import (Task, build_callbacks, build_task, example_input, hparams_of, model_record,
-                                parallelize, run_signature, test_batches)
+from framework.assemble import (Task, build_callbacks, build_task, data_share, example_input, hparams_of,
+                                model_record, parallelize, run_signature, test_batches)
 from framework.callbacks.base import Callbacks
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.manager import choose_checkpoint
@@ -19,8 +20,10 @@ from framework.checkpoints.position import Position
 from framework.config.settings import Payload, Settings
 from framework.config.targets import allowing
 from framework.data.loaders import BatchPipeline, build_train_loader
+from framework.data.ranks_in_turn import RanksInTurn
+from framework.data.streams import is_stream
 from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
-from framework.session.environment import restart_attempt
+from framework.session.environment import Ranks, restart_attempt
 from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
 from framework.strategies.base import Strategy
@@ -42,17 +45,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def worker_entry(payload: Payload, strategy: Strategy | None = None, stop=None) -> RunResult | Stopped | None:
-    """Entry of every worker. `payload` holds the typed settings and the run folder: plain data, so nothing is
-    composed or resolved again here. Returns rank 0's RunResult (or Stopped); other ranks return None."""
+def worker_entry(payload: Payload, ranks: Ranks) -> RunResult | Stopped | None:
+    """Entry of every worker a starter starts (torch's elastic agent, Horovod's runner run entry(payload, ranks)): the
+    run's strategy, built here with the ranks the starter gave this worker, then its training (train_rank)."""
+    s = payload.settings
+    with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
+        strategy = build_strategy(s.strategy, s.trainer, ranks)
+    return train_rank(payload, strategy)
+
+
+def train_rank(payload: Payload, strategy: Strategy, stop=None) -> RunResult | Stopped | None:
+    """One rank's training with the strategy its process built: a started worker's (worker_entry), the driver's own
+    process (single, dp), or one of the ranks another program started (rank 0 and the others). `payload` holds the
+    typed settings and the run folder: plain data, so nothing is composed or resolved again here. Returns rank 0's
+    RunResult (or Stopped); other ranks return None."""
     keep_freed_memory()
     s = payload.settings
     with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
         return _worker(payload, s, strategy, stop)
 
 
-def _worker(payload: Payload, s: Settings, strategy: Strategy | None, stop) -> RunResult | Stopped | None:
-    strategy = strategy or build_strategy(s.strategy, s.trainer)
+def _worker(payload: Payload, s: Settings, strategy: Strategy, stop) -> RunResult | Stopped | None:
     own_process = not strategy.starter.runs_in_process
     if own_process:  # a process of its own, which its starter stops by signal
         end_soon_after_a_stop_signal()
@@ -90,18 +103,14 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         flops = count_flops(task.model, example_input(data), micro_batch) if group.is_main else None
         wrapped = parallelize(s, strategy, group, task)
         telemetry = _telemetry(s, group, wrapped, task, micro_batch, flops, say)
-        loader = build_train_loader(data, s.dataset.in_memory, t.seed, t.num_workers,
-                                    BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last,
-                                                  task.augment),
-                                    group.device, micro_batch, group.dp_rank, group.dp_size, say,
-                                    group.dp_all_reduce_sum)
-        loop_data = LoopData(loader, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
+        source = _train_source(s, task, group, micro_batch, say)
+        loop_data = LoopData(source, micro_batch, test_batches(task, group, t.num_workers), task.step, task.loss,
                              task.metrics)
         checkpointer = Checkpointer(group, run_dir, t.checkpoint_every_n_steps, t.keep_checkpoints, t.batch_size,
                                     run_signature(s, data), say, timed_barrier(group, telemetry.clock))
-        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop)
-        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, checkpointer=checkpointer,
-                          callbacks=callbacks, telemetry=telemetry, run=run)
+        run = RunInfo(run_dir, say, hparams_of(s, strategy.name), model_record(s.model, data), stop, checkpointer,
+                      callbacks)
+        trainer = Trainer(t, s.lr_schedule, group=group, wrapped=wrapped, data=loop_data, telemetry=telemetry, run=run)
         start = Position()
         checkpoint = resume if restart_attempt() == 0 else checkpoint_after_restart(t.resume, run_dir, group, say)
         if checkpoint is not None:
@@ -120,6 +129,24 @@ def _train(s: Settings, run_dir: Path, resume, strategy: Strategy, group: Proces
         if wrapped is not None:
             wrapped.close()
         say.close()
+
+
+def _train_source(s: Settings, task: Task, group: ProcessGroup, micro_batch: int, say):
+    """This process's training steps: its data-parallel rank's; with trainer.deal_as_ranks=N those of N ranks in
+    turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
+    t, data = s.trainer, task.data
+    pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, task.augment)
+    share = data_share(group, micro_batch, t.grad_accum, t.num_workers)
+    n = t.deal_as_ranks
+    if n and not is_stream(data.train):
+        played = [replace(share, rank=rank, world=n, grad_accum=t.grad_accum // n) for rank in range(n)]
+        return RanksInTurn([build_train_loader(data, each, pipeline, s.dataset.in_memory, t.seed,
+                                               say if each.rank == 0 else _unsaid) for each in played], share)
+    return build_train_loader(data, share, pipeline, s.dataset.in_memory, t.seed, say)
+
+
+def _unsaid(line: str) -> None:
+    """The other played ranks' notes (trainer.deal_as_ranks): the first one's, said once."""
 
 
 def _telemetry(s: Settings, group: ProcessGroup, wrapped, task: Task, micro_batch: int, flops,

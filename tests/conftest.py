@@ -1,13 +1,15 @@
 """The suite's tiers, fixtures and rules (docs/testing.md says which tier a new test goes in):
 
-- tests/unit/: in-process checks; nothing here starts a process (collection fails a test that does).
+- tests/unit/: in-process checks; nothing here starts a process: collection fails a test whose code names a process
+  starter (support/tiers.py), and a test that starts one anyway, through any code, fails when it ends unless
+  tiers.py's allowlist names it (support/launches.py notes every start).
 - tests/dist/: distributed units on a persistent gloo world of 2 or 4 ranks per module (support/gloo_world.py).
 - tests/runs/ and tests/engines/: real processes, where the subject is a process (launch, signals, ranks' files,
   resume) or an engine's run; a run that several tests read is made once per session (support/run_cache.py).
 
 Helpers live in tests/support/: processes.py (start, hold and stop runs), run_files.py (read what they left),
-driver.py (the driver's checks in this process), run_cache.py, gloo_world.py, suite_report.py (the plugin that prints
-where the suite's time went), user_code/ and faults/ (what runs import from the tests)."""
+driver.py (the driver's checks in this process), run_cache.py, gloo_world.py, tiers.py, launches.py, suite_report.py
+(the plugin that prints where the suite's time went), user_code/ and faults/ (what runs import from the tests)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 import uuid
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -23,11 +26,12 @@ import torch
 pytest.register_assert_rewrite("support")  # the helpers' assertions explain themselves as the tests' do (and count)
 
 import framework.config  # noqa: F401  (registers the config schemas: the tests compose conf/ with Hydra too)
-from framework.session.environment import ranks
-from support import processes
+from framework.session.environment import _ranks
+from support import launches, processes
 from support.gloo_world import GlooWorld
-from support.processes import TEST_ID, USER_CODE, kill_tagged
+from support.processes import TEST_ID, USER_CODE, kill_tagged, launch_variables
 from support.run_cache import RunCache, cache_root
+from support.tiers import not_allowed
 
 sys.path.insert(0, str(USER_CODE))  # the probes and models runs import by _target_, importable here as in a run
 # inductor compiles in the process that compiles, not in a pool of worker processes it starts (each imports torch:
@@ -38,12 +42,14 @@ pytest_plugins = ["pytester", "support.suite_report"]  # tests/unit/test_cuda_pa
 
 TESTS = Path(__file__).resolve().parent
 # Seconds a test may take before it fails and everything it started is killed: one hang must not eat the CI's time.
-# A process test's budget covers building the shared runs it is the first to read (support/run_cache.py).
+# A process test's budget covers building the shared runs it is the first to read; a shared run stopped by it is
+# recorded, and its later readers fail at once instead of starting it again (support/run_cache.py).
 TIMEOUTS = {"unit": 120, "dist": 300, "runs": 900, "engines": 900}
 PROCESS_TIERS = ("dist", "runs", "engines")
 # Heaviest files first (wall-seconds of a full run, tests/support/file_weights.json): the two xdist workers
 # then end together instead of one waiting for the other's last long file.
 WEIGHTS = TESTS / "support" / "file_weights.json"
+_FIRST_LAUNCH = pytest.StashKey[int]()
 
 
 def pytest_configure(config):
@@ -56,6 +62,10 @@ def pytest_configure(config):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT})
+    launches.install()
+    # multiprocessing's resource tracker, started now, before any test's or module's id: started by the first spawn
+    # of a test it would carry that id, and be killed with that test while it serves every later one's processes
+    resource_tracker.ensure_running()
 
 
 def tier_of(item) -> str:
@@ -102,8 +112,41 @@ def _test_accelerator(request):
         torch.cuda.set_device(device)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_FIRST_LAUNCH] = len(launches.started)  # before any fixture of the test, module-scoped ones too
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A unit test that started a process not on the allowlist (support/tiers.py) fails when it ends, whatever started
+    it: the test, a fixture, the framework or a library, in its setup, body or teardown."""
+    report = (yield).get_result()
+    if call.when != "teardown" or tier_of(item) != "unit" or _FIRST_LAUNCH not in item.stash:
+        return
+    unlisted = not_allowed(launches.started[item.stash[_FIRST_LAUNCH]:])
+    if unlisted and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = ("this test in tests/unit/ started processes that support/tiers.py does not allow there (a "
+                           "test that starts processes belongs in tests/runs/, tests/engines/ or tests/dist/):\n  "
+                           + "\n  ".join(unlisted))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _end_what_the_module_started():
+    """Processes a module-scoped fixture starts (a shared run's build, a gloo world) carry the module's id; whatever
+    of them still runs when the module ends is killed then. The tests' own ids take its place while each runs."""
+    module_id = uuid.uuid4().hex
+    os.environ[TEST_ID] = module_id
+    try:
+        yield module_id
+    finally:
+        os.environ.pop(TEST_ID, None)
+        kill_tagged(module_id, TEST_ID)
+
+
 @pytest.fixture(autouse=True)
-def _end_what_the_test_started():
+def _end_what_the_test_started(_end_what_the_module_started):
     """Every process a test starts inherits its id (TEST_ID); whatever is still running when the test ends (it
     failed half-way, it timed out, it forgot one) is killed then, so that it cannot hold a port, a GPU or a core in
     a later test."""
@@ -112,17 +155,35 @@ def _end_what_the_test_started():
     try:
         yield
     finally:
-        del os.environ[TEST_ID]
+        os.environ[TEST_ID] = _end_what_the_module_started
         kill_tagged(test_id, TEST_ID)
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_variable_left():
+    """A test that leaves a rank's variable (LOCAL_RANK, RANK, MASTER_PORT, SLURM's) in this process's environment
+    fails, and the variable is put back: every later test of this xdist worker, and every run they start, would
+    inherit it (a monkeypatch.delenv of an unset variable records no undo: setenv(name, "") first)."""
+    before = launch_variables(os.environ)
+    yield
+    after = launch_variables(os.environ)
+    if after == before:
+        return
+    for name in after.keys() - before.keys():
+        del os.environ[name]
+    os.environ.update(before)
+    changed = [f"{name} from {before.get(name)!r} to {after.get(name)!r}"
+               for name in sorted(before.keys() | after.keys()) if before.get(name) != after.get(name)]
+    pytest.fail(f"the test changed this process's {', '.join(changed)} and left it so (put back now)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
 def _ranks_read_per_test():
     """A process reads its ranks once (framework/session/environment.py); each test reads them again, so that one
     test's faked environment does not stay in the next one's."""
-    ranks.cache_clear()
+    _ranks.cache_clear()
     yield
-    ranks.cache_clear()
+    _ranks.cache_clear()
 
 
 @pytest.fixture(autouse=True)
@@ -140,23 +201,24 @@ def runs(tmp_path_factory) -> RunCache:
     return RunCache(cache_root(tmp_path_factory.getbasetemp()))
 
 
-def _gloo_world(size: int) -> GlooWorld:
-    """A world of `size` ranks for a module's distributed units (support/gloo_world.py), started now; its ranks do
-    not carry the current test's id, since the world outlives the test that first asks for it."""
-    world = GlooWorld(size, leave_out_env=(TEST_ID,))
+def _gloo_world(size: int, module_id: str) -> GlooWorld:
+    """A world of `size` ranks for a module's distributed units (support/gloo_world.py), started now; its ranks
+    carry the module's id, not the current test's, since the world outlives the test that first asks for it (and a
+    test that restarts it)."""
+    world = GlooWorld(size, env={TEST_ID: module_id})
     world.start()
     return world
 
 
 @pytest.fixture(scope="module")
-def world2():
+def world2(_end_what_the_module_started):
     """Two gloo ranks for this module's distributed units."""
-    with _gloo_world(2) as world:
+    with _gloo_world(2, _end_what_the_module_started) as world:
         yield world
 
 
 @pytest.fixture(scope="module")
-def world4():
+def world4(_end_what_the_module_started):
     """Four gloo ranks for this module's distributed units."""
-    with _gloo_world(4) as world:
+    with _gloo_world(4, _end_what_the_module_started) as world:
         yield world

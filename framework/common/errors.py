@@ -1,4 +1,6 @@
-"""The one exception type for bad user input: its message is shown as-is, without a traceback."""
+"""The exceptions whose message is shown as-is, without a traceback: bad user input (ConfigError) and its carrier
+out of Hydra's callbacks (RefusedInHydra), and a run every rank stops on purpose (TrainingStopped), whichever layer
+finds out."""
 import re
 
 
@@ -8,3 +10,18 @@ class ConfigError(ValueError):
 
     def __init__(self, message: object = "") -> None:
         super().__init__(re.sub(r"\s*\n\s*", " ", str(message)).strip())
+
+
+class RefusedInHydra(BaseException):
+    """A ConfigError raised inside Hydra's callbacks (the run folder that cannot be made), where Hydra turns any
+    Exception into a warning and goes on: as a BaseException it reaches the command, which refuses the run with it as
+    with any other (framework/cli.py)."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose, every rank at the same point (a NaN/inf loss; a stream epoch without a sample); the
+    message says why and what is kept."""

@@ -10,6 +10,7 @@ from typing import Any, List, Optional
 
 import dataclasses
 
+from framework.config.foreign_keys import entry_key_hint
 from framework.config.rules import Checked, SettingError, at_least, between, int_list, rule
 
 
@@ -37,7 +38,8 @@ class DatasetConfig(Checked):
     def check(self) -> None:
         if self._target_ and (self.train or self.test):
             raise SettingError("_target_", self._target_, message="{key}._target_ is not allowed beside {key}.train "
-                               "and {key}.test: name either one Dataset (with val_fraction) or the two splits")
+                               "and {key}.test: name either one Dataset (with val_fraction) or the two splits"
+                               + entry_key_hint("dataset.train"))
         if self.val_fraction is not None and not self._target_:
             raise SettingError("val_fraction", self.val_fraction, message=f"{{key}}.val_fraction={self.val_fraction} "
                                "splits one Dataset named by {key}._target_, and this config names train and test")

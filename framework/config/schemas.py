@@ -13,13 +13,16 @@ there.
 
 conf/config.yaml puts the open dataset schema (framework/config/dataset.py: the keys every dataset has) under
 whichever dataset is chosen: a dataset config adds keys of its own for its components (root, download, ...), and
-the driver refuses one that no component uses (framework/config/settings.py), as a misspelt override would be."""
+the driver refuses one that no component uses (framework/config/settings.py), as a misspelt override would be. The
+`custom` entries of the component groups (conf/model/custom.yaml, ...) start from the open `schema/component`
+(framework/config/custom_entry.py): a `_target_` and whatever arguments the user gives it."""
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from framework.config import strategy_options as so
+from framework.config.custom_entry import CustomComponent
 from framework.config.dataset import DatasetConfig
 from framework.config.optimizer import AdamConfig, AdamWConfig, LrScheduleConfig, MuonConfig, SGDConfig
 from framework.config.sample import SampleConfig
@@ -35,6 +38,7 @@ _CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": 
            **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {
     "dataset": DatasetConfig,
+    "component": CustomComponent,  # conf/<group>/custom.yaml: a component named on the command line
     "optimizer/sgd": SGDConfig, "optimizer/adam": AdamConfig, "optimizer/adamw": AdamWConfig,
     "optimizer/muon": MuonConfig,
     # the built-in strategies' open copies, and elastic's (ElasticOptions: the launch options ddp, fsdp and deepspeed

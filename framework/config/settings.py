@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from framework.config.dataset import DatasetConfig
+from framework.config.foreign_keys import dangling_interpolation_line, unused_entry_key_line
 from framework.config.optimizer import LrScheduleConfig, OptimizerConfig
 from framework.config.strategy_options import StrategyOptions
 from framework.config.targets import TargetAllowlist
@@ -81,6 +83,16 @@ def settings_of(cfg: DictConfig, strategy_options: type[StrategyOptions], datase
     )
 
 
+def refuse_dangling_interpolations(cfg: DictConfig) -> None:
+    """The composed config resolves: a key some entry interpolates may have been taken out (`~dataset.download`;
+    Hydra >= 1.4 also takes out one whose value is null). ConfigError naming both keys, not OmegaConf's traceback."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as exc:
+        missing = re.search(r"Interpolation key '([^']+)'", str(exc))
+        raise ConfigError(dangling_interpolation_line(str(exc.full_key), missing.group(1) if missing else "?")) from None
+
+
 def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     """A dataset config may add keys of its own for its components to interpolate (root: ${dataset.root}); one that
     nothing uses is a typo or a misplaced option (the dataset schema is open, so Hydra lets it through). A key is used
@@ -91,10 +103,10 @@ def _refuse_unused_dataset_keys(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=False)
     for key in cfg.dataset:
         if key not in declared and not _interpolated(plain, str(key)):
-            raise ConfigError(
+            raise ConfigError(unused_entry_key_line("dataset", str(key)) or (
                 f"dataset.{key} is not allowed: the dataset config has no key {key!r} and none of its components "
                 f"uses it (keys every dataset has: {', '.join(sorted(declared))}; a component's own option goes "
-                f"under it, e.g. dataset.train.{key})")
+                f"under it, e.g. dataset.train.{key})"))
 
 
 def _interpolated(plain: dict, key: str) -> bool:

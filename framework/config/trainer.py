@@ -20,6 +20,10 @@ class TrainerConfig(Checked):
     # batch_size / (W * grad_accum) samples per micro-batch
     batch_size: int = rule(128, at_least(1))
     grad_accum: int = rule(1, at_least(1))
+    # one process reads its micro-batches as N data-parallel ranks would, in turn (rank 0's, rank 1's, ..., each
+    # prepared as that rank prepares it): with grad_accum = N x k a step trains exactly the micro-batches of N ranks
+    # accumulating k each (verify.py's rounding floor; framework/data/ranks_in_turn.py). null: its own order
+    deal_as_ranks: Optional[int] = rule(None, at_least(1))
     precision: PrecisionChoice = PrecisionChoice.fp32  # fp32 | bf16 | fp16 (fp16 needs CUDA: GradScaler)
     # clip the global gradient norm to this value (null: no clipping); keeps the default lr 0.2 from diverging
     grad_clip: Optional[float] = rule(1.0, above(0))

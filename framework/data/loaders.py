@@ -16,14 +16,18 @@ different lengths shard alike.
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
+from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from framework.checkpoints.position import Position
 from framework.data.augment import batch_generator
 from framework.data.batches import batch_size, leaves, take, to_device, tree_map
 from framework.data.build import tensors_of
 from framework.data.collate import DEFAULT, Collate
+from framework.data.source import DataShare, EpochState, StepShare
 from framework.data.streams import StreamLoader, eval_stream, is_stream
 
 
@@ -79,26 +83,64 @@ def shard_indices(n: int, rank: int, world: int, epoch: int, seed: int) -> list[
 
 
 class _Sharded:
-    """What both training loaders share: the shard, the epoch and the per-batch augmentation generator."""
+    """The on-device steps of a rank's training batches, and the per-batch augmentation generator (seeded by the
+    epoch, the rank and the batch's index): what both map-style loaders and a stream's batches go through."""
 
-    def __init__(self, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int,
-                 pairs: bool = True):
-        self.pipeline, self.device = pipeline, device
-        self.micro_batch, self.rank, self.world, self.seed = micro_batch, rank, world, seed
-        self.pairs = pairs
+    def __init__(self, pipeline: BatchPipeline, share: DataShare, seed: int, pairs: bool = True):
+        self.pipeline, self.share, self.seed, self.pairs = pipeline, share, seed, pairs
+        self.device = share.device
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self):
-        return self.iterate(0)
-
     def prepared(self, batch, index: int):
         generator = None
         if self.pipeline.augment is not None:
-            generator = batch_generator(self.device, self.seed, self.epoch, self.rank, index)
+            generator = batch_generator(self.device, self.seed, self.epoch, self.share.rank, index)
         return prepare(batch, self.pipeline, self.pairs, generator)
+
+
+class MapSource(_Sharded, ABC):
+    """A map-style split as a StepSource (framework/data/source.py): its epoch is `len(self)` micro-batches of this
+    rank's shard (DistributedSampler's), `grad_accum` to a step; where it stands is counted in samples
+    (framework/checkpoints/position.py), so there is no record to keep and nothing to restore."""
+
+    def __init__(self, pipeline: BatchPipeline, share: DataShare, seed: int, pairs: bool = True):
+        super().__init__(pipeline, share, seed, pairs)
+        self.samples = 0  # of the epoch in progress, over every rank
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """This rank's micro-batches per epoch."""
+
+    @abstractmethod
+    def iterate(self, start: int) -> Iterator:
+        """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
+
+    def __iter__(self):
+        return self.iterate(0)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self) // self.share.grad_accum
+
+    def shares(self, epoch: int, start: int) -> Iterator[StepShare]:
+        self.set_epoch(epoch)
+        k, per_step = self.share.grad_accum, self.share.step_samples
+        self.samples = start * per_step
+        return self._steps(self.iterate(start * k), start, k, per_step)
+
+    def _steps(self, batches, start: int, k: int, per_step: int) -> Iterator[StepShare]:
+        for step in range(start, self.steps_per_epoch):
+            self.samples += per_step
+            yield StepShare(batches, k, per_step, last=step + 1 == self.steps_per_epoch)
+
+    def state(self) -> EpochState:
+        return EpochState(self.samples)
+
+    def restore(self, position: Position) -> None:
+        """Nothing to load: an epoch's order is its seed's, and shares() starts at the step the loop resumes at."""
 
 
 # The most of a GPU's free memory (when the loader is built: after the model) that a training split may take there
@@ -119,36 +161,37 @@ def split_home(tensors, device: torch.device) -> tuple[torch.device, str]:
                                  "GiB), so it stays in CPU memory and each batch is copied over")
 
 
-class InMemoryLoader(_Sharded):
-    def __init__(self, x, y, pipeline: BatchPipeline, device, micro_batch: int, rank: int, world: int, seed: int,
-                 home: torch.device | None = None):
-        super().__init__(pipeline, device, micro_batch, rank, world, seed)
-        self.home = home or device  # where the split lives (split_home)
+class InMemoryLoader(MapSource):
+    def __init__(self, x, y, pipeline: BatchPipeline, share: DataShare, seed: int, home: torch.device | None = None):
+        super().__init__(pipeline, share, seed)
+        self.home = home or share.device  # where the split lives (split_home)
         self.x, self.y = to_device(x, self.home), to_device(y, self.home)
-        self.samples = batch_size(self.x)
+        self.split_samples = batch_size(self.x)
 
     def __len__(self) -> int:
-        return (self.samples // self.world) // self.micro_batch
+        return (self.split_samples // self.share.world) // self.share.micro_batch
 
     def iterate(self, start: int):
-        """This epoch's micro-batches from number `start` on (resuming mid-epoch skips the ones done)."""
-        order = torch.tensor(shard_indices(self.samples, self.rank, self.world, self.epoch, self.seed),
+        share = self.share
+        order = torch.tensor(shard_indices(self.split_samples, share.rank, share.world, self.epoch, self.seed),
                              device=self.home)
         for i in range(start, len(self)):
-            idx = order[i * self.micro_batch:(i + 1) * self.micro_batch]
+            idx = order[i * share.micro_batch:(i + 1) * share.micro_batch]
             yield self.prepared(to_device((take(self.x, idx), take(self.y, idx)), self.device), i)
 
 
-class DataLoaderLoader(_Sharded):
+class DataLoaderLoader(MapSource):
     """Any map-style dataset through a DataLoader (and its split's collate_fn), copied to the device per batch."""
 
-    def __init__(self, dataset, pipeline: BatchPipeline, device, micro_batch, rank, world, seed, num_workers: int,
-                 collate: Collate = DEFAULT, pairs: bool = True):
-        super().__init__(pipeline, device, micro_batch, rank, world, seed, pairs)
-        self.sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    def __init__(self, dataset, pipeline: BatchPipeline, share: DataShare, seed: int, collate: Collate = DEFAULT,
+                 pairs: bool = True):
+        super().__init__(pipeline, share, seed, pairs)
+        workers = share.num_workers
+        self.sampler = DistributedSampler(dataset, num_replicas=share.world, rank=share.rank, shuffle=True, seed=seed,
+                                          drop_last=True)
         self.loader = DataLoader(
-            dataset, batch_size=micro_batch, sampler=self.sampler, drop_last=True, collate_fn=collate.fn,
-            num_workers=num_workers, pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
+            dataset, batch_size=share.micro_batch, sampler=self.sampler, drop_last=True, collate_fn=collate.fn,
+            num_workers=workers, pin_memory=share.device.type == "cuda", persistent_workers=workers > 0,
         )
 
     def set_epoch(self, epoch: int) -> None:
@@ -163,46 +206,43 @@ class DataLoaderLoader(_Sharded):
             yield self.prepared(to_device(batch, self.device), i)
 
 
-def eval_batches(dataset, pipeline: BatchPipeline, device, batch: int, rank: int, world: int, num_workers: int = 0,
-                 collate: Collate = DEFAULT, pairs: bool = True, agree=None, filler=None):
-    """This rank's share of the test split (rank::world: nothing padded, nothing dropped), in the same number
-    of batches on every rank (a ZeRO-3 forward gathers parameters from every rank, batch by batch). Never
-    augmented. A streaming test split (framework/data/streams.py) agrees batch by batch through `agree` (the
-    group's all-reduce): a rank out of data gets Fillers (`filler`: a batch of the split's kind) until all are."""
+def eval_batches(dataset, share: DataShare, pipeline: BatchPipeline, collate: Collate = DEFAULT, pairs: bool = True,
+                 filler=None):
+    """This rank's share of the test split (rank::world: nothing padded, nothing dropped) in batches of at most
+    share.micro_batch, in the same number of batches on every rank (a ZeRO-3 forward gathers parameters from every
+    rank, batch by batch). Never augmented. A streaming test split (framework/data/streams.py) agrees batch by batch
+    through share.peers: a rank out of data gets Fillers (`filler`: a batch of the split's kind) until all are."""
     if is_stream(dataset):
-        yield from eval_stream(dataset, lambda b: prepare(b, pipeline, pairs), device, batch, rank, world,
-                               num_workers, collate, filler, agree or (lambda t: t))
+        yield from eval_stream(dataset, lambda b: prepare(b, pipeline, pairs), share, collate, filler)
         return
-    share = torch.arange(rank, len(dataset), world)
-    batches = max(1, -(-len(range(0, len(dataset), world)) // batch))  # rank 0 holds the largest share
+    device, rank, world = share.device, share.rank, share.world
+    indices = torch.arange(rank, len(dataset), world)
+    batches = max(1, -(-len(range(0, len(dataset), world)) // share.micro_batch))  # rank 0 holds the largest share
     tensors = split_tensors(dataset, collate)
     if tensors is not None:
-        x, y = (to_device(take(t, share), device) for t in tensors)
-        for chunk in torch.arange(len(share), device=device).tensor_split(batches):
+        x, y = (to_device(take(t, indices), device) for t in tensors)
+        for chunk in torch.arange(len(indices), device=device).tensor_split(batches):
             yield pipeline(take(x, chunk)), take(y, chunk)
         return
-    chunks = [c.tolist() for c in share.tensor_split(batches)]
-    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=num_workers, pin_memory=device.type == "cuda",
+    chunks = [c.tolist() for c in indices.tensor_split(batches)]
+    loader = DataLoader(dataset, batch_sampler=chunks, num_workers=share.num_workers, pin_memory=device.type == "cuda",
                         collate_fn=collate.fn)
     for each in loader:
         yield prepare(to_device(each, device), pipeline, pairs)
 
 
-def build_train_loader(data, in_memory: bool, seed: int, num_workers: int, pipeline: BatchPipeline, device,
-                       micro_batch: int, rank: int, world: int, say=print, agree=None):
-    """The in-memory path when the training split offers its tensors, dataset.in_memory is on (the default) and no
-    collate_fn of the user's must see its samples; the DataLoader path otherwise; a stream's (framework/data/
-    streams.py: `agree` is the group's all-reduce, which its ranks agree on each step's samples with)."""
+def build_train_loader(data, share: DataShare, pipeline: BatchPipeline, in_memory: bool, seed: int, say=print):
+    """This rank's training split as a StepSource (framework/data/source.py): the in-memory path when the split offers
+    its tensors, dataset.in_memory is on (the default) and no collate_fn of the user's must see its samples; the
+    DataLoader path otherwise; a stream's (framework/data/streams.py), whose ranks agree on each step's samples
+    through share.peers."""
     collate = data.collate["train"]
     if is_stream(data.train):
-        preparation = _Sharded(pipeline, device, micro_batch, rank, world, seed, data.pairs)
-        return StreamLoader(data.train, preparation, device, micro_batch, rank, world, num_workers, collate,
-                            data.example, agree)
+        return StreamLoader(data.train, _Sharded(pipeline, share, seed, data.pairs), share, collate, data.example, say)
     tensors = split_tensors(data.train, collate)
-    common = (pipeline, device, micro_batch, rank, world, seed)
     if tensors is not None and in_memory:
-        home, note = split_home(tensors, device)
+        home, note = split_home(tensors, share.device)
         if note:
             say(note)
-        return InMemoryLoader(*tensors, *common, home=home)
-    return DataLoaderLoader(data.train, *common, num_workers=num_workers, collate=collate, pairs=data.pairs)
+        return InMemoryLoader(*tensors, pipeline, share, seed, home=home)
+    return DataLoaderLoader(data.train, pipeline, share, seed, collate, data.pairs)

@@ -18,7 +18,8 @@ Uneven shares. Ranks may run out at different steps. Before each step the ranks 
 samples and whether any rank has more; a rank out of data runs the step's forward and backward on a repeat of its last
 batch with weight 0 (the engines' collectives need every rank), every real sample's loss is weighted W / (the step's
 samples), so the gradient is the mean over the samples the step really had, and the epoch ends for every rank
-together when no rank has more. Evaluation agrees alike, batch by batch.
+together when no rank has more (its line says the samples it had; an epoch without any stops the run). Evaluation
+agrees alike, batch by batch.
 
 Resume. A dataset with state_dict()/load_state_dict() (torchdata's Stateful protocol) is given its own state back:
 each micro-batch comes with the dataset's state after its last sample; for a framework-sharded stream the state
@@ -37,8 +38,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from framework.checkpoints.position import Position
+from framework.common.errors import TrainingStopped
 from framework.data.batches import batch_size, to_device
 from framework.data.collate import DEFAULT, Collate
+from framework.data.source import DataShare, EpochState, Filler, StepShare
 
 SHARDS_ITSELF = "shards_itself"  # the attribute a dataset sets to say it yields only its reader's share
 END = "end"  # what a reader yields once its share is over
@@ -55,7 +59,13 @@ def is_stream(dataset) -> bool:
 
 
 def shards_itself(dataset) -> bool:
-    return bool(getattr(dataset, SHARDS_ITSELF, False)) or is_hf_iterable(dataset)
+    """A stream that yields only its reader's samples: its position is per rank and DataLoader worker."""
+    return is_stream(dataset) and (bool(getattr(dataset, SHARDS_ITSELF, False)) or is_hf_iterable(dataset))
+
+
+def split_length(dataset) -> int | None:
+    """A split's samples; None for a stream, whose length is unknown until it ends."""
+    return None if is_stream(dataset) else len(dataset)
 
 
 def is_stateful(dataset) -> bool:
@@ -177,43 +187,22 @@ class Reader(IterableDataset):
                 return
 
 
-@dataclass
-class StepShare:
-    """One optimizer step's micro-batches on this rank: the first `real` are data, the rest repeats with weight 0;
-    `samples` is the step's total over every rank, `scale` what a real sample's loss is multiplied by (None: batches
-    of one known size, each micro-batch's mean / grad_accum), `last` whether the epoch ends with this step."""
-
-    batches: Iterator
-    real: int
-    samples: int
-    scale: float | None = None
-    last: bool = False
-
-
-@dataclass
-class Filler:
-    """An evaluation batch a rank out of data runs (so every rank runs as many forwards); it is not scored."""
-
-    batch: Any
-
-
 class StreamLoader:
-    """A rank's micro-batches of a streaming training split, in steps the ranks agree on (see the module's docstring).
-    `preparation`: set_epoch(e) and prepared(batch, index), the on-device steps (framework/data/loaders.py);
-    `agree(tensor)` sums a tensor over every rank (the process group's all-reduce); `filler`: a batch of the split's
-    kind (on the CPU) a rank runs with weight 0 when it had none at all this epoch."""
+    """A rank's micro-batches of a streaming training split, in steps the ranks agree on (see the module's docstring):
+    a StepSource (framework/data/source.py) of unknown length. `preparation`: set_epoch(e) and prepared(batch,
+    index), the on-device steps (framework/data/loaders.py); `filler`: a batch of the split's kind (on the CPU) a rank
+    runs with weight 0 when it had none at all this epoch; `say`: where the epoch's line goes."""
 
-    def __init__(self, dataset, preparation, device: torch.device, micro_batch: int, rank: int, world: int,
-                 num_workers: int, collate: Collate = DEFAULT, filler=None, agree: Callable | None = None):
-        self.dataset = for_rank(dataset, rank, world)
+    steps_per_epoch = None
+
+    def __init__(self, dataset, preparation, share: DataShare, collate: Collate = DEFAULT, filler=None, say=print):
+        self.dataset = for_rank(dataset, share.rank, share.world)
         self.self_sharded = shards_itself(dataset)
-        self.preparation, self.device, self.micro_batch = preparation, device, micro_batch
-        self.rank, self.world, self.num_workers = rank, world, num_workers
-        self.collate, self.filler = collate, filler
-        self.agree = agree or (lambda t: t)
+        self.preparation, self.share, self.collate, self.filler, self.say = preparation, share, collate, filler, say
         self.epoch = 0
         self.resume_from: dict | None = None  # this epoch's start, from a checkpoint (restore())
         self.consumed: dict = {}  # what was trained of this epoch: the resume record (state())
+        self.samples = 0  # this epoch's samples trained over every rank, the resumed ones included
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -222,31 +211,35 @@ class StreamLoader:
         if callable(getattr(self.dataset, "set_epoch", None)):  # a stream that reshuffles per epoch
             self.dataset.set_epoch(epoch)
 
-    def restore(self, samples_in_epoch: int, streams: list | None) -> str:
+    def restore(self, position: Position) -> None:
         """The epoch a checkpoint stopped in continues after its first `samples_in_epoch` samples: `streams` holds
-        every rank's record (state()). Returns how (for the resume line)."""
-        self.resume_from = {"offset": samples_in_epoch, "records": streams or []}
-        if not samples_in_epoch:
+        every rank's record (state()); the next shares() says how."""
+        self.resume_from = {"offset": position.samples_in_epoch, "records": position.streams or []}
+
+    def _resume_line(self) -> str:
+        resume = self.resume_from
+        if not resume or not resume["offset"]:
             return ""
         if self.self_sharded:
-            how = "each rank's own state" if any(s and s.get("state") is not None for r in streams or []
+            how = "each rank's own state" if any(s and s.get("state") is not None for r in resume["records"]
                                                  for s in r.get("readers", [])) else "count (each reader re-reads "\
                 "the samples it had given)"
         else:
             how = ("the dataset's state nearest it" if is_stateful(self.dataset) else
-                   f"count (each of {self.world * max(1, self.num_workers)} readers re-reads those samples)")
-        return f"the stream continues after {samples_in_epoch} samples of its epoch, by {how}"
+                   f"count (each of {self.share.world * max(1, self.share.num_workers)} readers re-reads those samples)")
+        return f"the stream continues after {resume['offset']} samples of its epoch, by {how}"
 
     def _plan(self) -> Plan:
-        workers = max(1, self.num_workers)
-        plan = Plan(self.rank, self.world, self.micro_batch, workers, self.self_sharded)
+        share = self.share
+        workers = max(1, share.num_workers)
+        plan = Plan(share.rank, share.world, share.micro_batch, workers, self.self_sharded)
         resume, self.resume_from = self.resume_from, None
         if not resume or not resume["offset"]:
             return plan
         records = resume["records"]
         if self.self_sharded:
-            mine = records[self.rank] if self.rank < len(records) else None
-            if mine is None or len(records) != self.world or len(mine["readers"]) != workers:
+            mine = records[share.rank] if share.rank < len(records) else None
+            if mine is None or len(records) != share.world or len(mine["readers"]) != workers:
                 raise RuntimeError(
                     f"dataset.train shards itself, and its saved stream position is per rank and DataLoader worker "
                     f"({len(records)} rank(s) x {len(mine['readers']) if mine else '?'} worker(s)); resume it with "
@@ -270,9 +263,10 @@ class StreamLoader:
         reader = Reader(self.dataset, plan, self.collate.fn)
         # forked from this process (not from the launcher's forkserver template): a dataset that shards itself
         # reads its rank from torch.distributed, which a forked reader has as this process had it
-        context = "fork" if self.num_workers and "fork" in multiprocessing.get_all_start_methods() else None
-        loader = DataLoader(reader, batch_size=None, num_workers=self.num_workers, collate_fn=_as_is,
-                            pin_memory=self.device.type == "cuda", multiprocessing_context=context)
+        workers = self.share.num_workers
+        context = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
+        loader = DataLoader(reader, batch_size=None, num_workers=workers, collate_fn=_as_is,
+                            pin_memory=self.share.device.type == "cuda", multiprocessing_context=context)
         workers = plan.workers
         pending: dict[int, list] = {w: [] for w in range(workers)}
         done: set[int] = set()
@@ -304,11 +298,21 @@ class StreamLoader:
         return {"next": plan.first_worker, "position": starts[0].items, "state": starts[0].state,
                 "readers": [{"items": s.items, "state": s.state} for s in starts] if plan.self_sharded else []}
 
-    def shares(self, grad_accum: int) -> Iterator[StepShare]:
-        """This epoch's steps: k micro-batches each (fillers where this rank has no more), until no rank has more."""
+    def shares(self, epoch: int, start: int = 0) -> Iterator[StepShare]:
+        """Epoch `epoch`'s steps, k micro-batches each (fillers where this rank has no more), until no rank has more;
+        a restored epoch from where restore() said (`start` is 0: a stream has no steps per epoch to count it in)."""
+        self.set_epoch(epoch)
+        line = self._resume_line()
+        if line:
+            self.say(line)
+        return self._steps()
+
+    def _steps(self) -> Iterator[StepShare]:
+        self.samples = self.resume_from["offset"] if self.resume_from else 0
         plan = self._plan()
         self.consumed = self._records(plan)
         batches = self._batches(plan)
+        grad_accum, share = self.share.grad_accum, self.share
         ahead = next(batches, None)
         last_batch = None
         index = 0
@@ -318,9 +322,10 @@ class StreamLoader:
                 taken.append(ahead)
                 ahead = next(batches, None)
             here = sum(batch_size(b) for _, b, _, _ in taken)
-            total, more = (int(v) for v in self.agree(
-                torch.tensor([here, int(ahead is not None)], device=self.device, dtype=torch.int64)).tolist())
-            if total == 0:
+            total, more = (int(v) for v in share.peers.agree(
+                torch.tensor([here, int(ahead is not None)], device=share.device, dtype=torch.int64)).tolist())
+            if total == 0:  # resumed at the epoch's end, or a stream with nothing in it
+                self._epoch_over()
                 return
             micro = []
             for worker, batch, count, state in taken:
@@ -331,10 +336,20 @@ class StreamLoader:
                 last_batch = micro[-1]
             filler = last_batch if last_batch is not None else self._prepared(self.filler, 0)
             micro += [filler] * (grad_accum - len(micro))
-            yield StepShare(iter(micro), len(taken), total, self.world / total, last=more == 0)
+            self.samples += total
+            yield StepShare(iter(micro), len(taken), total, share.world / total, last=more == 0)
+            if more == 0:  # no rank has more: every rank ends here, with no need to agree on it
+                self._epoch_over()
+                return
+
+    def _epoch_over(self) -> None:
+        if self.samples == 0:
+            raise TrainingStopped(f"dataset.train yielded no sample in epoch {self.epoch + 1}: an epoch iterates the "
+                                  "stream again (its __iter__ must start over each time it is called)")
+        self.say(f"epoch {self.epoch + 1}: the stream gave {self.samples} samples")
 
     def _prepared(self, batch, index: int):
-        batch = to_device(batch, self.device)
+        batch = to_device(batch, self.share.device)
         return self.preparation.prepared(batch, index) if self.preparation is not None else batch
 
     def _consume(self, worker: int, count: int, state, plan: Plan) -> None:
@@ -345,18 +360,19 @@ class StreamLoader:
         else:
             c["position"], c["state"] = count, state
 
-    def state(self) -> dict:
-        """This rank's record of the epoch so far (every rank's goes into the checkpoint)."""
-        return copy.deepcopy(self.consumed)
+    def state(self) -> EpochState:
+        """The epoch's samples so far, and every rank's record of it (a collective: every rank calls it)."""
+        return EpochState(self.samples, self.share.peers.gather(copy.deepcopy(self.consumed)))
 
 
-def eval_stream(dataset, prepare: Callable, device: torch.device, batch: int, rank: int, world: int,
-                num_workers: int, collate: Collate, filler, agree: Callable):
-    """This rank's share of a streaming test split in batches (every sample once over the ranks), and Fillers while
-    other ranks still have some: every rank runs as many forwards (a sharding engine gathers in each)."""
-    plan = Plan(rank, world, batch, max(1, num_workers), shards_itself(dataset))
-    loader = StreamLoader(dataset, None, device, batch, rank, world, num_workers, collate, filler, agree)
+def eval_stream(dataset, prepare: Callable, share: DataShare, collate: Collate, filler):
+    """This rank's share of a streaming test split in batches of share.micro_batch (every sample once over the
+    ranks), and Fillers while other ranks still have some: every rank runs as many forwards (a sharding engine
+    gathers in each)."""
+    plan = Plan(share.rank, share.world, share.micro_batch, max(1, share.num_workers), shards_itself(dataset))
+    loader = StreamLoader(dataset, None, share, collate, filler)
     batches = loader._batches(plan)
+    device, agree = share.device, share.peers.agree
     last = None
     while True:
         item = next(batches, None)

@@ -20,7 +20,8 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from framework.checkpoints.disk import free_bytes
 from framework.common.errors import ConfigError
 from framework.training.interrupts import Interrupted
-from framework.session.environment import import_path_for_children, threads_per_worker
+from framework.session.detect import worker_ranks
+from framework.session.environment import Ranks, import_path_for_children, threads_per_worker
 from framework.session.lifeline import end_with
 
 
@@ -51,11 +52,12 @@ def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
 
 
 
-def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_node: int, nnodes: int,
+def launch_elastic(entry: Callable[[Any, Ranks], Any], payload: Any, *, nproc_per_node: int, nnodes: int,
                    rdzv_backend: str, rdzv_endpoint: str | None, node_rank: int | None, max_restarts: int,
                    run_id: str | None, log_all_ranks: bool = False,
                    log_dir: str | None = None, preload: tuple[str, ...] = ()) -> Any:
-    """Run entry(payload) in nproc_per_node fresh processes per node; return global rank 0's result
+    """Run entry(payload, ranks) in nproc_per_node fresh processes per node (ranks: the ones the agent gave that
+    worker); return global rank 0's result
     (None on nodes that do not hold rank 0). Local rank 0 keeps this console (a terminal stays a terminal,
     so rank 0 can draw its progress bar); the other ranks write to files under log_dir
     (<run_id>_*/attempt_<n>/<local rank>/stdout.log, stderr.log), and with log_all_ranks also to the
@@ -97,12 +99,12 @@ def launch_elastic(entry: Callable[[dict], Any], payload: dict, *, nproc_per_nod
     return next((r for r in results.values() if r is not None), None)
 
 
-def _worker(driver: int, entry: Callable[[dict], Any], payload: dict) -> Any:
-    """What each worker runs: entry(payload), in a process that ends as soon as its driver does. The agent that would
-    stop the workers runs in the driver, so a SIGKILLed driver would leave them training (framework/session/
-    lifeline.py says why they watch the driver themselves)."""
+def _worker(driver: int, entry: Callable[[Any, Ranks], Any], payload: Any) -> Any:
+    """What each worker runs: entry(payload, ranks) with the ranks the agent gave it, in a process that ends as soon
+    as its driver does. The agent that would stop the workers runs in the driver, so a SIGKILLed driver would leave
+    them training (framework/session/lifeline.py says why they watch the driver themselves)."""
     end_with(driver, _end_now)
-    return entry(payload)
+    return entry(payload, worker_ranks())
 
 
 def _end_now() -> None:

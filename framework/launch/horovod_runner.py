@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from framework.common.errors import ConfigError
 from framework.launch.elastic import WorkersFailed
-from framework.session.environment import import_path_for_children, ranks, threads_per_worker
+from framework.session.detect import worker_ranks
+from framework.session.environment import Ranks, import_path_for_children, threads_per_worker
 from framework.training.interrupts import Interrupted
 
 INSTALL = "bash scripts/setup.d/10-horovod.sh .venv (builds horovod 0.28.1 for this torch; see docs/engines/horovod.md)"
@@ -43,20 +44,20 @@ def broadcast_from_rank0(hvd, obj):
     return hvd.broadcast_object(obj, root_rank=0, name="hydra_dist.broadcast_object")
 
 
-def run_worker(entry: Callable[[dict], Any], payload: dict, error_dir: str) -> Any:
-    """What horovod's runner executes in every worker: the entry, with its error written down for the driver
-    (the runner itself only reports an exit code)."""
+def run_worker(entry: Callable[[Any, Ranks], Any], payload: Any, error_dir: str) -> Any:
+    """What horovod's runner executes in every worker: entry(payload, ranks) with the ranks the runner gave it, and
+    its error written down for the driver (the runner itself only reports an exit code)."""
+    ranks = worker_ranks()
     try:
-        return entry(payload)
+        return entry(payload, ranks)
     except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            rank = ranks().rank
             with contextlib.suppress(OSError):
-                Path(error_dir, f"rank{rank}").write_text(f"{type(exc).__name__}: {exc}")
+                Path(error_dir, f"rank{ranks.rank}").write_text(f"{type(exc).__name__}: {exc}")
         raise
 
 
-def launch_horovod(entry: Callable[[dict], Any], payload: dict, *, np: int, hosts: str | None,
+def launch_horovod(entry: Callable[[Any, Ranks], Any], payload: Any, *, np: int, hosts: str | None,
                    local_workers: int) -> Any:
     from horovod.runner import run as horovod_run  # an optional engine, imported only when a horovod run starts
 

@@ -16,7 +16,7 @@ from framework.common.errors import ConfigError
 def model_facts(model_cfg: dict, in_shape: tuple[int, ...] | None, num_classes: int | None) -> dict:
     """The keyword arguments the dataset adds for this model: in_shape and num_classes where its constructor names
     them and its config does not set them; a fact the dataset does not know is left to the parameter's default."""
-    parameters = parameters_of(str(model_cfg.get("_target_", "")), "model")
+    parameters = parameters_of(str(model_cfg.get("_target_") or ""), "model")
     known = {"in_shape": tuple(in_shape) if in_shape is not None else None, "num_classes": num_classes}
     facts = {}
     for name, value in known.items():

@@ -13,8 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
-from framework.common.errors import ConfigError
-from framework.session.detect import detect
+from framework.common.errors import ConfigError, RefusedInHydra
 
 
 def _user_named(config: DictConfig, key: str) -> bool:
@@ -33,7 +32,7 @@ def claim(folder: Path) -> Path:
             candidate = folder.with_name(f"{folder.name}-{n}")
 
 
-def _claim_or_exit(config: DictConfig, key: str) -> Path | None:
+def _claim_or_refuse(config: DictConfig, key: str) -> Path | None:
     HydraConfig.instance().set_config(config)  # lets ${hydra:runtime.choices...} resolve this early
     folder = Path(str(config.hydra[key.split(".")[1]].dir))
     try:
@@ -44,21 +43,21 @@ def _claim_or_exit(config: DictConfig, key: str) -> Path | None:
             probe.unlink()
             return None
         return claim(folder)
-    except OSError as exc:  # a refusal like any other, said by this process's session (Hydra's callbacks only
-        # warn about an exception, so the exit happens here)
-        detect().fail(ConfigError(f"{key}={folder} is not allowed: the output folder cannot be created or written "
-                                  f"({exc.strerror}: {exc.filename}); choose a writable folder with {key}=PATH"))
+    except OSError as exc:  # a refusal like any other, which the command says with its session
+        raise RefusedInHydra(ConfigError(
+            f"{key}={folder} is not allowed: the output folder cannot be created or written ({exc.strerror}: "
+            f"{exc.filename}); choose a writable folder with {key}=PATH")) from None
 
 
 class ClaimRunFolder(Callback):
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        claimed = _claim_or_exit(config, "hydra.run.dir")
+        claimed = _claim_or_refuse(config, "hydra.run.dir")
         if claimed is not None:
             with read_write(config.hydra.run):
                 config.hydra.run.dir = str(claimed)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        claimed = _claim_or_exit(config, "hydra.sweep.dir")
+        claimed = _claim_or_refuse(config, "hydra.sweep.dir")
         if claimed is not None:
             # Each job's config is recomposed from the hydra overrides, so the claimed folder goes there.
             with read_write(config.hydra.overrides):

@@ -1,7 +1,7 @@
 """Hydra callback: after a multirun, one table of every job (printed, and saved as summary.md + summary.csv
 in the sweep folder), with a column for each override that varies; a sweep over trainer.seed adds a table per
-config with each metric's mean ± sd over its seeds (framework/results/seed_groups.py). Reads each job's result.json,
-so it works with any launcher. A sweep over the number of workers also gets scaling.md (framework/results/scaling.py)."""
+config with each metric's mean ± sd over its seeds (framework/results/seed_groups.py). Reads each job's result.json
+(and a failed job's reason from its train.log: framework/results/failure_note.py), so it works with any launcher. A sweep over the number of workers also gets scaling.md (framework/results/scaling.py)."""
 from __future__ import annotations
 
 import csv
@@ -12,6 +12,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from framework.session.exit import end_through_the_interpreter
+from framework.results.failure_note import LOG, failure_of
 from framework.results.job_names import overrides_by_key
 from framework.results.result_file import format_rate, read_result
 from framework.results.scaling import SCALING_FILE, write_scaling
@@ -21,14 +22,16 @@ from framework.results.seed_hparams import write_seed_hparams
 
 BEFORE_METRICS = ("job", "overrides", "status", "train_loss", "test_loss")
 AFTER_METRICS = ("samples_per_sec", "per_rank_samples_per_sec", "run_dir")
+ERROR = "error"  # a failed job's reason, from its train.log (framework/results/failure_note.py)
 SEEDS_CSV = "summary_seeds.csv"
 
 
 def columns(rows: list[dict], varying_keys: list[str]) -> list[str]:
     """job, one column per override that varies, then the fixed columns around one test_<metric> column for
-    every metric any job reported."""
+    every metric any job reported; last, why a job failed, when one did."""
     metrics = [key for row in rows for key in row if key.startswith("test_") and key not in BEFORE_METRICS]
-    return [BEFORE_METRICS[0], *varying_keys, *BEFORE_METRICS[1:], *dict.fromkeys(metrics), *AFTER_METRICS]
+    failed = [ERROR] if any(ERROR in row for row in rows) else []
+    return [BEFORE_METRICS[0], *varying_keys, *BEFORE_METRICS[1:], *dict.fromkeys(metrics), *AFTER_METRICS, *failed]
 
 
 def jobs_of(sweep_dir: Path) -> list[tuple[Path, Job]]:
@@ -50,7 +53,7 @@ def row_of(job_dir: Path, job: Job) -> dict:
     common = {**values, "job": str(job.number), "overrides": " ".join(job.overrides), "run_dir": str(job_dir)}
     result = job.result
     if result is None:
-        return {**common, "status": "failed"}
+        return {**common, "status": "failed", ERROR: failure_of(job_dir) or f"no reason noted: see {job_dir}/{LOG}"}
     return {
         **common,
         "status": "ok",
@@ -64,7 +67,7 @@ def row_of(job_dir: Path, job: Job) -> dict:
 
 def to_markdown(rows: list[dict], names: list[str]) -> str:
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in names) + " |" for r in rows]
+    lines += ["| " + " | ".join(str(r.get(c, "")).replace("|", "\\|") for c in names) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,7 @@
 """Which situation this process is in (situations.py): the only reader of Hydra's run mode and launcher, and
-(through environment.ranks(), read once) of the variables torchrun, SLURM/submitit and horovodrun leave."""
+(through environment._ranks(), read once) of the variables torchrun, SLURM/submitit, horovodrun and hydra-dist's own
+starters leave. A command asks detect() once, a worker its starter started worker_ranks(); everything else is handed
+the Ranks they return (strategies, starters, groups)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +10,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from framework.session.environment import Ranks, ranks
+from framework.session.environment import Ranks, _ranks
 from framework.session.situations import (Direct, Follower, Job, OuterRank0, PoolJob, SchedulerRank0, Session,
                                           SweepDriver, SweepJob, SweepUnderRanks)
 
@@ -18,7 +20,17 @@ _JOBLIB = "JoblibLauncher"  # hydra/launcher=joblib: its jobs run in the worker 
 def detect(hydra_cfg=None) -> Session:
     """This process's situation: for Hydra's job (hydra_cfg: HydraConfig.get() inside it), or for the command before
     Hydra composed anything (hydra_cfg None)."""
-    return situation(hydra_cfg, ranks())
+    return situation(hydra_cfg, _ranks())
+
+
+def worker_ranks() -> Ranks:
+    """A worker that one of hydra-dist's starters started (torch's elastic agent, Horovod's runner): the ranks that
+    starter left in its environment, read once."""
+    found = _ranks()
+    if found is None:
+        raise RuntimeError("this process runs as a worker, but its starter left no ranks in its environment (RANK, "
+                           "LOCAL_RANK, WORLD_SIZE or HOROVOD_RANK, ...)")
+    return found
 
 
 def situation(hydra_cfg, outer: Ranks | None) -> Session:

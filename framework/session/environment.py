@@ -1,7 +1,7 @@
 """What a program that started this process as one of several ranks left in its environment (torchrun and the
 launchers like it, SLURM or submitit tasks once mapped to torch's variables (slurm.py), horovodrun, and torch's
-elastic agent for the workers hydra-dist starts itself), read once; and the facts of this process that the workers
-it starts share out: its cores, its import path."""
+elastic agent for the workers hydra-dist starts itself), read once, for detect.py, which hands them out; and the facts
+of this process that the workers it starts share out: its cores, its import path."""
 from __future__ import annotations
 
 import contextlib
@@ -55,9 +55,10 @@ def read_ranks(environ) -> Ranks | None:
 
 
 @functools.cache
-def ranks() -> Ranks | None:
+def _ranks() -> Ranks | None:
     """This process's ranks, read once: a SLURM/submitit task first gets torch's variables from the scheduler's
-    (slurm.py), so that it reads as torchrun's would. None for a process nobody started as one of several."""
+    (slurm.py), so that it reads as torchrun's would. None for a process nobody started as one of several. Private to
+    session/: the rest of the package is handed them (detect() and worker_ranks(), framework/session/detect.py)."""
     scheduler = adopt_scheduler_ranks()
     found = read_ranks(os.environ)
     if found is not None and scheduler is not None:

@@ -6,6 +6,8 @@ questions, so the driver (framework/run.py) asks them without knowing how it was
     leads              rank 0 of such ranks: it hands the payload on (hand_off()) and trains as one rank itself
     in_sweep           its folder is a sweep's: a job that finished there before is reported (finished_before()),
                        not run again
+    multirun           Hydra runs its job as one of a sweep's (-m), whether or not this situation can run one
+    ranks              the Ranks another program started it among (None: nobody did), handed to the strategy
     claim()            what it takes before its job: a pool worker's own session and its share of GPUs and cores
     fail(exc)          one `error:` line; exit 2 for a refusal (a ConfigError), 1 for a failure while training; the
                        other ranks are told once; a sweep's job returns None instead (the sweep goes on, and its
@@ -14,7 +16,8 @@ questions, so the driver (framework/run.py) asks them without knowing how it was
                        returns: its driver says the command)
     finish()           a command that ended well: a rank of several leaves at once (exit.py), any other returns
 
-All of them are frozen: a process is what it was started as."""
+All of them are frozen: a process is what it was started as. A command that runs no job of a session (eval.py,
+sample.py, verify.py, hydra-dist-devices) ends with refuse(exc) instead of fail(exc)."""
 from __future__ import annotations
 
 import signal
@@ -22,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 from framework.common.errors import ConfigError
 from framework.session.channel import hear_rank0, tell_followers, told_followers
@@ -43,6 +46,14 @@ def exit_code(exc: BaseException) -> int:
 
 def say_error(exc: BaseException | str) -> None:
     print(f"error: {exc}", file=sys.stderr, flush=True)
+
+
+def refuse(exc: BaseException) -> NoReturn:
+    """The end of a command that runs no job of a session (eval.py, sample.py, verify.py, hydra-dist-devices), or of
+    any command before its session is known: one `error:` line, exit 2 for a refusal (a ConfigError), 1 for a
+    failure. Nobody is told: no other rank waits for this process's word."""
+    say_error(exc)
+    sys.exit(exit_code(exc))
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,12 @@ class Session:
     @property
     def run_dir(self) -> Path:
         return self.job.run_dir
+
+    @property
+    def multirun(self) -> bool:
+        """Hydra runs its job as one of a sweep's (-m/--multirun), wherever the sweep runs it (in_sweep: and its folder
+        is the sweep's, so a job finished there before is reported)."""
+        return self.job is not None and self.job.sweep_dir is not None
 
     def claim(self) -> None:
         """What this process takes for its job before anything else: nothing, unless it shares the machine."""
@@ -183,6 +200,10 @@ class Follower(Session):
     in_sweep_task: bool = False  # submitit runs Hydra's job function in every task of a sweep's job
 
     follows = True
+
+    @property
+    def multirun(self) -> bool:
+        return self.in_sweep_task
 
     def hear(self) -> dict:
         """Rank 0's message (waiting for it): {"payload": ...}, {"refusal": ...} or {"finished": <run folder>}."""

@@ -45,7 +45,7 @@ def _scheduler_job():
 def adopt_scheduler_ranks() -> str | None:
     """Export torch's rank variables from the scheduler's when this process is one task of several. Returns the
     scheduler ('slurm', or 'local' for submitit_local) when it did, else None (and nothing under torchrun, which
-    set them itself). Called once per process, by environment.ranks()."""
+    set them itself). Called once per process, by environment._ranks()."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return None
     job = _scheduler_job()

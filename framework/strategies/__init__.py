@@ -1,10 +1,12 @@
 """Strategies are components: each conf/strategy/*.yaml names its engine class with `_target_` (a Strategy
-subclass, framework/strategies/base.py, built from its own typed options, `Options`, and the trainer's engine
-settings). A user adds one from their own package and config dir (--config-dir), without editing this repo. `name`
-stays the strategy's name in run folders, results and messages."""
+subclass, framework/strategies/base.py, built as cls(options, trainer, ranks=ranks) from its own typed options,
+`Options`, the trainer's engine settings and the Ranks its process was started with, which the session hands in). A
+user adds one from their own package and config dir (--config-dir), without editing this repo. `name` stays the
+strategy's name in run folders, results and messages."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -74,12 +76,28 @@ def strategy_class(options) -> type[Strategy]:
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it is not a subclass of "
                           f"{class_path(Strategy)} (a strategy answers that interface; see framework/strategies/base.py)")
+    if not _takes_ranks(cls):
+        raise ConfigError(
+            f"{GROUP}._target_={target} is not allowed: its __init__ takes no `ranks`, and a strategy is built as "
+            f"{cls.__name__}(options, trainer, ranks=...) with the ranks its process was started with; write "
+            "`def __init__(self, options, trainer, ranks)` and hand them to its starter (Elastic(options, "
+            "trainer.cuda, backend, trainer.log_all_ranks, ranks)) and its group (TorchGroup.join(self.starter.ranks, "
+            "backend, cuda, timeout)); see docs/strategies.md, 'Writing your own strategy'")
     return cls
 
 
-def build_strategy(options, trainer) -> Strategy:
-    """The strategy its typed options name, for this trainer config (its engine settings)."""
-    return strategy_class({"_target_": options._target_})(options, trainer.engine())
+def _takes_ranks(cls: type[Strategy]) -> bool:
+    try:
+        inspect.signature(cls).bind(None, None, ranks=None)
+    except TypeError:
+        return False
+    return True
+
+
+def build_strategy(options, trainer, ranks: Ranks | None) -> Strategy:
+    """The strategy its typed options name, for this trainer config (its engine settings) and the ranks this process
+    was started with (None: nobody started it as one of several)."""
+    return strategy_class({"_target_": options._target_})(options, trainer.engine(), ranks=ranks)
 
 
 def choose_strategy(cfg: DictConfig, outer: Ranks | None) -> tuple[type[Strategy], str]:

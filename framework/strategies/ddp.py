@@ -11,11 +11,11 @@ from torch import nn
 
 from framework.config.strategy_options import DDPOptions, ElasticOptions
 from framework.common.errors import ConfigError
-from framework.session.environment import ranks
+from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.ddp_compression import GradientHook, gradient_hook
 from framework.strategies.groups import TorchGroup
-from framework.strategies.starters import Elastic
+from framework.strategies.starters import Elastic, Preload
 from framework.strategies.sync_batchnorm import convert_sync_batchnorm
 from framework.training.checkpoint_io import FILE, CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
@@ -34,9 +34,10 @@ class ElasticStrategy(Strategy):
     # where more workers than GPUs are asked for, whether gloo (several workers per GPU) is a way out to suggest
     gloo_shares_gpus = True
 
-    def __init__(self, options: ElasticOptions, trainer, checkpoint_format: CheckpointFormat = FILE):
-        starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks,
-                          self._describe_note, self._worker_modules, self._worker_environment(trainer.cuda))
+    def __init__(self, options: ElasticOptions, trainer, ranks: Ranks | None,
+                 checkpoint_format: CheckpointFormat = FILE):
+        starter = Elastic(options, trainer.cuda, self.backend_for(options, trainer.cuda), trainer.log_all_ranks, ranks,
+                          self._describe_note, Preload(self._worker_modules, self._worker_environment(trainer.cuda)))
         super().__init__(options, trainer, starter, checkpoint_format)
 
     def _worker_environment(self, cuda: bool) -> dict[str, str]:
@@ -70,7 +71,7 @@ class ElasticStrategy(Strategy):
         """nccl refuses two ranks on one GPU ("Duplicate GPU detected"), and each worker takes GPU local_rank modulo
         the GPUs it sees. Under SLURM/submitit each task may see GPUs of its own (--gpus-per-task), so only torch's
         launchers, whose workers all see the node's GPUs, are counted here."""
-        gpus, workers, outer = torch.cuda.device_count(), self.starter.nproc_per_node(), ranks()
+        gpus, workers, outer = torch.cuda.device_count(), self.starter.nproc_per_node(), self.starter.ranks
         if outer is None:
             if workers > gpus:
                 raise ConfigError(
@@ -87,7 +88,7 @@ class ElasticStrategy(Strategy):
         return ", or strategy.backend=gloo" if self.gloo_shares_gpus else ""
 
     def join(self) -> ProcessGroup:
-        return TorchGroup.join(self.backend, self.trainer.cuda, self.options.timeout)
+        return TorchGroup.join(self.starter.ranks, self.backend, self.trainer.cuda, self.options.timeout)
 
 
 @dataclass

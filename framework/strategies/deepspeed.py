@@ -18,6 +18,7 @@ from torch import nn
 
 from framework.config.strategy_options import DeepSpeedOptions
 from framework.common.errors import ConfigError
+from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
@@ -86,8 +87,8 @@ class DeepSpeedStrategy(ElasticStrategy):
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
     _worker_modules = ("deepspeed",)
 
-    def __init__(self, options: DeepSpeedOptions, trainer):
-        super().__init__(options, trainer, zero_format(options.zero_stage))
+    def __init__(self, options: DeepSpeedOptions, trainer, ranks: Ranks | None):
+        super().__init__(options, trainer, ranks, zero_format(options.zero_stage))
 
     def _worker_environment(self, cuda: bool) -> dict[str, str]:
         # Read by DeepSpeed at import; without it DeepSpeed guesses the accelerator and, on a CPU machine, says so.

@@ -9,6 +9,7 @@ from torch import nn
 from framework.config.strategy_options import DPOptions
 from framework.data.batches import batch_size, leaves
 from framework.common.errors import ConfigError
+from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.starters import InProcess
 from framework.training.checkpoint_io import CheckpointIO
@@ -20,11 +21,11 @@ class DataParallelStrategy(Strategy):
     Options = DPOptions
     options: DPOptions
 
-    def __init__(self, options: DPOptions, trainer):
+    def __init__(self, options: DPOptions, trainer, ranks: Ranks | None):
         ids = self._device_ids(options, trainer.cuda)
         where = (f"1 process, nn.DataParallel over GPU(s) {ids} (one replica each)" if ids else
                  "1 process on the CPU (no GPU in use, so nn.DataParallel runs one replica there)")
-        super().__init__(options, trainer, InProcess(where))
+        super().__init__(options, trainer, InProcess(where, ranks))
 
     @staticmethod
     def _device_ids(options: DPOptions, cuda: bool) -> list[int]:

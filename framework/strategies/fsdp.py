@@ -18,6 +18,7 @@ from framework.checkpoints.position import Position
 from framework.config.strategy_options import FSDPOptions
 from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
+from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import tied_parameters, without_tied
@@ -68,8 +69,8 @@ class FSDPStrategy(ElasticStrategy):
     moves_model_itself = True
     _describe_note = "; parameters, gradients and optimizer state sharded by fully_shard"
 
-    def __init__(self, options: FSDPOptions, trainer):
-        super().__init__(options, trainer, DCP)
+    def __init__(self, options: FSDPOptions, trainer, ranks: Ranks | None):
+        super().__init__(options, trainer, ranks, DCP)
 
     def backend_for(self, options: FSDPOptions, cuda: bool) -> str:
         """With cpu_offload the sharded gradients live in CPU memory, and clipping and the non-finite check

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from framework.launch.horovod_runner import broadcast_from_rank0
-from framework.session.environment import ranks, threads_per_worker
+from framework.session.environment import Ranks, threads_per_worker
 from framework.session.store import launch_store
 from framework.training.engine import ProcessGroup
 
@@ -24,15 +24,14 @@ def torch_device(cuda: bool, local_rank: int) -> torch.device:
 
 
 class TorchGroup(ProcessGroup):
-    """torch.distributed's default group, joined at the ranks whoever started this process gave it (the session's
-    ranks: torch's elastic agent, torchrun, SLURM tasks), over their rendezvous store."""
+    """torch.distributed's default group, joined at the ranks whoever started this process gave it (torch's elastic
+    agent, torchrun, SLURM tasks: the Ranks the strategy was handed), over their rendezvous store."""
 
     @classmethod
-    def join(cls, backend: str, cuda: bool, timeout_s: float) -> "TorchGroup":
-        given = ranks()
-        rank, local_rank, world_size = given.rank, given.local_rank, given.world_size
+    def join(cls, ranks: Ranks, backend: str, cuda: bool, timeout_s: float) -> "TorchGroup":
+        rank, local_rank, world_size = ranks.rank, ranks.local_rank, ranks.world_size
         device = torch_device(cuda, local_rank)
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(given.local_world_size))))
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads_per_worker(ranks.local_world_size))))
         if not dist.is_initialized():
             dist.init_process_group(
                 backend, store=launch_store(rank, world_size), rank=rank, world_size=world_size,

@@ -10,6 +10,7 @@ from torch import nn
 from framework.config.strategy_options import HorovodOptions
 from framework.common.errors import ConfigError
 from framework.launch.horovod_runner import INSTALL, import_horovod
+from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.groups import HorovodGroup
 from framework.strategies.starters import Horovod
@@ -61,8 +62,8 @@ class HorovodStrategy(Strategy):
     channels_last_refusal = "Horovod's collectives take contiguous tensors only"
     outer_kinds = Horovod.outer_kinds
 
-    def __init__(self, options: HorovodOptions, trainer):
-        super().__init__(options, trainer, Horovod(options, trainer.cuda))
+    def __init__(self, options: HorovodOptions, trainer, ranks: Ranks | None):
+        super().__init__(options, trainer, Horovod(options, trainer.cuda, ranks))
 
     def validate(self) -> None:
         options, grad_accum, starter = self.options, self.trainer.grad_accum, self.starter

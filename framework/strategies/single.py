@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from framework.config.strategy_options import SingleOptions
+from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.starters import InProcess
 from framework.training.checkpoint_io import CheckpointIO
@@ -15,8 +16,9 @@ from framework.training.precision import Precision
 class SingleStrategy(Strategy):
     Options = SingleOptions
 
-    def __init__(self, options: SingleOptions, trainer):
-        super().__init__(options, trainer, InProcess(f"1 process(es) on {'the GPU' if trainer.cuda else 'the CPU'}"))
+    def __init__(self, options: SingleOptions, trainer, ranks: Ranks | None):
+        where = f"1 process(es) on {'the GPU' if trainer.cuda else 'the CPU'}"
+        super().__init__(options, trainer, InProcess(where, ranks))
 
     def join(self) -> ProcessGroup:
         return LocalGroup(torch.device("cuda", torch.cuda.current_device()) if self.trainer.cuda else torch.device("cpu"))

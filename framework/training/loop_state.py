@@ -12,6 +12,7 @@ import torch
 
 from framework.config.trainer import TrainerConfig
 from framework.telemetry.meters import IntervalSummary
+from framework.training.callback import Callbacks
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.param_groups import group_lrs
@@ -92,13 +93,15 @@ class EvalResult:
 @dataclass
 class RunInfo:
     """The run the loop trains in: its folder, rank 0's console, the hyperparameters the HParams tab shows, what
-    rebuilds the model (weights files), and the stop a signal requests."""
+    rebuilds the model (weights files), the stop a signal requests, what writes its checkpoints and what watches it."""
 
     run_dir: Path
     say: object  # rank 0's console and train.log (framework/telemetry/progress.py: Console)
     hparams: dict
     model_record: dict  # the model's config, in_shape and num_classes
     stop: object  # framework/training/interrupts.py: .requested, .signum
+    checkpointer: Checkpointer
+    callbacks: Callbacks
 
 
 class LoopState:
@@ -108,7 +111,7 @@ class LoopState:
     every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
 
     def __init__(self, options: TrainerConfig, group: ProcessGroup, wrapped: Wrapped, run: RunInfo,
-                 checkpointer: Checkpointer, total_steps: int, epochs: int, higher_is_better: bool):
+                 total_steps: int | None, epochs: int, higher_is_better: bool):
         self.options = options  # the trainer group's settings (framework/config/trainer.py)
         self.run_dir, self.say, self.model_record = run.run_dir, run.say, run.model_record
         self.model = wrapped.module  # the user's module inside every wrapper: what weights files hold
@@ -122,7 +125,7 @@ class LoopState:
         self.checkpoint_due = False  # in on_log: a checkpoint follows this log boundary
         self.stop_reason: str | None = None  # request_stop()'s reason: the run ends after this evaluation
         self.evaluation_contexts: list = []  # what evaluate_inside() added; the loop enters each per evaluation
-        self._group, self._wrapped, self._checkpointer, self._hparams = group, wrapped, checkpointer, run.hparams
+        self._group, self._wrapped, self._checkpointer, self._hparams = group, wrapped, run.checkpointer, run.hparams
         self._stop = run.stop
 
     # ---- who this process is, and the collectives (every rank must call a collective, or the others wait) ----

@@ -11,15 +11,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from framework.training.callback import Callbacks
 from framework.checkpoints.position import Position, resume_point
+from framework.common.errors import TrainingStopped
 from framework.config.trainer import TrainerConfig
-from framework.data.streams import Filler, StepShare
+from framework.data.source import Filler, StepShare, StepSource
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
-from framework.training.checkpointing import Checkpointer
 from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
 from framework.training.engine import ProcessGroup, Weighting, Wrapped, forward_backward, gradient_sync
 from framework.training.interrupts import Interrupted
@@ -27,15 +26,11 @@ from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import EvalMetrics, higher_is_better, per_sample_losses
 
 
-class TrainingStopped(RuntimeError):
-    """The run stopped on purpose (a NaN/inf loss); the message says why and what is kept."""
-
-
 @dataclass
 class LoopData:
     """The batches the loop trains and evaluates on, and how it scores them."""
 
-    train_loader: object  # framework/data/loaders.py: set_epoch(e), iterate(start), len(); or a StreamLoader
+    train: StepSource | None  # framework/data/source.py (None: eval.py, which only evaluates)
     micro_batch: int
     eval_batches: object  # a function returning this rank's test batches
     step: object  # framework/training/step.py: step(model, batch, loss) -> StepOutput
@@ -64,7 +59,7 @@ class LoopTelemetry:
             yield batch
 
     def share(self, shares, step: int):
-        """The next step's share (framework/data/streams.py: StepShare), or None; its fetch time metered (a stream's
+        """The next step's share (framework/data/source.py: StepShare), or None; its fetch time metered (a stream's
         micro-batches are fetched, and its ranks agree, here)."""
         self.heartbeat.beat(step, "data")
         start = time.perf_counter()
@@ -78,29 +73,32 @@ class LoopTelemetry:
             self.clock.stop()
 
 
+def planned_steps(steps_per_epoch: int | None, epochs: int, max_steps: int) -> tuple[int | None, int]:
+    """A run's optimizer steps (None: nothing bounds them) and epochs: trainer.epochs over a split of known length,
+    cut by trainer.max_steps (0: none); over a stream, whose length is unknown, only trainer.max_steps counts steps."""
+    if steps_per_epoch is None:
+        return max_steps or None, epochs
+    planned = epochs * steps_per_epoch
+    total = min(max_steps, planned) if max_steps else planned
+    return total, math.ceil(total / steps_per_epoch)
+
+
 class Trainer:
     def __init__(self, options: TrainerConfig, lr_schedule, *, group: ProcessGroup, wrapped: Wrapped, data: LoopData,
-                 checkpointer: Checkpointer, callbacks: Callbacks, telemetry: LoopTelemetry, run: RunInfo):
+                 telemetry: LoopTelemetry, run: RunInfo):
         self.options, self.group, self.wrapped, self.data = options, group, wrapped, data
-        self.checkpointer, self.callbacks, self.telemetry, self.run = checkpointer, callbacks, telemetry, run
+        self.checkpointer, self.callbacks, self.telemetry, self.run = run.checkpointer, run.callbacks, telemetry, run
         self.say = run.say
-        # a stream (framework/data/streams.py) has no length: its epochs end when no rank has more, and
-        # trainer.max_steps (if set) bounds the run; total_steps is None where nothing bounds it
-        self.streaming = not hasattr(data.train_loader, "__len__")
-        self.steps_per_epoch = None if self.streaming else len(data.train_loader) // options.grad_accum
+        self.steps_per_epoch = data.train.steps_per_epoch
         if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
             raise ValueError("the training split is smaller than one global batch")
-        if self.streaming:
-            self.total_steps, self.epochs = options.max_steps or None, options.epochs
-        else:
-            planned = options.epochs * self.steps_per_epoch
-            self.total_steps = min(options.max_steps, planned) if options.max_steps else planned
-            self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.total_steps, self.epochs = planned_steps(self.steps_per_epoch, options.epochs, options.max_steps)
         objective = options.objective
         # what every callback gets (framework/training/loop_state.py); the loop moves its step, epoch and totals on
-        self.state = LoopState(options, group, wrapped, run, checkpointer, self.total_steps, self.epochs,
+        self.state = LoopState(options, group, wrapped, run, self.total_steps, self.epochs,
                                objective != "loss" and higher_is_better(data.metrics[objective]))
-        # a stream without trainer.max_steps has no total: the built-in schedules need one (the driver said so)
+        # a run without a total (a stream without trainer.max_steps): the built-in schedules need one (the driver
+        # said so)
         self.lr_schedule = build_lr_schedule(lr_schedule, wrapped.optimizer, self.total_steps,
                                              self.state.higher_is_better)
         caveat = getattr(telemetry.clock, "caveat", None)
@@ -108,7 +106,7 @@ class Trainer:
             self.say(f"note: {caveat}")
 
     def steps_planned(self) -> str:
-        if not self.streaming:
+        if self.steps_per_epoch is not None:
             return f"{self.total_steps} steps"
         passes = f"{self.epochs} pass(es) over the stream"
         return f"{passes}, at most {self.total_steps} steps" if self.total_steps else passes
@@ -136,7 +134,7 @@ class Trainer:
         return self.state.totals
 
     def _fit(self, start: Position) -> None:
-        batch, meter, state = self.options.batch_size, self.telemetry.meter, self.state
+        batch, meter, state, source = self.options.batch_size, self.telemetry.meter, self.state, self.data.train
         resumed = resume_point(start, batch, self.steps_per_epoch)
         step = state.step = resumed.step
         state.epoch = resumed.epoch
@@ -147,6 +145,7 @@ class Trainer:
             if state.stop_reason:
                 self.say(f"stopped at step {step}: {state.stop_reason}")
                 return
+        source.restore(start)
         meter.reset()  # the time since __init__ (a checkpoint being loaded) is not training time
         for epoch in range(resumed.epoch, self.epochs):
             state.epoch = epoch
@@ -155,21 +154,17 @@ class Trainer:
             if self.steps_per_epoch is not None:
                 last = min(self.steps_per_epoch, last)
             self.wrapped.model.train()
-            shares, samples_in_epoch = self._shares(epoch, first, start if epoch == resumed.epoch else None)
-            stream_ended = False  # a stream's epoch ran to its end (not cut by max_steps or a stop)
-            for batch_in_epoch in itertools.count(first + 1) if last is None else range(first + 1, last + 1):
+            shares, share = source.shares(epoch, first), None
+            for _ in itertools.count() if last is None else range(first, last):
                 share = self.telemetry.share(shares, step + 1)
-                if share is None:  # a stream whose epoch had no step left (resumed at its end)
-                    stream_ended = True
+                if share is None:  # the epoch had no step left (resumed at its end)
                     break
-                stream_ended = share.last
                 step += 1
                 state.step = step
-                samples_in_epoch += share.samples
                 self.callbacks.on_train_step_start(state, step)
                 self._train_step(share, step)
                 self.callbacks.on_train_step_end(state, step)
-                epoch_end = batch_in_epoch == self.steps_per_epoch or step == self.total_steps or share.last
+                epoch_end = share.last or step == self.total_steps
                 stopping = self.run.stop.requested  # read once: a signal may land anywhere below
                 evaluating = self._evaluation_step(step)
                 state.checkpoint_due = self.checkpointer.due(step, epoch_end, wanted=stopping or evaluating)
@@ -177,7 +172,8 @@ class Trainer:
                     self._log(step)
                 if state.checkpoint_due:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
-                    position = Position(step, epoch, samples_in_epoch, batch, self._stream_records())
+                    at = source.state()
+                    position = Position(step, epoch, at.samples, batch, at.records)
                     path = self.checkpointer.save(self.wrapped, position, asdict(state.totals),
                                                   self.callbacks.state_dict(), self.lr_schedule.state_dict())
                     self.callbacks.on_checkpoint_saved(state, step, path)
@@ -191,8 +187,8 @@ class Trainer:
                     if state.stop_reason:
                         break
             state.checkpoint_due = False
-            if stream_ended:
-                self._stream_epoch_done(epoch, samples_in_epoch, start if epoch == resumed.epoch else None)
+            if share is not None and share.last:
+                next(shares, None)  # a source ends its epoch when asked past the last step (a stream says what it gave)
             if meter.steps:
                 self._log(step)
             epoch_evaluation = (epoch + 1) % self.options.eval_every_n_epochs == 0 or epoch == self.epochs - 1
@@ -202,32 +198,8 @@ class Trainer:
             if state.stop_reason:
                 self.say(f"stopped after epoch {epoch + 1}, step {step}: {state.stop_reason}")
                 break
-            if step == self.total_steps:  # a stream's max_steps came before its epochs did
+            if step == self.total_steps:  # trainer.max_steps came before the epochs did
                 break
-
-    def _shares(self, epoch: int, first: int, resumed: Position | None):
-        """This epoch's steps from its step `first` on (framework/data/streams.py: StepShare), and the samples of
-        the epoch trained before them."""
-        loader, k = self.data.train_loader, self.options.grad_accum
-        loader.set_epoch(epoch)
-        if not self.streaming:
-            batches = loader.iterate(first * k)
-            return iter(lambda: StepShare(batches, k, self.options.batch_size), None), first * self.options.batch_size
-        if resumed is not None:
-            how = loader.restore(resumed.samples_in_epoch, resumed.streams)
-            if how:
-                self.say(how)
-        return loader.shares(k), resumed.samples_in_epoch if resumed is not None else 0
-
-    def _stream_records(self) -> list | None:
-        """Every rank's record of where its stream stands (a collective: every rank calls it), or None."""
-        return self.group.gather_objects(self.data.train_loader.state()) if self.streaming else None
-
-    def _stream_epoch_done(self, epoch: int, samples: int, resumed: Position | None) -> None:
-        if samples == 0 and (resumed is None or not resumed.samples_in_epoch):
-            raise TrainingStopped(f"dataset.train yielded no sample in epoch {epoch + 1}: an epoch iterates the "
-                                  "stream again (its __iter__ must start over each time it is called)")
-        self.say(f"epoch {epoch + 1}: the stream gave {samples} samples")
 
     def _evaluation_step(self, step: int) -> bool:
         """trainer.eval_every_n_steps: the clock is the global step, the same on every rank and across a resume."""
@@ -242,7 +214,7 @@ class Trainer:
         w.optimizer.zero_grad(set_to_none=True)
         losses, tokens = [], []
         for micro, batch in zip(range(k), self.telemetry.batches(share.batches, step)):
-            real = micro < share.real  # else a repeat with weight 0: a rank out of stream data (streams.py)
+            real = micro < share.real  # else a repeat with weight 0: a rank out of data (StepShare)
             with gradient_sync(w, on=micro == k - 1):
                 out = forward_backward(w, self.data.step, batch, self.data.loss, Weighting(k, share.scale, real))
             if real:
@@ -320,7 +292,7 @@ def evaluate(group: ProcessGroup, wrapped: Wrapped, data: LoopData, on_batch=Non
     for batch in data.eval_batches():
         if on_batch is not None:
             on_batch(batch)
-        filler = isinstance(batch, Filler)  # a rank out of stream data runs the forward its peers gather in
+        filler = isinstance(batch, Filler)  # a rank out of data runs the forward its peers gather in
         with wrapped.precision.autocast():
             out = data.step(model, batch.batch if filler else batch, data.loss)
         if not filler:

@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from framework.callbacks.switch_off import BATCHNORM_STATISTICS, TRAINING_MODE_DRAWS
-from framework.data.streams import is_stream, shards_itself
+from framework.data.streams import shards_itself
 
 SWITCH = "verify_switch_off"  # the callback's name in the runs' callbacks group
 
@@ -56,7 +56,7 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
                 "sync_batchnorm", where, "strategy.sync_batchnorm=true in the strategy's run (BatchNorm's statistics "
                 "over every rank)",
                 strategy_only=["strategy.sync_batchnorm=true"],
-                found=f"{each}; with strategy.sync_batchnorm=true the runs are equal: train with it"))
+                found=f"{each}; with strategy.sync_batchnorm=true the gap closes: train with it"))
         else:
             found.append(Candidate(
                 "batchnorm_statistics", where, "BatchNorm's running statistics instead of the batch's, in both runs",
@@ -72,20 +72,20 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
         "draw in training mode), in both runs", both=switched_off(TRAINING_MODE_DRAWS),
         found="each rank draws its own masks for its own micro-batch, one process one mask for the whole batch: "
               "the same randomness, other numbers. Expected: the runs train equally well, not identically; with it "
-              "off they are equal"))
+              "off the gap closes"))
     if augment is not None:
         found.append(Candidate(
             "no_augment", "per-rank augmentation (dataset.augment)", "dataset.augment=null in both runs",
             both=["dataset.augment=null"],
             found="each rank draws its crops and flips from a generator seeded with its rank, so a sample is "
                   "augmented otherwise than in one process. Expected: equally random, other numbers; without it the "
-                  "runs are equal"))
+                  "gap closes"))
     if precision != "fp32":
         found.append(Candidate(
             "fp32", f"{precision} rounding", "trainer.precision=fp32 in both runs",
             both=["trainer.precision=fp32"],
             found=f"{precision} rounds at other points when the batch is split (each rank's partial sums, the "
-                  f"all-reduce's order). Expected: the gap is {precision}'s own size; in fp32 the runs are equal"))
+                  f"all-reduce's order). Expected: the gap is {precision}'s own size; in fp32 the gap closes"))
     return found
 
 
@@ -124,7 +124,7 @@ def left_over(world_size: int, one_losses: list[float], strategy_losses: list[fl
             if world_size > 1 and abs(ratio - factor) <= 1e-4 * factor:
                 said += f", which is {name} ({world_size})"
         lines.append(said)
-    if is_stream(train) and shards_itself(train):
+    if shards_itself(train):
         lines.append("the training split shards itself over the ranks (each rank reads its own samples), so a step's "
                      "samples are not one process's")
     lines.append("not among the candidates: code of your own that reads the rank or the world size (a loss scaled "

@@ -1,8 +1,10 @@
-"""The runs verify.py compares: train.py itself (the same command, as a process of its own), with the user's
-overrides and a few of verify's, each in its own folder under verify/. The strategy's run starts its workers the way
-the strategy does (torch's elastic agent, Horovod's runner, in-process), as `python train.py` would."""
+"""The runs verify.py compares: train.py itself (the same command, as a process of its own that ends with verify.py:
+framework/verify/tethered.py), with the user's overrides and a few of verify's, each in its own folder under
+verify/. The strategy's run starts its workers the way the strategy does (torch's elastic agent, Horovod's runner,
+in-process), as `python train.py` would."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -66,6 +68,7 @@ class Runner:
     config_options: list[str]
     overrides: list[str]
     steps: int
+    environment: dict[str, str]  # what every run shares beside its overrides (framework/verify/shared.py)
     say: object = print
 
     def train(self, name: str, overrides: list[str]) -> Path:
@@ -77,7 +80,8 @@ class Runner:
                 "trainer.log_every_n_steps=1", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
         started = time.monotonic()
         with open(log, "w") as out, import_path_for_children():  # the runs import this process's framework
-            run = subprocess.Popen([sys.executable, "-m", "framework.cli", *args], stdout=out, stderr=subprocess.STDOUT)
+            run = subprocess.Popen([sys.executable, "-m", "framework.verify.tethered", str(os.getpid()), *args],
+                                   stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.environment})
             try:
                 code = run.wait()
             except KeyboardInterrupt:  # Ctrl-C reached the run too: it stops its workers, then this command stops

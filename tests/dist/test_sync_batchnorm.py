@@ -2,8 +2,7 @@
 ddp's converted BatchNorm gives each rank exactly its rows of what one process computes on the whole batch (outputs,
 loss), DDP's averaged gradients equal that process's, and every rank's running statistics are its statistics. Torch's
 own SyncBatchNorm refuses CPU tensors (its kernels are GPU-only): without the CPU forward this fails on the first
-forward."""
-import pytest
+forward. A world of one: tests/unit/test_sync_batchnorm.py."""
 import torch
 from torch import nn
 
@@ -63,18 +62,3 @@ def test_ddp_with_sync_batchnorm_on_cpu_workers_computes_what_one_process_does(w
         for name, buffer in buffers.items():  # running mean and (unbiased) variance, batches tracked
             torch.testing.assert_close(rank_buffers[name], buffer, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")
         assert rank_buffers["body.1.num_batches_tracked"].item() == 1
-
-
-@pytest.mark.parametrize("momentum", [0.1, None])
-def test_one_worker_is_plain_batchnorm(momentum):
-    """A world of one (or no process group): BatchNorm's own statistics, momentum or cumulative average."""
-    from framework.strategies.sync_batchnorm import convert_sync_batchnorm
-
-    torch.manual_seed(0)
-    plain = nn.BatchNorm2d(3, momentum=momentum)
-    synced = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3, momentum=momentum)), CPU)[0]
-    x = torch.randn(4, 3, 5, 5)
-    for _ in range(2):
-        torch.testing.assert_close(synced(x), plain(x))
-    torch.testing.assert_close(synced.running_var, plain.running_var)
-    assert synced.num_batches_tracked.item() == plain.num_batches_tracked.item() == 2

@@ -3,17 +3,17 @@ state per rank, checkpoints through torch.distributed.checkpoint (one shard per 
 resumes its own checkpoints on another world size, resumes a ddp checkpoint and is resumed by ddp, trains in bf16
 (listed units, unsharded accumulation, a BatchNorm model) and under torchrun. Real train.py processes; the Adam runs
 are shared (support/references.py); accumulation, clipping, the other features and a killed run resumed:
-tests/engines/test_rich_runs.py; the refusals: tests/unit/test_engine_options.py."""
+tests/engines/test_rich_runs.py; the refusals: tests/unit/test_engine_options.py (deepspeed refusing an fsdp
+checkpoint: here, a real train.py)."""
 import json
 import math
 
 import pytest
 
-from support.driver import driver_says
 from support.marks import needs_gpu
 from support.processes import assert_killed_run_resumes, check_ok, run_train, torchrun
 from support.references import ADAM, STEPS, adam
-from support.run_files import assert_same_losses, losses_by_step, read_scalars, run_dirs
+from support.run_files import assert_same_losses, losses_by_step, read_scalars, run_dirs, walk
 
 FSDP = ["strategy=fsdp", "strategy.nproc_per_node=2"]
 # fp32. Each rank takes rank::2 of the single process's batch and FSDP averages the two gradients in its
@@ -102,9 +102,13 @@ def test_ddp_resumes_an_fsdp_checkpoint(runs):
 
 
 def test_deepspeed_refuses_an_fsdp_checkpoint_in_the_driver(runs, tmp_path):
+    """A real train.py (its exit code is the subject): exit 2 with the one line, before any worker wrote a thing."""
     pytest.importorskip("deepspeed")
-    line = driver_says(["strategy=deepspeed", *ADAM, f"trainer.resume={reference(runs, 'fsdp')}"], tmp_path)
-    assert "has format dcp, and strategy=deepspeed reads" in line, line
+    proc = run_train(["strategy=deepspeed", *ADAM, f"trainer.resume={reference(runs, 'fsdp')}"], tmp_path, timeout=180)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    [line] = [text for text in proc.stderr.splitlines() if text.startswith("error:")]
+    assert "has format dcp, and strategy=deepspeed reads" in line, proc.stderr
+    assert not walk(tmp_path, "checkpoints"), "refused before any worker started"
 
 
 def test_bf16_listed_units_and_unsharded_accumulation_train(runs):

@@ -4,29 +4,27 @@ accumulation on: tensor parallel over 2 workers (its sequence-parallel plan: nor
 sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split point, 1F1B, Interleaved1F1B with 2
 stages per rank, the zero-bubble InterleavedZeroBubble and ZBVZeroBubble, whose V puts the first and the last stage,
 and so both copies of the tied head, on rank 0), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
-report their compute, bubble and communication per rank. A checkpoint written on one mesh resumes on another (tp=2
--> ddp, pp=2 -> tp=2) and continues the same curve. Real train.py processes, shared through the run cache;
+report their compute, bubble and communication per rank. A run killed on one mesh resumes in its folder on another
+(tp=2 -> ddp, pp=2 -> tp=2) and continues the uninterrupted run's curve. Real train.py processes, shared through the
+run cache (the killed runs are their own);
 tests/unit/test_model_parallel_checks.py has the refusals, tests/engines/test_model_parallel_user.py a user's model
 with a plan from YAML. Under torchrun the mesh is built from the ranks it started, with the same losses."""
 import pytest
 import torch
 
 from support.mesh_runs import (
-    COMMON,
+    CHAR_LM,
     MESH,
     STEPS,
-    assert_continues,
     assert_same_losses,
+    killed_then_resumed,
     pipeline,
     result,
-    resumed_from_step_4,
     train,
 )
 from support.processes import torchrun
 from support.run_files import losses_by_step, read_scalars
 
-CHAR_LM = ["experiment=char_lm", "model.n_layer=4", "model.n_embd=32", "model.n_head=4", "dataset.block_size=32",
-           "dataset.max_train_samples=1024", "dataset.max_test_samples=64", *COMMON]
 MESHES = {
     "tp2_sequence_parallel": ["strategy=tp", "strategy.sequence_parallel=true", *MESH],
     "pp2_GPipe_split_at_blocks.3": [*pipeline("GPipe"), "strategy.split_points=[blocks.3]"],
@@ -99,20 +97,25 @@ def test_under_torchrun_the_mesh_is_made_of_its_ranks_with_the_loss_of_one_proce
     assert len(run.jobs) == 1, "one run folder: the ranks torchrun started follow rank 0's"
 
 
-def test_a_tensor_parallel_checkpoint_resumes_under_ddp(runs, single):
-    """DCP shards of tp=2 (the sequence-parallel run's step-4 checkpoint) read by ddp's two workers, each loading the
-    whole model (a single-file engine reads DCP)."""
-    tp = train(runs, [*CHAR_LM, *MESHES["tp2_sequence_parallel"]])
-    run_dir, _ = resumed_from_step_4(runs, tp, [*CHAR_LM, "strategy=ddp", "strategy.nproc_per_node=2"])
-    assert_continues(single["losses"], run_dir)
+def test_a_tensor_parallel_run_killed_resumes_under_ddp(runs, tmp_path):
+    """A run of its own (killed, then resumed in its folder): DCP shards of tp=2 read by ddp's two workers, each
+    loading the whole model (a single-file engine reads DCP); the curve is the uninterrupted tp run's."""
+    uninterrupted = train(runs, [*CHAR_LM, *MESHES["tp2_sequence_parallel"]])
+    run_dir, _ = killed_then_resumed(tmp_path, [*CHAR_LM, *MESHES["tp2_sequence_parallel"]],
+                                     [*CHAR_LM, "strategy=ddp", "strategy.nproc_per_node=2"])
+    assert_same_losses(losses_by_step(uninterrupted), run_dir)
+    done = result(run_dir)
+    assert (done["strategy"], done["resumed_from_step"], done["steps"]) == ("ddp", 4, STEPS)
 
 
-def test_a_pipeline_checkpoint_resumes_under_tensor_parallel(runs, single):
-    """Stage shards (the tied head's optimizer state under the embedding's name) read by tp=2's ranks."""
-    pp = train(runs, [*CHAR_LM, *MESHES["pp2_1F1B"]])
-    run_dir, _ = resumed_from_step_4(runs, pp, [*CHAR_LM, "strategy=tp", *MESH])
-    assert_continues(single["losses"], run_dir)
-    assert result(run_dir)["strategy"] == "tp"
+def test_a_pipeline_run_killed_resumes_under_tensor_parallel(runs, tmp_path):
+    """A run of its own (killed, then resumed in its folder): stage shards (the tied head's optimizer state under the
+    embedding's name) read by tp=2's ranks; the curve is the uninterrupted 1F1B run's."""
+    uninterrupted = train(runs, [*CHAR_LM, *MESHES["pp2_1F1B"]])
+    run_dir, _ = killed_then_resumed(tmp_path, [*CHAR_LM, *MESHES["pp2_1F1B"]], [*CHAR_LM, "strategy=tp", *MESH])
+    assert_same_losses(losses_by_step(uninterrupted), run_dir)
+    done = result(run_dir)
+    assert (done["strategy"], done["resumed_from_step"], done["steps"]) == ("tp", 4, STEPS)
 
 
 def test_a_batchnorm_model_trains_in_bf16_under_the_meshs_fsdp2(runs):

@@ -1,20 +1,19 @@
 """A user's own model (examples/my_project: mypkg/mesh_lm.py's ResidualLM, its tensor parallel plan in the user's
 YAML, conf/strategy/tp_plan.yaml) on a mesh of CPU workers: tensor parallel by that plan, pipeline parallel with each
 schedule (its blocks shared out evenly), and FSDP2 x the plan on 4 workers, each with the loss of one process at every
-step (1e-5, fp32, clipping and accumulation on); a pipeline run's checkpoint resumes under the plan's tensor
-parallel. Real train.py processes (shared through the run cache), the user's package on PYTHONPATH and their config
-dir."""
+step (1e-5, fp32, clipping and accumulation on); a pipeline run killed resumes in its folder under the plan's tensor
+parallel. Real train.py processes (shared through the run cache; the killed run is its own), the user's package on
+PYTHONPATH and their config dir."""
 import pytest
 
 from support.mesh_runs import (
     COMMON,
     MESH,
     STEPS,
-    assert_continues,
     assert_same_losses,
+    killed_then_resumed,
     pipeline,
     result,
-    resumed_from_step_4,
     train,
 )
 from support.run_cache import example_project
@@ -53,8 +52,12 @@ def test_a_users_model_on_a_mesh_has_the_loss_of_one_process_at_every_step(runs,
     assert done["test_perplexity"] == pytest.approx(single["result"]["test_perplexity"], rel=1e-5)
 
 
-def test_a_users_pipeline_checkpoint_resumes_under_its_plan(runs, project, single):
+def test_a_users_pipeline_run_killed_resumes_under_its_plan(runs, project, tmp_path):
+    """A run of its own (killed, then resumed in its folder): the GPipe run's stage shards read by the plan's tensor
+    parallel ranks; the curve is the uninterrupted GPipe run's."""
     args, env = project
-    pp = train(runs, [*args, *MESHES["pp2_GPipe"]], env)
-    run_dir, _ = resumed_from_step_4(runs, pp, [*args, "strategy=tp_plan", *MESH], env)
-    assert_continues(single["losses"], run_dir)
+    uninterrupted = train(runs, [*args, *MESHES["pp2_GPipe"]], env)
+    run_dir, _ = killed_then_resumed(tmp_path, [*args, *MESHES["pp2_GPipe"]], [*args, "strategy=tp_plan", *MESH], env)
+    assert_same_losses(losses_by_step(uninterrupted), run_dir)
+    done = result(run_dir)
+    assert (done["resumed_from_step"], done["steps"]) == (4, STEPS)

@@ -1,8 +1,9 @@
 """Every feature that composes with an engine, in one run per engine (support/references.py: RICH), each run checked
 for each feature's effect and for the loss of one process running the same features at every step: gradient
 accumulation and clipping, two parameter groups, torch's lr schedulers by _target_ (StepLR, OneCycleLR under ddp,
-ReduceLROnPlateau under fsdp), an evaluation every 4 steps, activation checkpointing and torch.compile (aot_eager)
-of the blocks each engine chooses, and the EMA of the weights where the engine allows it (single, dp, ddp, horovod).
+ReduceLROnPlateau under fsdp), an evaluation every 4 steps, activation checkpointing and torch.compile (aot_eager;
+inductor, the default backend: test_inductor.py) of the blocks each engine chooses, and the EMA of the weights where
+the engine allows it (single, dp, ddp, horovod).
 Real train.py runs with 2 gloo workers (horovod through its own runner), shared through the run cache; a run killed
 mid-way and resumed continues the same losses, lrs, evaluations and average. eval.py evaluates what each run saved.
 The mechanisms themselves are checked in-process in tests/unit (test_training_knobs.py, test_speedups.py,

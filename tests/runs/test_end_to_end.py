@@ -1,9 +1,18 @@
 """train.py as a user runs it: real processes, real gloo process groups, real TensorBoard files. The three runs here
-(TINY: 2 epochs of 2,048 Fashion-MNIST images) are shared with other tests through the run cache."""
-import pytest
+(TINY: 2 epochs of 2,048 Fashion-MNIST images) are shared with other tests through the run cache; README's first
+command runs as written, the one run of the suite with no accelerator pinned."""
+import json
+import os
+import re
+import shlex
+import sys
 
-from support.processes import TINY
-from support.run_files import read_scalars
+import pytest
+import torch
+import yaml
+
+from support.processes import REPO, TINY, TRAIN, check_ok, run_in_own_session
+from support.run_files import read_scalars, run_dirs
 
 
 def _lenet_parameters() -> int:
@@ -67,3 +76,37 @@ def test_hparams_are_written_for_the_hparams_tab(runs):
     assert session.hparams["strategy"].string_value == "single"
     assert session.hparams["global_batch"].number_value == 64
     assert "hparam/test_acc" in acc.Tags()["scalars"]
+
+
+def readme_first_command() -> list[str]:
+    """The words of the command under README.md's "The first run"."""
+    section = (REPO / "README.md").read_text().split("\n## The first run\n", 1)[1]
+    [line] = section.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    return shlex.split(line)
+
+
+@pytest.mark.core
+def test_readmes_first_command_chooses_for_this_machine_and_trains(tmp_path):
+    """A run of its own: README's first command as a user types it, started by neither run_train nor the run cache,
+    which pin the accelerator (support.processes.pin_accelerator), so trainer.accelerator=auto and strategy=auto choose
+    for this machine: one process on the CPU here, as README says (ddp over the GPUs where several are visible).
+    `.venv/bin/python` is this interpreter."""
+    words = readme_first_command()
+    assert words[:2] == [".venv/bin/python", "train.py"], words
+    assert not [w for w in words if w.startswith(("trainer.accelerator=", "strategy="))], "nothing chosen for it"
+    out = check_ok(run_in_own_session([sys.executable, str(TRAIN), *words[2:]], tmp_path,
+                                      {**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300))
+    gpus = torch.cuda.device_count()
+    chosen, processes = ("ddp", gpus) if gpus > 1 else ("single", 1)
+    device = "cuda" if gpus else "cpu"
+    said = "several GPUs/workers" if gpus > 1 else "at most one GPU"
+    assert f"strategy=auto chose {chosen} ({said})\n" in out, out
+    assert re.search(rf"^training LeNet on fashion_mnist with strategy={chosen}: {processes} process\(es\) on "
+                     rf"{device}, global batch 128 = .*, 16 steps$", out, re.M), out
+    assert re.search(r"^done: test accuracy 0\.\d{4} \| .* run folder .*_auto_lenet$", out, re.M), out
+    [run_dir] = run_dirs(tmp_path)
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == words[2:], "README's, nothing added"
+    assert yaml.safe_load((run_dir / "resolved_config.yaml").read_text())["trainer"]["accelerator"] == "auto"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert (result["strategy"], result["processes"], result["steps"], result["device"]) == (chosen, processes, 16,
+                                                                                             device)

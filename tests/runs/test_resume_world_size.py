@@ -60,7 +60,7 @@ def _records(probe: Path) -> dict[int, list[list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def runs(conf_dir, tmp_path_factory):
+def ddp2_runs(conf_dir, tmp_path_factory):
     """The uninterrupted 2-worker run (reference curve) and the interrupted one (its run folder and probe)."""
     root = tmp_path_factory.mktemp("world_size")
     check_ok(_run(conf_dir, root / "reference", ["strategy=ddp", "strategy.nproc_per_node=2"]))
@@ -75,22 +75,22 @@ def runs(conf_dir, tmp_path_factory):
             "probe": root / "probe_killed", "resumed": {}}
 
 
-def _resume(conf_dir, runs, name: str):
+def _resume(conf_dir, ddp2_runs, name: str):
     """Resume a copy of the interrupted run folder with RESUMES[name]; cached per module."""
-    if name not in runs["resumed"]:
-        cwd = runs["root"] / name
+    if name not in ddp2_runs["resumed"]:
+        cwd = ddp2_runs["root"] / name
         run_dir = cwd / "run"
-        shutil.copytree(runs["interrupted"], run_dir)
+        shutil.copytree(ddp2_runs["interrupted"], run_dir)
         proc = _run(conf_dir, cwd, [*RESUMES[name], f"hydra.run.dir={run_dir}"], probe=cwd / "probe")
         out = check_ok(proc)
-        runs["resumed"][name] = (out, run_dir, json.loads((run_dir / "result.json").read_text()), cwd / "probe")
-    return runs["resumed"][name]
+        ddp2_runs["resumed"][name] = (out, run_dir, json.loads((run_dir / "result.json").read_text()), cwd / "probe")
+    return ddp2_runs["resumed"][name]
 
 
-def _epoch_samples(runs, probe: Path, resumed_steps_in_epoch0: int, accum: int) -> tuple[list[int], list[int]]:
+def _epoch_samples(ddp2_runs, probe: Path, resumed_steps_in_epoch0: int, accum: int) -> tuple[list[int], list[int]]:
     """Samples trained in epoch 1 (the interrupted one: the first run's steps up to the checkpoint, then the resumed
     run's) and in epoch 2 (the resumed run's), each as one sorted list over all ranks."""
-    first = [i for batches in _records(runs["probe"]).values() for b in batches[:SAVED_STEP] for i in b]
+    first = [i for batches in _records(ddp2_runs["probe"]).values() for b in batches[:SAVED_STEP] for i in b]
     epoch1, epoch2 = list(first), []
     for batches in _records(probe).values():
         cut = resumed_steps_in_epoch0 * accum
@@ -101,8 +101,8 @@ def _epoch_samples(runs, probe: Path, resumed_steps_in_epoch0: int, accum: int) 
 
 @pytest.mark.parametrize("name,workers,accum", [("single", 1, 1), ("ddp1_dataloader", 1, 1), ("ddp3_accum2", 3, 2)])
 def test_resumed_on_another_world_size_the_curve_continues_and_every_sample_is_trained_once(
-        conf_dir, runs, name, workers, accum):
-    out, run_dir, result, probe = _resume(conf_dir, runs, name)
+        conf_dir, ddp2_runs, name, workers, accum):
+    out, run_dir, result, probe = _resume(conf_dir, ddp2_runs, name)
     assert f"(step {SAVED_STEP}, epoch 1); saved by 2 worker(s), continuing on {workers}" in out
     assert result["resumed_from_step"] == SAVED_STEP and result["steps"] == STEPS and result["processes"] == workers
     losses = losses_by_step(run_dir)
@@ -111,36 +111,36 @@ def test_resumed_on_another_world_size_the_curve_continues_and_every_sample_is_t
     # only the order of float sums differs (the gradient averaged over 1, 2 or 3 ranks)
     for step in range(SAVED_STEP + 1, STEPS + 1):
         assert math.isfinite(losses[step])
-        assert losses[step] == pytest.approx(runs["reference"][step], rel=1e-5), f"step {step}"
-    epoch1, epoch2 = _epoch_samples(runs, probe, SAMPLES // BATCH - SAVED_STEP, accum)
+        assert losses[step] == pytest.approx(ddp2_runs["reference"][step], rel=1e-5), f"step {step}"
+    epoch1, epoch2 = _epoch_samples(ddp2_runs, probe, SAMPLES // BATCH - SAVED_STEP, accum)
     assert epoch1 == list(range(SAMPLES)), "the interrupted epoch: every sample once, none twice, none skipped"
     assert epoch2 == list(range(SAMPLES))
 
 
-def test_one_worker_resumes_bit_for_bit_alike_under_single_and_ddp(conf_dir, runs):
+def test_one_worker_resumes_bit_for_bit_alike_under_single_and_ddp(conf_dir, ddp2_runs):
     """One process with the whole batch: single and ddp (1 worker, DataLoader path) do the same float operations."""
-    single = losses_by_step(_resume(conf_dir, runs, "single")[1])
-    ddp1 = losses_by_step(_resume(conf_dir, runs, "ddp1_dataloader")[1])
+    single = losses_by_step(_resume(conf_dir, ddp2_runs, "single")[1])
+    ddp1 = losses_by_step(_resume(conf_dir, ddp2_runs, "ddp1_dataloader")[1])
     resumed = range(SAVED_STEP + 1, STEPS + 1)
     assert [single[s] for s in resumed] == [ddp1[s] for s in resumed]
 
 
-def test_a_new_global_batch_continues_the_epoch_in_samples(conf_dir, runs):
-    out, run_dir, result, probe = _resume(conf_dir, runs, "single_batch48")
+def test_a_new_global_batch_continues_the_epoch_in_samples(conf_dir, ddp2_runs):
+    out, run_dir, result, probe = _resume(conf_dir, ddp2_runs, "single_batch48")
     # 8 steps of 24 = 192 samples = 4 steps of 48; the run is then at step 4 of 10 per epoch
     assert "global batch 24 -> 48: epoch 1 continues after its first 192 samples" in out
     assert result["steps"] == EPOCHS * SAMPLES // 48
     assert sorted(losses_by_step(run_dir))[-1] == result["steps"]
-    epoch1, epoch2 = _epoch_samples(runs, probe, SAMPLES // 48 - 4, 1)
+    epoch1, epoch2 = _epoch_samples(ddp2_runs, probe, SAMPLES // 48 - 4, 1)
     assert epoch1 == list(range(SAMPLES)) and epoch2 == list(range(SAMPLES))
 
 
-def test_a_batch_that_splits_the_saved_position_is_refused_in_the_driver(conf_dir, runs, tmp_path):
+def test_a_batch_that_splits_the_saved_position_is_refused_in_the_driver(conf_dir, ddp2_runs, tmp_path):
     run_dir = tmp_path / "run"
-    shutil.copytree(runs["interrupted"], run_dir)
+    shutil.copytree(ddp2_runs["interrupted"], run_dir)
     proc = _run(conf_dir, tmp_path, ["strategy=ddp", "strategy.nproc_per_node=2", "trainer.batch_size=40",
                                      f"hydra.run.dir={run_dir}"])
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert ("trainer.batch_size=40 is not allowed when resuming from" in proc.stderr
             and "stopped after 192 samples of epoch 1, which is not a whole number of batches of 40" in proc.stderr)
     assert "training " not in proc.stdout, "refused before any worker started"

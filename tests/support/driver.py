@@ -4,6 +4,7 @@ process of its own (a process costs seconds on 2 cores; tests/runs/test_refusals
 the exit code, the one line and that no worker starts)."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from support.processes import REPO, pin_accelerator
@@ -38,8 +39,10 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
 
     extra = [config_dir_override(str(config_dir))] if config_dir else []
     try:  # checked inside the composition's context, as in a run (a refusal may list a config group's options)
-        with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
-            plan_run(compose("config", overrides=[*pin_accelerator(list(overrides)), *extra]), run_dir, outer)
+        with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()), \
+                _hydra_config_of(compose("config", overrides=[*pin_accelerator(list(overrides)), *extra],
+                                         return_hydra_config=True)) as cfg:
+            plan_run(cfg, run_dir, outer)
     except HydraException as exc:
         return composition_error_line(exc)
     except ConfigError as exc:
@@ -47,15 +50,33 @@ def driver_says(overrides: list[str], run_dir: Path, config_dir: Path | None = N
     return ""
 
 
-def strategy_for(*overrides: str):
-    """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up."""
+@contextlib.contextmanager
+def _hydra_config_of(cfg):
+    """The config without its `hydra` node, with that node as HydraConfig while the driver checks it, as Hydra's
+    run sets it (a refusal says which entry a key came from: framework/config/origins.py); then as it was."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    before = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        yield cfg
+    finally:
+        HydraConfig.instance().cfg = before
+
+
+def strategy_for(*overrides: str, ranks=None):
+    """The strategy a run of these overrides would build (strategy=auto resolved for this machine), not set up, in a
+    process with these ranks (framework.session.environment.Ranks; None: nobody started it as one of several)."""
     from framework.config.settings import settings_of
     from framework.strategies import build_strategy, resolve_auto, strategy_class
 
     cfg = composed(*overrides)
     resolve_auto(cfg, outer_kind=None)
     settings = settings_of(cfg, strategy_class(cfg.strategy).Options)
-    return build_strategy(settings.strategy, settings.trainer)
+    return build_strategy(settings.strategy, settings.trainer, ranks)
 
 
 def composition_says(*overrides: str) -> str:
@@ -86,7 +107,8 @@ def command_in_process(command: str, argv: list[str], cwd: Path, monkeypatch, ca
         monkeypatch.setattr(logger, "handlers", list(logger.handlers))
         monkeypatch.setattr(logger, "level", logger.level)
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", [argv[0], *pin_accelerator(argv[1:])])
+    # sample.py has no trainer group: its own `accelerator` key is the test's to give
+    monkeypatch.setattr(sys, "argv", [argv[0], *(argv[1:] if command == "sample_main" else pin_accelerator(argv[1:]))])
     monkeypatch.setattr(cli, "quick_exit", contextlib.nullcontext)  # its exit handler would end pytest's process
     capsys.readouterr()
     code = 0

@@ -1,12 +1,14 @@
-"""What tests/engines/test_model_parallel.py and test_model_parallel_user.py share: the run settings (fp32, SGD with a
-clipping bound the gradient norm exceeds, accumulation over 2 micro-batches, a checkpoint every 4 steps), the
-meshes, the comparison with one process at every step, and a resume from another mesh's checkpoint."""
+"""What tests/engines/test_model_parallel.py, test_model_parallel_user.py and test_inductor.py share: the run settings
+(fp32, SGD with a clipping bound the gradient norm exceeds, accumulation over 2 micro-batches, a checkpoint every 4
+steps), the char LM they train, the meshes, the comparison with one process at every step, and a run killed on one
+mesh and resumed in its folder on another."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from support.run_files import losses_by_step
+from support.processes import check_ok, run_train
+from support.run_files import losses_by_step, run_dirs
 
 STEPS = 8
 # SGD: Adam is nearly blind to a gradient's scale, so clipping would hardly show; 0.05 is below the gradient norm
@@ -14,6 +16,9 @@ STEPS = 8
 COMMON = [f"trainer.max_steps={STEPS}", "trainer.batch_size=16", "trainer.grad_accum=2", "trainer.log_every_n_steps=1",
           "trainer.checkpoint_every_n_steps=4", "optimizer=sgd", "optimizer.lr=0.1", "trainer.grad_clip=0.05",
           "trainer.stall_timeout=120", "trainer.progress_bar=false"]
+# the built-in char LM: a 4-block GPT, 32 wide, its head tied to the token embedding
+CHAR_LM = ["experiment=char_lm", "model.n_layer=4", "model.n_embd=32", "model.n_head=4", "dataset.block_size=32",
+           "dataset.max_train_samples=1024", "dataset.max_test_samples=64", *COMMON]
 MESH = ["strategy.timeout=180"]  # longer than the stall watchdog, which then names the stalled rank
 # fp32 on gloo: what differs from one process is the order of sums (TP's all-reduces, FSDP's reduce-scatter)
 REL = 1e-5
@@ -47,6 +52,20 @@ def resumed_from_step_4(runs, checkpointed: Path, then: list[str], env: dict | N
     run = runs.train([*then, f"trainer.resume={checkpointed / 'checkpoints' / 'step-00000004'}"], env=env).ok()
     assert "resumed from" in run.stdout and "step-00000004 (step 4" in run.stdout, run.stdout[-3000:]
     return run.run_dir, run.stdout
+
+
+def killed_then_resumed(cwd: Path, first: list[str], then: list[str], env: dict | None = None) -> tuple[Path, str]:
+    """`first` dies after step 6 (rank 0 SIGKILLed by tests/support/faults/fault_injection.py; its last checkpoint is
+    step 4's), then `then` (another mesh, or another strategy) resumes in the same run folder. Returns the run folder
+    and the resumed run's output."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    killed = run_train(first, cwd, env=env, timeout=300, faults="kill_after_step:6:0")
+    assert killed.returncode != 0 and "fault injection: SIGKILL" in killed.stdout + killed.stderr, (
+        killed.stdout[-2000:] + killed.stderr[-2000:])
+    [run_dir] = run_dirs(cwd)
+    out = check_ok(run_train([*then, f"hydra.run.dir={run_dir}"], cwd, env=env, timeout=300))
+    assert "resumed from" in out and "step-00000004 (step 4" in out, out[-3000:]
+    return run_dir, out
 
 
 def assert_continues(reference: dict[int, float], run_dir: Path) -> None:

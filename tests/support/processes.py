@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from framework.session.slurm import _PORTS
 from support.run_files import walk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +32,21 @@ TINY = [
 # Each test's processes carry this variable with the test's own id (tests/conftest.py), so that whatever a test
 # started and left (a timeout, a failure half-way) is found and ended with it.
 TEST_ID = "HYDRA_DIST_TEST_ID"
+OUTPUT_TAIL = 20_000  # of a command killed past its time, what its failure shows
+PORT_TRIES = 100
+
+# What a launcher leaves a process that it started as one rank of several (framework/session/environment.py reads
+# them): a run that inherits them from the test process takes itself for a rank of a job that does not exist.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
+
+
+def launch_variables(environ) -> dict[str, str]:
+    """What of `environ` says where a process runs among ranks: the rank variables, the rendezvous address, and
+    SLURM's and submitit's variables (slurm.py maps them to ranks)."""
+    return {name: value for name, value in environ.items()
+            if name in (*RANK_VARIABLES, "MASTER_ADDR", "MASTER_PORT") or name.startswith(("SLURM_", "SUBMITIT_"))}
+
 
 # The accelerator of the test that runs now: gpu for a test marked gpu, cpu for every other (tests/conftest.py).
 accelerator = ["cpu"]
@@ -110,10 +128,13 @@ def run_in_own_session(cmd: list[str], cwd: Path, env: dict, timeout: float) -> 
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except BaseException:
+    except BaseException as stopped:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        out, err = proc.communicate()
+        stopped.add_note(f"so its process group was killed: {' '.join(map(str, cmd))[:300]}\nits output until then "
+                         f"(the last {OUTPUT_TAIL} characters):\nstdout:\n{out[-OUTPUT_TAIL:]}\n"
+                         f"stderr:\n{err[-OUTPUT_TAIL:]}")
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
@@ -242,12 +263,32 @@ def assert_killed_run_resumes(cwd: Path, args: list[str], fault: str, reference:
 
 
 def free_port() -> int:
-    """A TCP port free on this machine now (for a rendezvous a test names itself)."""
-    import socket
+    """A TCP port free on this machine now, for a rendezvous a test names itself: below the kernel's ephemeral range,
+    where no process's outgoing connection can be given it between this check and the run's bind (a port from
+    bind(0) is in that range), in the range framework/session/slurm.py picks SLURM tasks' ports from. A port
+    that is taken (some server binds it) is skipped for another."""
+    first, last = _PORTS[0], min(_PORTS[1], ephemeral_ports()[0] - 1)
+    if last < first:
+        raise RuntimeError(f"the kernel's ephemeral ports start at {last + 1}, below {first}: no port is safe to name")
+    tries = random.SystemRandom()  # not seeded: two xdist workers pick apart
+    for _ in range(PORT_TRIES):
+        port = tries.randint(first, last)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in {PORT_TRIES} tries between {first} and {last}")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the ports of outgoing connections and bind(0) (Linux's default where /proc lacks it)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except OSError:
+        return 32768, 60999
+    return int(low), int(high)
 
 
 def slurm_task(rank: int, tasks: int, job_id: str) -> dict:

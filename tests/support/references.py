@@ -10,7 +10,8 @@ the same.
   frozen by lr_scale 0, no weight decay on the other biases), one of torch's lr schedulers by _target_ (StepLR;
   OneCycleLR and ReduceLROnPlateau where a test names them), an evaluation every 4 steps, activation checkpointing
   of the blocks and torch.compile
-  (aot_eager: dynamo and AOTAutograd, which is what an engine's wrapper meets, without inductor's code generation),
+  (aot_eager: dynamo and AOTAutograd, which is what an engine's wrapper meets, without inductor's code generation;
+  inductor in each engine family's workers: tests/engines/test_inductor.py),
   and the EMA of the weights where the engine allows it. Each rank's compiled and recomputed modules are recorded
   (support/user_code/speedup_probe.py).
 

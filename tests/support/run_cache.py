@@ -5,7 +5,9 @@ the same command in several tests is one run. `runs.train(args)` starts train.py
 (the overrides with the accelerator pinned, the launcher, the extra environment, a fault plan) and hands every later
 caller the same finished run; a file lock makes the second xdist worker wait for the first instead of training again
 (the pattern pytest-xdist documents for session fixtures). A shared run is read-only: a test that resumes into it or
-changes its files copies it first (`Run.copy_to`).
+changes its files copies it first (`Run.copy_to`). A run whose start was stopped (its command's timeout, the
+test's) is recorded as such: every later reader fails at once with what stopped it and the output until then, and
+nobody starts it again (a hang would otherwise cost each reader its own timeout).
 
 A test that needs a run of its own (it stops the run, watches it live, or its subject is the start itself) calls
 run_train and says why in one line."""
@@ -15,13 +17,15 @@ import hashlib
 import json
 import os
 import shutil
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pytest
 from filelock import FileLock
 
-from support.processes import check_ok, pin_accelerator, run_train, with_faults
+from support.processes import RANK_VARIABLES, check_ok, pin_accelerator, run_train, with_faults
 from support.run_files import run_dirs
 
 LOCK_WAIT_S = 1800  # the other worker may be building a long run (or several, in order) first
@@ -72,6 +76,11 @@ class RunCache:
         """train.py with these overrides (on the test's accelerator, as run_train pins it), run once per session.
         command: another script in train.py's place (eval.py), with its arguments as given."""
         args, env = with_faults(args, env, faults)
+        inherited = {name: os.environ[name] for name in RANK_VARIABLES if name in os.environ and name not in env}
+        if inherited:  # the key holds the test's env only: one test's leak would decide every later reader's run
+            pytest.fail(f"a shared run would inherit {inherited} from the test process and take itself for a rank "
+                        "of another job: a test left them (tests/conftest.py names it) or the suite runs under a "
+                        "launcher; a test that means them passes them in env=", pytrace=False)
         pinned = list(args) if command else pin_accelerator(args)
         key = _key({"args": pinned, "env": env, "launcher": launcher, "command": command})
         return self._once(key, lambda cwd: run_train(pinned, cwd, timeout=timeout, env=env, launcher=launcher,
@@ -97,11 +106,31 @@ class RunCache:
             if not done.exists():
                 shutil.rmtree(home, ignore_errors=True)  # a run killed with its test (a timeout) left half a folder
                 (home / "cwd").mkdir(parents=True)
-                proc = start(home / "cwd")
-                done.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
-                                            "stderr": proc.stderr}))
+                try:
+                    proc = start(home / "cwd")
+                except BaseException as stopped:
+                    if not isinstance(stopped, KeyboardInterrupt):  # a user's Ctrl-C ends the session anyway
+                        _write(done, {"stopped": _what_stopped(stopped), "test": os.environ.get("PYTEST_CURRENT_TEST")})
+                    raise
+                _write(done, {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr})
         saved = json.loads(done.read_text())
+        if "stopped" in saved:
+            pytest.fail(f"this shared run was stopped in an earlier test ({saved['test']}) and is not started again; "
+                        f"what stopped it:\n{saved['stopped']}", pytrace=False)
         return Run(home / "cwd", saved["returncode"], saved["stdout"], saved["stderr"])
+
+
+def _write(done: Path, record: dict) -> None:
+    """done.json whole or not at all: a reader never finds half of it."""
+    partial = done.with_suffix(".partial")
+    partial.write_text(json.dumps(record))
+    partial.replace(done)
+
+
+def _what_stopped(exc: BaseException) -> str:
+    """The exception that ended a shared run's start (its command's timeout, the test's timeout), with the output the
+    command had written by then (support.processes.run_in_own_session adds it as a note)."""
+    return "".join(traceback.format_exception_only(exc)).rstrip()
 
 
 def _key(what: dict) -> str:

@@ -205,23 +205,15 @@ def test_more_workers_than_gpus_under_torchrun_is_refused_with_the_counts(monkey
     on one GPU (nccl: "Duplicate GPU detected"). The device count is the one thing faked here: this machine has no
     GPU."""
     from framework.common.errors import ConfigError
-    from framework.session.environment import ranks
+    from framework.session.environment import TORCH, Ranks
 
-    for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    strategy = strategy_for("strategy=ddp", "trainer.accelerator=gpu")
+    four_on_this_node = Ranks(TORCH, rank=0, local_rank=0, world_size=4, local_world_size=4)
     with pytest.raises(ConfigError, match="with 4 workers on this node.*shows each of them 2 GPU"):
-        strategy.validate()
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two nodes of 2: one GPU each
-    ranks.cache_clear()  # a process reads its ranks once; this test plays another process
-    strategy.validate()
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    ranks.cache_clear()
-    strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo").validate()
+        strategy_for("strategy=ddp", "trainer.accelerator=gpu", ranks=four_on_this_node).validate()
+    two_nodes_of_two = Ranks(TORCH, rank=0, local_rank=0, world_size=4, local_world_size=2)  # one GPU each
+    strategy_for("strategy=ddp", "trainer.accelerator=gpu", ranks=two_nodes_of_two).validate()
+    strategy_for("strategy=ddp", "trainer.accelerator=gpu", "strategy.backend=gloo", ranks=four_on_this_node).validate()
 
 
 def test_a_mig_slice_gets_its_share_of_the_gpus_peak_or_no_mfu():
@@ -261,20 +253,22 @@ def test_one_gpu_per_slurm_task_is_accepted_by_the_driver(monkeypatch):
     (it did when the scheduler's variables were missing: every GPU machine failed the GPU test below). Under plain
     torchrun, whose workers all see the node's GPUs, the same counts are refused."""
     from framework.common.errors import ConfigError
-    from framework.session.environment import ranks
+    from framework.session.detect import detect
+    from framework.session.environment import _ranks
 
     launcher_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_")) and k not in launcher_vars}
     monkeypatch.setattr(os, "environ", {**env, **slurm_task(1, 2, "4242")})  # what adoption sets stays in this test
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # each task sees its one GPU
-    assert ranks().scheduler == "slurm"
+    task = detect().ranks  # what the command reads and hands the strategy
+    assert task.scheduler == "slurm"
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("1", "1", "2")
-    strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
+    strategy_for("strategy=ddp", "trainer.accelerator=gpu", ranks=task).validate()
     for name in [n for n in os.environ if n.startswith("SLURM_")]:  # the same ranks from torchrun: two workers
         del os.environ[name]  # share one GPU
-    ranks.cache_clear()  # a process reads its ranks once; this test plays another process
+    _ranks.cache_clear()  # a process reads its ranks once; this test plays another process
     with pytest.raises(ConfigError, match="with 2 workers on this node"):
-        strategy_for("strategy=ddp", "trainer.accelerator=gpu").validate()
+        strategy_for("strategy=ddp", "trainer.accelerator=gpu", ranks=detect().ranks).validate()
 
 
 def test_torchmetrics_states_go_through_an_object_gather_as_cpu_tensors_and_come_back_on_the_metrics_device():
@@ -336,7 +330,7 @@ def test_a_callbacks_all_reduce_of_a_cpu_tensor_travels_on_the_groups_device(tmp
     model = nn.Linear(2, 2)
     wrapped = Wrapped(model, torch.optim.SGD(model.parameters(), lr=0.1), Precision("fp32", torch.device("cpu")),
                       CheckpointIO(0, 1, []), model)
-    state = LoopState(TrainerConfig(), group, wrapped, RunInfo(tmp_path, print, {}, {}, None), None, 1, 1, False)
+    state = LoopState(TrainerConfig(), group, wrapped, RunInfo(tmp_path, print, {}, {}, None, None, None), 1, 1, False)
     mine = torch.full((3,), 3.0)
     total = state.all_reduce_sum(mine)
     assert group.seen == [torch.device("meta")]

@@ -1,10 +1,13 @@
 """The in-memory input path and the DataLoader path give the same batches, sharded like DistributedSampler."""
+import itertools
+
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from framework.data.augment import RandomCropFlip
 from framework.data.builtin import Normalization
 from framework.data.loaders import BatchPipeline, DataLoaderLoader, InMemoryLoader, eval_batches, shard_indices
+from framework.data.source import DataShare
 from support.marks import needs_gpu
 
 
@@ -48,8 +51,8 @@ def test_in_memory_and_dataloader_paths_yield_identical_batches():
 
 def _same_batches(x, y, pipeline):
     for rank in (0, 1):
-        fast = InMemoryLoader(x, y, pipeline, CPU, 8, rank, 2, seed=5)
-        slow = DataLoaderLoader(TensorDataset(x, y), pipeline, CPU, 8, rank, 2, seed=5, num_workers=0)
+        fast = InMemoryLoader(x, y, pipeline, DataShare(rank, 2, CPU, 8), seed=5)
+        slow = DataLoaderLoader(TensorDataset(x, y), pipeline, DataShare(rank, 2, CPU, 8), seed=5)
         for epoch in (0, 1):
             fast.set_epoch(epoch)
             slow.set_epoch(epoch)
@@ -69,7 +72,7 @@ def test_augmentation_is_repeatable_and_differs_per_rank_and_epoch_and_on_resume
     pipeline = BatchPipeline(Normalization(1 / 255, (0.5,) * 3, (0.25,) * 3), (3, 8, 8), CPU,
                              augment=RandomCropFlip(padding=2))
     plain = BatchPipeline(Normalization(1 / 255, (0.5,) * 3, (0.25,) * 3), (3, 8, 8), CPU)
-    loader = lambda rank, p=pipeline: InMemoryLoader(x, y, p, CPU, 8, rank, 2, seed=3)  # noqa: E731
+    loader = lambda rank, p=pipeline: InMemoryLoader(x, y, p, DataShare(rank, 2, CPU, 8), seed=3)  # noqa: E731
     first, again = _epoch_batches(loader(0), 0), _epoch_batches(loader(0), 0)
     assert all(torch.equal(a, b) for a, b in zip(first, again)), "same seed, same crops"
     unaugmented = _epoch_batches(loader(0, plain), 0)
@@ -77,11 +80,32 @@ def test_augmentation_is_repeatable_and_differs_per_rank_and_epoch_and_on_resume
     assert all(a.shape == b.shape for a, b in zip(first, unaugmented))
     assert not all(torch.equal(a, b) for a, b in zip(first, _epoch_batches(loader(0), 1))), "differs per epoch"
     # rank 1 gets other samples anyway; the same samples under rank 1's generator must crop differently
-    shifted = InMemoryLoader(x, y, pipeline, CPU, 8, 1, 2, seed=3)
+    shifted = InMemoryLoader(x, y, pipeline, DataShare(1, 2, CPU, 8), seed=3)
     shifted.set_epoch(0)
     resumed = list(shifted.iterate(2))
     assert len(resumed) == len(_epoch_batches(loader(1), 0)) - 2
     assert all(torch.equal(a, b) for (a, _), b in zip(resumed, _epoch_batches(loader(1), 0)[2:])), "resume repeats"
+
+
+def test_a_split_read_by_index_gives_an_epochs_steps_from_the_step_a_run_resumes_at_counted_in_samples():
+    """The StepSource of the map-style loaders (framework/data/source.py): grad_accum micro-batches a step, the
+    epoch's last step marked, the epoch's samples over every rank counted in global batches (the position a
+    checkpoint records), and nothing after the last step."""
+    x, y = _pixels()
+    pipeline = BatchPipeline(Normalization(1 / 255, (0.5,), (0.25,)), (1, 8, 8), CPU)
+    for loader in (InMemoryLoader(x, y, pipeline, DataShare(1, 2, CPU, 8, grad_accum=2), seed=5),
+                   DataLoaderLoader(TensorDataset(x, y), pipeline, DataShare(1, 2, CPU, 8, grad_accum=2), seed=5)):
+        assert loader.steps_per_epoch == 3  # 50 samples of rank 1's shard: 6 micro-batches of 8
+        whole = _epoch_batches(loader, 1)
+        shares = loader.shares(1, 1)  # epoch 1, its first step done
+        assert loader.state().samples == 32
+        taken = []
+        for share in shares:
+            taken += [xb for xb, _ in itertools.islice(share.batches, share.real)]
+            assert (share.real, share.samples, share.scale) == (2, 32, None)
+            assert share.last == (loader.state().samples == 96)
+        assert len(taken) == 4 and all(torch.equal(a, b) for a, b in zip(taken, whole[2:]))
+        assert loader.state().samples == 96 and loader.state().records is None
 
 
 def test_generators_differ_per_rank_for_the_same_batch():
@@ -114,7 +138,7 @@ def test_evaluation_batches_cover_the_test_split_once_and_are_never_augmented():
         seen = []
         counts = []
         for rank in (0, 1):
-            batches = list(eval_batches(dataset, pipeline, CPU, 8, rank, 2))
+            batches = list(eval_batches(dataset, DataShare(rank, 2, CPU, 8), pipeline))
             counts.append(len(batches))
             seen += [(xb, yb) for xb, yb in batches]
         assert counts[0] == counts[1], "every rank runs the same number of evaluation batches"
@@ -143,8 +167,8 @@ def test_a_split_kept_in_cpu_memory_gives_the_gpu_the_same_batches():
     gpu = torch.device("cuda", torch.cuda.current_device())
     pipeline = BatchPipeline(Normalization(1 / 255, (0.5,), (0.25,)), (1, 8, 8), gpu,
                              augment=RandomCropFlip(padding=2))
-    on_gpu = InMemoryLoader(x, y, pipeline, gpu, 8, 1, 2, seed=5)
-    in_cpu_memory = InMemoryLoader(x, y, pipeline, gpu, 8, 1, 2, seed=5, home=CPU)
+    on_gpu = InMemoryLoader(x, y, pipeline, DataShare(1, 2, gpu, 8), seed=5)
+    in_cpu_memory = InMemoryLoader(x, y, pipeline, DataShare(1, 2, gpu, 8), seed=5, home=CPU)
     assert on_gpu.x.device == gpu and in_cpu_memory.x.device == CPU
     for (xa, ya), (xb, yb) in zip(on_gpu, in_cpu_memory, strict=True):
         assert xb.device == yb.device == gpu and torch.equal(xa, xb) and torch.equal(ya, yb)

@@ -3,18 +3,23 @@ repository; a heading by GitHub's anchor rules), and every `python train.py|eval
 a fenced code block composes with Hydra's compose API, as `--cfg job` would (in-process, through conftest's
 composed()): a renamed group option, key or preset fails here. A sweep's values are composed each (one composition
 per value, not their product); a placeholder such as `ckpt_path=<run>` stands for a run folder that does not exist
-here, so its value is a dummy and the rest of the line is composed."""
+here, so its value is a dummy and the rest of the line is composed. Every training command (train.py, hydra-dist) also
+passes every check its driver makes before a worker would start (support.driver.driver_says: Hydra's composition as
+the command line gives it, the strategy chosen for this machine, every value, the data and a dry run of the model),
+each job of a sweep on its own, on the CPU as every test is."""
 from __future__ import annotations
 
 import functools
 import re
 import shlex
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from support.driver import composed
+from support.driver import composed, driver_says
 from support.processes import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -166,3 +171,43 @@ def test_every_documented_command_composes(page, line):
     config, overrides, config_dir = command_of(line)
     for overrides_now in compositions(overrides):
         composes(config, tuple(overrides_now), config_dir)
+
+
+TRAINING = [(page, line) for page, line in COMMANDS if command_of(line)[0] == "config"]
+
+
+def runs_of(line: str) -> list[list[str]]:
+    """The overrides of each run a training command starts: its own, or with -m each job of its sweep (a value list
+    without -m is Hydra's to refuse, as the command line would)."""
+    words = shlex.split(re.sub(r"<[^>]*>", "placeholder", line), comments=True)
+    overrides = command_of(line)[1]
+    return compositions(overrides) if {"-m", "--multirun"} & set(words) else [overrides]
+
+
+def python_path_of(line: str) -> list[Path]:
+    """The folders a command puts on PYTHONPATH (`PYTHONPATH=examples/my_project python train.py ...`)."""
+    words = shlex.split(line, comments=True)
+    return [REPO / folder for word in words[:next(i for i, w in enumerate(words) if "=" not in w)]
+            if word.startswith("PYTHONPATH=") for folder in word.split("=", 1)[1].split(":")]
+
+
+@functools.lru_cache(maxsize=None)
+def driver_verdict(overrides: tuple[str, ...], config_dir: Path | None, python_path: tuple[Path, ...]) -> str:
+    """What the driver says of one run (each distinct run once: the pages repeat commands), in a fresh folder."""
+    sys.path[:0] = map(str, python_path)
+    try:
+        with tempfile.TemporaryDirectory() as run_dir:
+            return driver_says(list(overrides), Path(run_dir), config_dir)
+    finally:
+        del sys.path[:len(python_path)]
+        for name in [n for n in sys.modules if n == "mypkg" or n.startswith("mypkg.")]:
+            del sys.modules[name]  # each command imports the user's package from its own PYTHONPATH
+
+
+@pytest.mark.parametrize("page,line", TRAINING, ids=[f"{p.relative_to(REPO)}:{i}" for i, (p, _) in
+                                                     enumerate(TRAINING)])
+def test_every_documented_training_command_passes_the_drivers_checks(page, line):
+    _, _, config_dir = command_of(line)
+    for overrides in runs_of(line):
+        said = driver_verdict(tuple(overrides), config_dir, tuple(python_path_of(line)))
+        assert said == "", f"{page.relative_to(REPO)}: {line}\n  refused: {said}"

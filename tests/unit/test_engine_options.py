@@ -1,7 +1,7 @@
 """The engines' own options, in this process: what the driver refuses for fsdp, deepspeed and horovod (one line each,
 before any worker starts: support.driver.driver_says; a refusal as a real process is tests/runs/test_refusals.py's),
-DeepSpeed's precision section, the arithmetic of the every-GPU runs, and a missing engine's one line. Their runs:
-tests/engines/."""
+DeepSpeed's precision section, the arithmetic of the every-GPU runs, and a missing engine's one line (as a real
+process with the engine hidden: tests/runs/test_refusals.py). Their runs: tests/engines/."""
 import sys
 
 import pytest

@@ -8,7 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework.common.errors import ConfigError
-from framework.session.environment import HOROVOD, Ranks, ranks, take_local_rank_argument
+from framework.session.environment import HOROVOD, Ranks, _ranks, take_local_rank_argument
 from support.driver import composed, driver_says
 from support.processes import TINY
 
@@ -23,9 +23,9 @@ def _ranks_adopted(monkeypatch, env: dict) -> list[str]:
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    ranks.cache_clear()
-    adopted = ranks() is not None
-    ranks.cache_clear()
+    _ranks.cache_clear()
+    adopted = _ranks() is not None
+    _ranks.cache_clear()
     return [str(adopted), *(str(os.environ.get(k)) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                                "MASTER_PORT"))]
 
@@ -94,7 +94,8 @@ def test_a_strategy_for_other_workers_is_refused_under_horovodrun(tmp_path, args
 
 
 def test_the_local_rank_argument_is_taken_out_in_every_spelling(monkeypatch):
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "")  # put back as it was (absent or not) when the test ends: the call sets it
+    monkeypatch.delenv("LOCAL_RANK")
     assert take_local_rank_argument(["--local-rank=1", "strategy=ddp"]) == ["strategy=ddp"]
     assert os.environ["LOCAL_RANK"] == "1"
     assert take_local_rank_argument(["a=1", "--local_rank", "0", "b=2"]) == ["a=1", "b=2"]

@@ -128,3 +128,137 @@ def test_each_layer_names_modules_that_exist(layer):
 def test_the_package_root_holds_only_a_few_modules():
     root = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert len(root) <= ROOT_MODULES_AT_MOST, root
+
+
+# ---- the launch situation: read once, in framework/session/, and handed down ------------------------------------
+
+SESSION = "framework.session"
+# What session/ reads a process's launch situation with: nothing else imports them (the ranks are handed in)
+SESSION_READERS = {"_ranks", "ranks", "read_ranks", "adopt_scheduler_ranks", "started_by_submitit", "situation"}
+# The variables session/ reads (torchrun's, the elastic agent's, SLURM's and submitit's, horovodrun's), and the
+# prefixes of launchers' families; outside session/ no module reads one from os.environ
+LAUNCHER_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                      "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SUBMITIT_EXECUTOR", "TORCHELASTIC_RESTART_COUNT",
+                      "TORCHELASTIC_USE_AGENT_STORE"}
+LAUNCHER_PREFIXES = ("SLURM_", "SUBMITIT_", "HOROVOD_", "OMPI_", "PMI_", "TORCHELASTIC_")
+# Where a process asks session/ how it started, once each: every command's entry (train.py's twice: its front door
+# before Hydra composes, which a rank > 0 never passes, and its job, which Hydra's launcher may run in another
+# process: a joblib pool worker, a submitit task) and the first function of a worker that hydra-dist's starters start
+ASKS_ONCE = {
+    "detect": {"framework.cli._main", "framework.run.run", "framework.evaluate.evaluate_command",
+               "framework.verify.command.verify_command", "framework.devices.main"},
+    "worker_ranks": {"framework.launch.elastic._worker", "framework.launch.horovod_runner.run_worker"},
+}
+
+
+def outside_session():
+    return {name: path for name, path in MODULES.items() if not (name == SESSION or name.startswith(SESSION + "."))}
+
+
+def test_no_module_outside_session_imports_its_readers_or_hydras_run_mode():
+    found = []
+    for name, path in outside_session().items():
+        for node, _ in imports_of(path):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(SESSION):
+                found += [f"{name}: {a.name} from {node.module}" for a in node.names if a.name in SESSION_READERS]
+            if isinstance(node, ast.ImportFrom) and node.module == "hydra.types":
+                found += [f"{name}: hydra.types.{a.name}" for a in node.names if a.name == "RunMode"]
+    assert not found, "\n".join(found)
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """A module's top-level names bound to a string."""
+    return {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _is_os_environ(node) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+            and node.value.id == "os")
+
+
+def environment_reads(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, variable) of every os.environ[...] read, os.environ.get/pop(...), os.getenv(...) and `... in
+    os.environ` whose variable is a string (or a module constant holding one)."""
+    constants = _constants(tree)
+
+    def name_of(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return constants.get(node.id) if isinstance(node, ast.Name) else None
+
+    reads = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_os_environ(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if (f.attr in ("get", "pop") and _is_os_environ(f.value)) or (
+                    f.attr == "getenv" and isinstance(f.value, ast.Name) and f.value.id == "os"):
+                key = node.args[0]
+        elif isinstance(node, ast.Compare) and any(_is_os_environ(c) for c in node.comparators):
+            key = node.left
+        if key is not None and name_of(key) is not None:
+            reads.append((node.lineno, name_of(key)))
+    return reads
+
+
+def is_launcher_variable(name: str) -> bool:
+    return name in LAUNCHER_VARIABLES or name.startswith(LAUNCHER_PREFIXES)
+
+
+def test_no_module_outside_session_reads_a_launchers_environment():
+    found = [f"{path.relative_to(REPO)}:{line}: {variable}" for path in outside_session().values()
+             for line, variable in environment_reads(ast.parse(path.read_text())) if is_launcher_variable(variable)]
+    assert not found, "\n".join(found)
+
+
+def test_the_launcher_variables_are_the_ones_session_reads():
+    """The list above is true: session/ reads each of them itself, so a launcher it learns of joins the list here."""
+    read = {variable for name, path in MODULES.items() if name.startswith(SESSION)
+            for _, variable in environment_reads(ast.parse(path.read_text()))}
+    source = "".join(path.read_text() for name, path in MODULES.items() if name.startswith(SESSION))
+    assert {v for v in read if v not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")} <= LAUNCHER_VARIABLES
+    assert all(f'"{v}"' in source for v in LAUNCHER_VARIABLES)
+
+
+def _called(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def callers(tree: ast.Module, names) -> list[tuple[str, str]]:
+    """(name, the innermost function around the call, or <module>) for every call of one of these names."""
+    found = []
+
+    def visit(node, where):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and _called(child) in names:
+                found.append((_called(child), where))
+            visit(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where)
+
+    visit(tree, "<module>")
+    return found
+
+
+SITUATIONS = ("Session", "Direct", "OuterRank0", "SweepUnderRanks", "SweepJob", "SchedulerRank0", "PoolJob", "Follower")
+
+
+def test_each_command_asks_how_it_started_once_and_nothing_else_asks():
+    """detect() at each command's entry, worker_ranks() where a started worker begins: once each, nowhere else (the
+    Ranks they answer are handed to the strategy, its starter and group). A command with no job of a session ends
+    with refuse(exc), never with a session of its own making (Direct().fail)."""
+    asked = {reader: {} for reader in ASKS_ONCE}
+    made = []
+    for name, path in outside_session().items():
+        for called, where in callers(ast.parse(path.read_text()), {*ASKS_ONCE, *SITUATIONS}):
+            if called in ASKS_ONCE:
+                asked[called][f"{name}.{where}"] = asked[called].get(f"{name}.{where}", 0) + 1
+            else:
+                made.append(f"{name}.{where}: {called}(...)")
+    expected = {reader: dict.fromkeys(where, 1) for reader, where in ASKS_ONCE.items()}
+    assert asked == expected, f"asked {asked}, expected {expected}"
+    assert not made, "\n".join(made)

@@ -2,6 +2,7 @@
 FLOPs counted by hand, the GPUs' peaks, the wait clock, the slow_rank fault's parsing, a bad straggler threshold.
 Real runs with one rank slowed: tests/runs/test_per_gpu_metrics.py."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -207,21 +208,25 @@ def test_slow_rank_fault_is_parsed_with_seconds_and_refuses_a_bad_value(monkeypa
     assert planned_faults("slow_rank:0.05:1") == []
 
 
-def test_wait_clock_counts_only_from_the_last_start_to_stop_and_resets():
-    import time
+def test_wait_clock_counts_only_from_the_last_start_to_stop_and_resets(monkeypatch):
+    """On a clock the test moves (the perf_counter the CPU clock reads): which intervals count, not how long the
+    machine took to wake a sleeping thread."""
+    from framework.telemetry import wait_clock
 
-    from framework.telemetry.wait_clock import WaitClock
-
-    clock = WaitClock(torch.device("cpu"))
+    now = [100.0]
+    monkeypatch.setattr(wait_clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    clock = wait_clock.WaitClock(torch.device("cpu"))
     clock.start()
-    time.sleep(0.05)  # own work: a later start() (the next bucket) moves the mark past it
+    now[0] += 0.5  # own work: a later start() (the next bucket) moves the mark past it
     clock.start()
-    time.sleep(0.02)
+    now[0] += 0.25
     clock.stop()
+    now[0] += 1.0
     clock.stop()  # no start pending: nothing added
     with clock.blocking():
-        time.sleep(0.02)
-    assert 0.04 <= clock.read() < 0.065
+        now[0] += 0.125
+    now[0] += 2.0  # after the block: not waiting
+    assert clock.read() == 0.375
     clock.reset()
     assert clock.read() == 0.0
 

@@ -21,8 +21,8 @@ from framework.launch.elastic import WorkersFailed
 from framework.results.result_file import write_result
 from framework.run import run
 from framework.session import situations
-from framework.session.detect import situation, sweep_driver
-from framework.session.environment import HOROVOD, TORCH, Ranks, ranks, read_ranks
+from framework.session.detect import situation, sweep_driver, worker_ranks
+from framework.session.environment import HOROVOD, TORCH, Ranks, _ranks, read_ranks
 from framework.session.situations import (
     Direct,
     Follower,
@@ -81,9 +81,20 @@ def test_the_environment_says_whose_ranks_these_are():
 def test_a_process_reads_its_ranks_once(monkeypatch):
     for name, value in TORCHRUN.items():
         monkeypatch.setenv(name, value)
-    first = ranks()
+    first = _ranks()
     monkeypatch.setenv("RANK", "1")  # whatever changes later, the process is what it was started as
-    assert ranks() is first and first.rank == 0
+    assert _ranks() is first and first.rank == 0
+
+
+def test_a_started_worker_is_handed_the_ranks_its_starter_left_and_none_is_an_error(monkeypatch):
+    for name in [*TORCHRUN, "SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", *HOROVODRUN]:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="its starter left no ranks"):
+        worker_ranks()
+    _ranks.cache_clear()  # a process reads its ranks once; this test plays another process
+    for name, value in HOROVODRUN.items():
+        monkeypatch.setenv(name, value)
+    assert worker_ranks() == Ranks(HOROVOD, 1, 1, 2, 2)
 
 
 @pytest.mark.parametrize("mode,launcher,outer,expected", [
@@ -103,6 +114,7 @@ def test_each_way_of_starting_is_one_situation(tmp_path, mode, launcher, outer, 
     assert session.follows == (expected is Follower)
     assert session.leads == (expected in (OuterRank0, SchedulerRank0, SweepUnderRanks))
     assert session.in_sweep == (expected in (SweepJob, PoolJob, SchedulerRank0))
+    assert session.multirun == (mode == "multirun")  # what verify.py refuses, without reading Hydra's mode itself
     if expected is PoolJob:
         assert session.n_jobs == 2
     if expected is not Follower:
@@ -371,6 +383,22 @@ def test_a_value_hydra_refuses_under_torchrun_is_said_once_and_told_to_the_other
     assert not (tmp_path / "outputs").exists()
 
 
+def test_an_output_folder_that_cannot_be_made_under_torchrun_is_said_once_and_told_to_the_other_ranks(
+        tmp_path, monkeypatch, capsys, told):
+    """The run folder is claimed inside Hydra's callbacks, where Hydra only warns about an exception: the refusal
+    reaches the command, whose session says it and tells the ranks that wait for rank 0."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", "hydra.run.dir=/proc/no/such/run"])
+    monkeypatch.setattr(cli, "detect", lambda: situation(None, RANK0))
+    with pytest.raises(SystemExit) as ended:
+        cli._main()
+    assert ended.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: hydra.run.dir=/proc/no/such/run is not allowed: the output folder cannot be "
+                           "created or written"), line
+    assert told == [{"refusal": line.removeprefix("error: ")}]
+
+
 # ---- eval.py and sample.py: direct runs, refused like train.py ------------------------------------------------
 
 @pytest.mark.parametrize("command,argv,said", [
@@ -378,6 +406,8 @@ def test_a_value_hydra_refuses_under_torchrun_is_said_once_and_told_to_the_other
     ("eval_main", ["eval.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),
     ("sample_main", ["sample.py", "ckpt_path=no/such/run"], "error: ckpt_path=no/such/run is not allowed: no such"),
     ("sample_main", ["sample.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),
+    ("eval_main", ["eval.py", "ckpt_path=x", "hydra.run.dir=/proc/no/such/run"],
+     "error: hydra.run.dir=/proc/no/such/run is not allowed: the output folder cannot be created or written"),
 ])
 def test_eval_and_sample_refusals_exit_2_with_one_line(tmp_path, monkeypatch, capsys, command, argv, said):
     monkeypatch.chdir(tmp_path)

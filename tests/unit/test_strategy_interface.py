@@ -45,7 +45,19 @@ def test_an_engine_that_forgets_join_or_parallelize_cannot_be_built():
             return LocalGroup(torch.device("cpu"))
 
     with pytest.raises(TypeError, match="parallelize"):
-        Forgetful(None, None, InProcess("1 process"))
+        Forgetful(None, None, InProcess("1 process", None))
+
+
+def test_a_strategy_counts_the_ranks_it_is_handed_not_the_environment():
+    """Under a launcher the counts are the ranks' (handed in by the session), else the strategy's own."""
+    from framework.session.environment import HOROVOD, TORCH, Ranks
+
+    ddp = strategy_for("strategy=ddp", ranks=Ranks(TORCH, 3, 1, 8, 4))
+    assert (ddp.starter.processes(), ddp.starter.nproc_per_node(), ddp.starter.ranks.rank) == (8, 4, 3)
+    assert strategy_for("strategy=ddp").starter.processes() == 2  # its own CPU workers
+    hvd = strategy_for("strategy=horovod", ranks=Ranks(HOROVOD, 1, 1, 6, 3))
+    assert hvd.starter.under_horovodrun() and (hvd.starter.processes(), hvd.starter.local_workers()) == (6, 3)
+    assert not strategy_for("strategy=horovod").starter.under_horovodrun()
 
 
 def test_a_process_group_that_forgets_a_collective_cannot_be_built():

@@ -60,3 +60,25 @@ def test_a_finished_job_of_another_config_is_refused_not_overwritten(tmp_path):
     assert finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 12}}))["test_acc"] == 0.5
     with pytest.raises(ConfigError, match=r"0_seed=1 finished there with another config \(trainer.max_steps differ\)"):
         finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 20}}))
+
+
+def test_a_failed_jobs_row_says_why_from_its_train_log(tmp_path):
+    """The reason the run noted in its folder (framework/results/failure_note.py); a job that noted none says where
+    to look. The markdown cell keeps a '|' of the reason from ending it."""
+    from framework.results.failure_note import note_failure
+    from framework.results.sweep_summary import write_summary
+
+    for number, name in enumerate(["0_seed=1", "1_seed=2", "2_seed=3"]):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- trainer.seed={number + 1}\n")
+        (tmp_path / name / ".hydra" / "hydra.yaml").write_text(f"hydra:\n  job:\n    num: {number}\n")
+    write_result(tmp_path / "0_seed=1", {"job": 0, "overrides": ["trainer.seed=1"], "objective": "loss",
+                                         "test_loss": 1.0, "train_loss": 1.0, "samples_per_sec": 10.0,
+                                         "per_rank_samples_per_sec": [10.0], "metrics": []})
+    note_failure(tmp_path / "1_seed=2", "an earlier reason")
+    note_failure(tmp_path / "1_seed=2", "strategy.tp=2 is not allowed for LeNet: a | b\n(second line)")
+    markdown = write_summary(tmp_path)
+    rows = markdown.splitlines()[2:]
+    assert rows[0].endswith("|  |")
+    assert rows[1].endswith("| strategy.tp=2 is not allowed for LeNet: a \\| b (second line) |")
+    assert rows[2].endswith(f"| no reason noted: see {tmp_path / '2_seed=3'}/train.log |")

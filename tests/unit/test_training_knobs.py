@@ -438,7 +438,7 @@ def _eval(ckpt, tmp_path, *overrides):
     given = [f"ckpt_path={ckpt}", "strategy=single", "trainer.accelerator=cpu", *overrides]
     with initialize_config_dir(config_dir=str(REPO / "conf"), **version_base()):
         cfg = compose("eval", overrides=given)
-    return _evaluate(cfg, out, given)
+    return _evaluate(cfg, out, given, None)  # a direct run: nobody started this process as one of several
 
 
 def test_eval_and_load_model_refuse_a_run_folders_target_outside_the_allowlist(tmp_path, outside_package):

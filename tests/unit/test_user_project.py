@@ -23,6 +23,14 @@ def not_a_dataset(train: bool = True):
 
 def no_pairs(train: bool = True):
     return [1, 2, 3]
+
+
+from mypkg.strategies import AnnouncingDDP
+
+
+class WrittenBeforeRanks(AnnouncingDDP):
+    def __init__(self, options, trainer):  # a strategy written before hydra-dist handed it its ranks
+        super().__init__(options, trainer, None)
 '''
 COMMON = ["trainer.epochs=3", "trainer.batch_size=32", "trainer.log_every_n_steps=4", "optimizer=sgd",
           "optimizer.lr=0.05", "lr_schedule=constant", "model=mlp"]
@@ -54,7 +62,9 @@ BAD = {
     "model_cannot_take_input": (["dataset=blobs", "model=lenet"],
                                 "model=lenet needs image input (channels, height, width); the dataset gives shape (8,)"),
     "bad_constructor_argument": (["dataset=blobs", "+dataset.train.colour=red"],
-                                 "dataset.train._target_=mypkg.data.Blobs failed to build: TypeError"),
+                                 "dataset.train key colour comes from the command line (+dataset.train.colour=red), "
+                                 "and mypkg.data.Blobs does not take it (it takes: train, size, classes, dim, "
+                                 "label_offset); drop that override"),
     "unknown_objective": (["dataset=blobs", "trainer.objective=f1"],
                           "trainer.objective='f1' is not allowed: expected loss or a metric of this run (acc)"),
     "top_k_above_classes": (["dataset=blobs", "metrics=top5"],
@@ -68,6 +78,10 @@ BAD = {
                                 "framework.strategies.base.Strategy"),
     "own_strategy_option": (["dataset=blobs", "strategy=announcing_ddp", "strategy.banner=' '"],
                             "strategy.banner=' ' is not allowed: expected a non-empty string"),
+    "strategy_without_ranks": (["dataset=blobs", "strategy=announcing_ddp",
+                                "strategy._target_=mypkg.bad.WrittenBeforeRanks"],
+                               "strategy._target_=mypkg.bad.WrittenBeforeRanks is not allowed: its __init__ takes no "
+                               "`ranks`, and a strategy is built as WrittenBeforeRanks(options, trainer, ranks=...)"),
 }
 
 

@@ -3,7 +3,8 @@
 and join a torch.distributed group; parallelize() broadcasts rank 0's parameters, and before each optimizer step
 every gradient is averaged over the ranks, one all-reduce per parameter. One option of its own: every rank says
 `banner` once it has joined. Its options are a dataclass (the schema the driver types strategy.* with): the elastic
-launch options (nproc_per_node, backend, nnodes, timeout, ...) plus `banner`."""
+launch options (nproc_per_node, backend, nnodes, timeout, ...) plus `banner`. It is built with the ranks its process
+was started with (None where nobody did: the driver of a direct run), which its starter and its group take."""
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -39,12 +40,12 @@ class AnnouncingDDP(Strategy):
     Options = AnnouncingOptions
     outer_kinds = Elastic.outer_kinds  # the ranks torchrun and SLURM started are ours to train with too
 
-    def __init__(self, options: AnnouncingOptions, trainer):
+    def __init__(self, options: AnnouncingOptions, trainer, ranks):
         backend = ("nccl" if trainer.cuda else "gloo") if options.backend == "auto" else options.backend
-        super().__init__(options, trainer, Elastic(options, trainer.cuda, backend, trainer.log_all_ranks))
+        super().__init__(options, trainer, Elastic(options, trainer.cuda, backend, trainer.log_all_ranks, ranks))
 
     def join(self):
-        group = TorchGroup.join(self.starter.backend, self.trainer.cuda, self.options.timeout)
+        group = TorchGroup.join(self.starter.ranks, self.starter.backend, self.trainer.cuda, self.options.timeout)
         print(f"[{self.name}] rank {group.rank}/{group.world_size} joined: {self.options.banner}", flush=True)
         return group
 

@@ -19,7 +19,7 @@ from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first
-from framework.session.environment import ranks
+from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
@@ -52,12 +52,12 @@ class MeshStrategy(ElasticStrategy):
     gloo_shares_gpus = False  # the mesh's collectives run on CUDA tensors: nccl, one GPU per worker
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
-    def __init__(self, options: MeshOptions, trainer):
-        if options.nproc_per_node is None and not trainer.cuda and ranks() is None:
+    def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
+        if options.nproc_per_node is None and not trainer.cuda and ranks is None:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
-        super().__init__(options, trainer, DCP)
+        super().__init__(options, trainer, ranks, DCP)
 
     @staticmethod
     def _shape(o: MeshOptions) -> MeshShape:
@@ -161,13 +161,11 @@ class MeshStrategy(ElasticStrategy):
 
     def _check_stream(self, train) -> None:
         o = self.options
-        if not is_stream(train):
-            return
-        if o.pp > 1:
+        if o.pp > 1 and is_stream(train):
             raise ConfigError(f"strategy.pp={o.pp} is not allowed with a streaming dataset.train (an IterableDataset): "
                               "a stream's last micro-batches may be short, and a pipeline cuts each micro-batch into "
                               "equal microbatches; use a map-style dataset, or strategy.pp=1")
-        if shards_itself(train) and o.tp > 1:
+        if o.tp > 1 and shards_itself(train):
             raise ConfigError(f"strategy.tp={o.tp} is not allowed with a dataset.train that shards itself over ranks "
                               "(shards_itself, or a HuggingFace IterableDataset): tensor-parallel peers must read the "
                               "same batches, which the framework deals out by data-parallel rank; use a stream the "
@@ -182,7 +180,8 @@ class MeshStrategy(ElasticStrategy):
 
     # ---- the workers ----------------------------------------------------------------------------------------
     def join(self) -> ProcessGroup:
-        return MeshGroup.join_mesh(self.backend, self.trainer.cuda, self.options.timeout, self.shape)
+        o = self.options
+        return MeshGroup.join_mesh(self.starter.ranks, self.backend, self.trainer.cuda, o.timeout, self.shape)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
         o, shape, coords = self.options, self.shape, group.coords
