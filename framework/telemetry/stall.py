@@ -147,7 +147,7 @@ class StallWatchdog:
         """No rank the others wait for is moving or computing, or another rank already ended the run's stall."""
         if any(p.get("frame") for r, p in positions.items() if r != self.rank):
             return True
-        return not progressing_ranks(positions, self.timeout)
+        return not progressing_ranks(positions, self.timeout, time.time())
 
     def _write_position(self, position: dict) -> None:
         self.beats.mkdir(parents=True, exist_ok=True)  # the last rank out of an earlier stop() may have taken it
@@ -247,10 +247,17 @@ def behind_ranks(positions: dict[int, dict]) -> list[int]:
     return sorted(r for r, o in order.items() if o == earliest)
 
 
-def progressing_ranks(positions: dict[int, dict], timeout: float) -> list[int]:
-    """The ranks the others wait for that moved on within the timeout or were computing over the last window."""
-    return [r for r in behind_ranks(positions)
-            if positions[r]["idle"] < timeout or positions[r].get("computing")]
+def progressing_ranks(positions: dict[int, dict], timeout: float, now: float) -> list[int]:
+    """The ranks the others wait for that moved on within the timeout, or were computing when their watchdog last
+    wrote, less than half the timeout before `now` (time.time()). A rank whose watchdog went silent (its process
+    frozen, or a C call holding the GIL) counts as idle since its last position, and as computing no longer."""
+    progressing = []
+    for rank in behind_ranks(positions):
+        p = positions[rank]
+        age = max(0.0, now - p["time"])
+        if p["idle"] + age < timeout or (p.get("computing") and age < timeout / 2):
+            progressing.append(rank)
+    return progressing
 
 
 def stall_summary(positions: dict[int, dict], world_size: int, timeout: float, folder: Path, checkpoint) -> str:

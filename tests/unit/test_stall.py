@@ -70,6 +70,15 @@ def _block(stop: threading.Event) -> None:  # a lock, a queue, a socket: asleep
     stop.wait()
 
 
+def _asleep(thread: threading.Thread) -> None:
+    """Returns once the thread sleeps in its wait (a thread just started is runnable until it gets there)."""
+    stat = f"/proc/self/task/{thread.native_id}/stat"
+    deadline = time.monotonic() + 30
+    while open(stat).read().rpartition(")")[2].split()[0] != "S":
+        assert time.monotonic() < deadline, "the thread never blocked"
+        time.sleep(0.01)
+
+
 def _sampled(window: ActivityWindow, samples: int = 4):
     for _ in range(samples):
         window.sample(time.monotonic(), full=True)
@@ -81,6 +90,7 @@ def test_a_thread_that_computes_is_computing_and_one_that_blocks_is_waiting():
     with _thread(_compute) as thread:
         busy = _sampled(ActivityWindow(None, 10.0, thread))
     with _thread(_block) as thread:
+        _asleep(thread)
         blocked = _sampled(ActivityWindow(None, 10.0, thread))
     assert busy.computing and busy.runnable[0] >= 3, busy
     assert not blocked.computing and blocked.runnable == (0, 4) and blocked.cpu < 0.01, blocked
@@ -104,6 +114,7 @@ def test_on_a_gpu_a_kernel_in_flight_is_computing_asked_of_the_ranks_own_device(
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device: asked.append(device) or _Stream(state[0]))
     gpu = torch.device("cuda", 1)
     with _thread(_block) as thread:
+        _asleep(thread)
         in_flight = _sampled(ActivityWindow(gpu, 10.0, thread))
         state[0] = "idle"
         idle = _sampled(ActivityWindow(gpu, 10.0, thread))
@@ -169,8 +180,11 @@ def test_a_waiting_loop_whose_gpu_has_work_in_flight_is_slow(tmp_path, monkeypat
     assert not exits and any("GPU: a kernel in flight" in m for m in said), said
 
 
-def _at(step: int, phase: str, idle: float, computing: bool | None = None) -> dict:
-    position = {"step": step, "phase": phase, "idle": idle}
+NOW = 1000.0  # time.time() when rank 0 reads the positions
+
+
+def _at(step: int, phase: str, idle: float, computing: bool | None = None, written: float = NOW) -> dict:
+    position = {"step": step, "phase": phase, "idle": idle, "time": written}
     return position if computing is None else {**position, "computing": computing}
 
 
@@ -179,9 +193,14 @@ def _at(step: int, phase: str, idle: float, computing: bool | None = None) -> di
     ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 9, False)}, []),  # 1 stuck on its data
     ({0: _at(6, "compute", 9, True), 1: _at(5, "step_end", 9, False)}, []),  # computing ahead of a stuck rank
     ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 2)}, [1]),  # 1 moved on 2 s ago: not judged yet
+    # 1's watchdog went silent (a frozen process, a C call holding the GIL): idle since its last position, and its
+    # last verdict counts for less than half the timeout
+    ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 2, written=NOW - 7)}, []),
+    ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9, True, written=NOW - 3)}, [1]),
+    ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9, True, written=NOW - 5)}, []),
 ])
 def test_a_run_stalls_when_no_rank_the_others_wait_for_moves_or_computes(positions, progressing):
-    assert stall.progressing_ranks(positions, timeout=8) == progressing
+    assert stall.progressing_ranks(positions, timeout=8, now=NOW) == progressing
 
 
 def test_a_slow_batchs_speed_is_measured_from_the_ticks_that_saw_it():
