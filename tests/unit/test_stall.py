@@ -97,6 +97,22 @@ def test_a_thread_that_computes_is_computing_and_one_that_blocks_is_waiting():
     assert blocked.describe().startswith("0% CPU, runnable at 0 of 4 looks over the last ")
 
 
+def _spinning_collective():
+    """A function torch.distributed's file would hold, spinning as a CUDA sync spins while NCCL waits for a peer:
+    compiled under that file's name, so the window finds the thread inside torch.distributed's all_reduce."""
+    namespace = {}
+    exec(compile("def all_reduce(stop):\n    while not stop.is_set():\n        pass\n",
+                 os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py"), "exec"), namespace)
+    return namespace["all_reduce"]
+
+
+def test_a_thread_that_spins_inside_a_collective_is_waiting_not_computing():
+    with _thread(_spinning_collective()) as thread:
+        parked = _sampled(ActivityWindow(None, 10.0, thread))
+    assert parked.runnable[0] >= 3 and parked.collective == "all_reduce" and not parked.computing, parked
+    assert "inside torch.distributed's all_reduce" in parked.describe()
+
+
 class _Stream:
     def __init__(self, state: str):
         self.state = state
