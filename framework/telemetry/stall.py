@@ -248,14 +248,15 @@ def behind_ranks(positions: dict[int, dict]) -> list[int]:
 
 
 def progressing_ranks(positions: dict[int, dict], timeout: float, now: float) -> list[int]:
-    """The ranks the others wait for that moved on within the timeout, or were computing when their watchdog last
-    wrote, less than half the timeout before `now` (time.time()). A rank whose watchdog went silent (its process
-    frozen, or a C call holding the GIL) counts as idle since its last position, and as computing no longer."""
+    """The ranks the others wait for that moved on within the timeout, or that are past it but were computing when
+    their watchdog last wrote (or had not looked twice yet), less than half the timeout before `now` (time.time()).
+    A rank whose watchdog went silent (its process frozen, or a C call holding the GIL) counts as idle since its last
+    position, and as computing no longer."""
     progressing = []
     for rank in behind_ranks(positions):
         p = positions[rank]
         age = max(0.0, now - p["time"])
-        if p["idle"] + age < timeout or (p.get("computing") and age < timeout / 2):
+        if p["idle"] + age < timeout or (age < timeout / 2 and p.get("computing", True)):
             progressing.append(rank)
     return progressing
 

@@ -209,9 +209,11 @@ def _at(step: int, phase: str, idle: float, computing: bool | None = None, writt
     ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 9, False)}, []),  # 1 stuck on its data
     ({0: _at(6, "compute", 9, True), 1: _at(5, "step_end", 9, False)}, []),  # computing ahead of a stuck rank
     ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 2)}, [1]),  # 1 moved on 2 s ago: not judged yet
+    ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9)}, [1]),  # 1's watchdog has not looked twice yet
     # 1's watchdog went silent (a frozen process, a C call holding the GIL): idle since its last position, and its
     # last verdict counts for less than half the timeout
     ({0: _at(5, "compute", 9, False), 1: _at(5, "data", 2, written=NOW - 7)}, []),
+    ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9, written=NOW - 5)}, []),
     ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9, True, written=NOW - 3)}, [1]),
     ({0: _at(5, "compute", 9, False), 1: _at(5, "compute", 9, True, written=NOW - 5)}, []),
 ])
