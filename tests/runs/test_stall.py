@@ -74,6 +74,9 @@ def test_a_dataset_stuck_on_rank_1_is_named_with_the_users_line_and_the_run_ends
     [run_dir] = run_dirs(tmp_path)
     summary = _check_stall_named(proc, left, run_dir, 1, r"stalling\.py:\d+ in __getitem__", 0)
     assert "fetching its batch" in summary
+    # the watchdog looked before it ended the run: rank 1 waits (asleep in the read), it does not compute
+    assert re.search(r"stalling\.py:\d+ in __getitem__; waiting: \d+% CPU, runnable at \d+ of \d+ looks",
+                     summary), summary
     assert "stalling.py" in (run_dir / "stall" / "rank1.txt").read_text()
     assert re.search(r"waiting for rank 1 for \d+ s \(at step \d+, fetching its batch", proc.stdout), proc.stdout
     _check_last_checkpoint_loads(run_dir, summary)
@@ -112,6 +115,7 @@ def test_a_rank_in_a_collective_the_others_skip_is_named_with_its_line(tmp_path)
     [run_dir] = run_dirs(tmp_path)
     summary = _check_stall_named(proc, left, run_dir, 0, r"stalling\.py:\d+ in on_train_step_end", 1)
     assert "at step 5, ending the step" in summary, summary
+    assert re.search(r"on_train_step_end; waiting: .*, inside torch\.distributed's barrier", summary), summary
 
 
 # Rank 1's every forward spins on the CPU for 3 s (busy_model.py), longer than the 2 s timeout; 2
@@ -122,8 +126,8 @@ SLOW_RUN = ["--config-dir", str(EXAMPLE / "conf"), "strategy=ddp", "dataset=blob
             "model._target_=busy_model.BusyMLP", f"+model.busy_seconds={BUSY_S}", "trainer.batch_size=32",
             "trainer.max_steps=2", "trainer.log_every_n_steps=1", f"trainer.stall_timeout={SLOW_TIMEOUT}"]
 SLOW = (r"rank 1 is slow, not stalled: (?P<speed>.*?samples/s.*?), (?P<cpu>\d+)% CPU, runnable at \d+ of \d+ looks "
-        r"over the last [\d.]+ s, inside BusyMLP\.forward \(busy_model\.py:\d+\); at step (?P<step>\d+), (?P<doing>[^;]*?) "
-        r"for [\d.]+ s")
+        r"over the last [\d.]+ s, inside BusyMLP\.forward \(busy_model\.py:\d+\); at step (?P<step>\d+), "
+        r"(?P<doing>[^;]*?) for [\d.]+ s")
 
 
 def test_a_slow_but_busy_rank_is_called_slow_with_its_speed_and_the_run_goes_on(runs):

@@ -186,7 +186,8 @@ def test_past_the_timeout_a_loop_that_waits_is_stalled(tmp_path):
     said, exits = _watched_loop(tmp_path, _block, seconds=30)
     assert exits == [stall.EXIT_STALLED] and not said
     summary = (tmp_path / "stall" / "summary.txt").read_text()
-    assert re.search(r"rank 0 \(.*\) at step 1, forward/backward: .*; waiting: 0% CPU, runnable at 0 of \d+ looks", summary)
+    assert re.search(r"rank 0 \(.*\) at step 1, forward/backward: .*; waiting: 0% CPU, runnable at 0 of \d+ looks",
+                     summary), summary
 
 
 def test_a_waiting_loop_whose_gpu_has_work_in_flight_is_slow(tmp_path, monkeypatch):
