@@ -1,18 +1,21 @@
 """What a rank does while its loop shows no progress, for the stall watchdog (framework/telemetry/stall.py): whether
 it computes (a slow step) or waits (a stall), and how fast its batches go.
 
-Computing, over the last window: the loop's thread was runnable (state R in /proc/self/task/<tid>/stat: on a
-loaded machine a busy thread waits for a core in that state, and may get a few percent of one) at most samples, or
-used at least CPU_BUSY of a core (its own CPU clock, time.pthread_getcpuclockid: the process's other threads, gloo's,
-Horovod's and the loggers', do not count), or on a GPU the rank's default stream had work in flight
-(torch.cuda.Stream.query) at most samples. Waiting: none of these (a thread blocked on a lock, a queue, a socket or a
-stuck file system sleeps: state S or D, no CPU), or the loop's thread sat inside a torch.distributed (or Horovod) call
-at every sample of the window: there a CUDA sync may spin the CPU and an NCCL kernel stays in flight, and neither is
-work.
+Computing, over the last window: a thread of the rank's process other than the sampling one (the watchdog's) was
+runnable (state R in /proc/self/task/<tid>/stat: on a loaded machine a busy thread waits for a core in that state)
+at most samples, or those threads used at least CPU_BUSY of a core between them, or on a GPU the rank's default
+stream had work in flight (torch.cuda.Stream.query) at most samples. The whole process, not the loop's thread alone:
+torch's intra-op threads do a CPU forward's work, and on a machine with more threads than cores the loop's thread
+sleeps at their barrier while they wait for a core (a LeNet loop under a load of 12 on 2 cores showed its loop thread
+asleep at 3 of 3 samples, with no CPU, for 0.4 s). Waiting: none of these (threads blocked on a lock, a queue, a
+socket or a stuck file system sleep: state S or D, no CPU), or the loop's thread sat inside a torch.distributed (or
+Horovod) call at every sample of the window: there a CUDA sync may spin the CPU and an NCCL kernel stays in flight,
+and neither is work.
 
 What this cannot tell apart (docs/telemetry.md): on a GPU, an NCCL collective that did not block the thread (DDP's
 gradient all-reduce inside backward, FSDP's all-gathers) and waits for a peer is a kernel in flight like any other;
-a rank that computes forever (an endless loop) is never called stalled."""
+a rank that computes forever (an endless loop), or whose loop is stuck while another of its threads computes, is
+never called stalled."""
 from __future__ import annotations
 
 import os
@@ -26,7 +29,7 @@ import torch
 
 from framework.data.batches import batch_size
 
-CPU_BUSY = 0.10  # of one core over the window: a thread blocked in a wait uses none
+CPU_BUSY = 0.10  # of one core over the window: threads blocked in a wait use none
 IN_FLIGHT, IDLE = "a kernel in flight", "idle"
 BATCH_PHASES = ("compute", "evaluate")  # the heartbeat's phases that carry the batch being computed
 _COLLECTIVE_FILES = (os.path.join("torch", "distributed", "distributed_c10d.py"),
@@ -37,9 +40,9 @@ _TORCH = os.path.dirname(torch.__file__) + os.sep
 @dataclass(frozen=True)
 class Sample:
     wall: float  # time.monotonic()
-    cpu: float  # the thread's CPU seconds so far
+    cpu: float  # CPU seconds so far of the process's threads but the sampling one
     full: bool = False  # whether the rest was looked at
-    running: bool | None = None  # runnable (on a core or waiting for one); None without /proc
+    running: bool | None = None  # a thread but the sampling one runnable (on a core or waiting for one); None: no /proc
     where: str | None = None  # the innermost forward outside torch: "BusyNet.forward (busy.py:21)"
     collective: str | None = None  # the torch.distributed call the thread is in ("barrier")
     gpu: str | None = None  # IN_FLIGHT, IDLE, "no answer: ...", or None (not a GPU rank)
@@ -51,8 +54,8 @@ class Activity:
 
     computing: bool
     seconds: float
-    cpu: float  # share of one core
-    runnable: tuple[int, int] | None  # (samples where the thread was runnable, samples)
+    cpu: float  # share of one core (of the process's threads but the watchdog's: above 1 with intra-op threads)
+    runnable: tuple[int, int] | None  # (samples where a thread was runnable, samples)
     gpu: str | None
     where: str | None
     collective: str | None
@@ -70,21 +73,20 @@ class Activity:
 
 
 class ActivityWindow:
-    """Samples of one thread (the loop's; by default the one that builds it), kept for `seconds`; full samples (its
-    state and stack, the GPU) only when asked."""
+    """Samples of the rank's process, kept for `seconds`, taken by the thread that calls sample() (the watchdog's,
+    whose own work is left out); full samples (the threads' states, the loop's stack, the GPU) only when asked.
+    `thread`: the loop's (by default the one that builds the window), whose stack says where the rank is."""
 
     def __init__(self, device: torch.device | None, seconds: float, thread: threading.Thread | None = None):
         thread = thread or threading.current_thread()
         self.thread_id, self.device, self.seconds = thread.ident, device, seconds
-        self._clock = thread_cpu_clock(self.thread_id)
-        self._stat = f"/proc/self/task/{thread.native_id}/stat"
         self._samples: deque[Sample] = deque()
 
     def sample(self, now: float, full: bool) -> None:
-        cpu = self._clock()
+        cpu = others_cpu_seconds()
         if full:
             where, collective = self._where()
-            self._samples.append(Sample(now, cpu, True, self._running(), where, collective,
+            self._samples.append(Sample(now, cpu, True, a_thread_runnable(), where, collective,
                                         work_in_flight(self.device)))
         else:
             self._samples.append(Sample(now, cpu))
@@ -97,7 +99,7 @@ class ActivityWindow:
         if len(full) < 2:
             return None
         first, last = full[0], full[-1]
-        cpu = (last.cpu - first.cpu) / max(last.wall - first.wall, 1e-9)
+        cpu = max(0.0, last.cpu - first.cpu) / max(last.wall - first.wall, 1e-9)  # two clocks: not read at once
         states = [s.running for s in full if s.running is not None]
         runnable = (sum(states), len(states)) if states else None
         gpus = [s.gpu for s in full if s.gpu is not None]
@@ -107,13 +109,6 @@ class ActivityWindow:
         computing = not parked and (_most(states) or cpu >= CPU_BUSY or in_flight)
         return Activity(computing, last.wall - first.wall, cpu, runnable, gpu, last.where,
                         last.collective if parked else None)
-
-    def _running(self) -> bool | None:
-        try:
-            with open(self._stat) as f:
-                return f.read().rpartition(")")[2].split()[0] == "R"  # the name before it may hold spaces
-        except (OSError, IndexError):
-            return None
 
     def _where(self) -> tuple[str | None, str | None]:
         frame = sys._current_frames().get(self.thread_id)  # documented for debuggers: a blocked thread's stack
@@ -134,14 +129,28 @@ def _most(flags) -> bool:
     return 2 * sum(flags) > len(flags)
 
 
-def thread_cpu_clock(thread_id: int):
-    """A function returning the thread's CPU seconds; where the platform has no per-thread clock, the process's."""
+def others_cpu_seconds() -> float:
+    """CPU seconds so far of this process's threads but the calling one."""
+    return time.process_time() - time.thread_time()
+
+
+def a_thread_runnable() -> bool | None:
+    """Whether a thread of this process but the calling one is runnable now; None where there is no /proc."""
+    me = threading.get_native_id()
     try:
-        clock = time.pthread_getcpuclockid(thread_id)
-        time.clock_gettime(clock)
-    except (AttributeError, OSError):
-        return time.process_time
-    return lambda: time.clock_gettime(clock)
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        if task == str(me):
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "R":  # the name before it may hold spaces
+                    return True
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+    return False
 
 
 def work_in_flight(device: torch.device | None) -> str | None:
