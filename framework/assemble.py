@@ -165,7 +165,7 @@ def loop_telemetry(ctx: RunContext, wrapped: Wrapped, task: Task, micro_batch: i
                           share=group.dp_size / group.world_size,
                           traffic=gradient_traffic(wrapped, getattr(s.strategy, "compression", "none")))
     devices = per_gpu(group, wrapped, micro_batch, flops, s.trainer, has_convolutions(task.model), ctx.say)
-    return LoopTelemetry(meter, devices, Heartbeat(), clock)
+    return LoopTelemetry(meter, devices, Heartbeat(ctx.group.device), clock)
 
 
 def parallelize(ctx: RunContext, task: Task) -> Wrapped:

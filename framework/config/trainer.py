@@ -61,8 +61,8 @@ class TrainerConfig(Checked):
     # ...only once it did so at this many log boundaries in a row, and by at least straggler_min_gap_ms per step
     straggler_intervals: int = rule(2, at_least(1))
     straggler_min_gap_ms: float = rule(10.0, at_least_number(0))
-    # seconds without progress after which the run ends with every rank's stack (framework/telemetry/stall.py);
-    # null: no watchdog
+    # seconds without progress after which the run ends with every rank's stack, unless the ranks the others wait
+    # for are computing (slow, not stalled: framework/telemetry/stall.py); null: no watchdog
     stall_timeout: Optional[float] = rule(300.0, above(0))
     # [first, last]: torch.profiler traces of these steps on every rank, in <run folder>/profile/ (null: none)
     profile: Optional[List[int]] = rule(None, step_range())

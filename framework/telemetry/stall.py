@@ -1,6 +1,8 @@
-"""The stall watchdog (trainer.stall_timeout): when a rank has moved on for that long, every rank's Python stack goes
-to <run folder>/stall/rank<r>.txt, rank 0 names the rank(s) behind the others with their innermost frame in the
-user's code, and every worker ends (exit code EXIT_STALLED); the checkpoints written before stay.
+"""The stall watchdog (trainer.stall_timeout): when the ranks the others wait for have not moved on for that long
+and are not computing either (framework/telemetry/activity.py), every rank's Python stack goes to
+<run folder>/stall/rank<r>.txt, rank 0 names the rank(s) behind the others with their innermost frame in the user's
+code, and every worker ends (exit code EXIT_STALLED); the checkpoints written before stay. A rank past the timeout
+that computes is slow, not stalled: rank 0 says so with its speed, and the watchdog watches on.
 
 The process group is what hangs, so the ranks learn of each other through the run folder: a thread in every rank
 writes where its loop is (step, phase, seconds since it last moved) to <run folder>/.heartbeat/rank<r>.json every
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.session.exit import exit_now
+from framework.telemetry.activity import ActivityWindow, BatchSpeed, duration
 
 STALL_DIR, HEARTBEAT_DIR, SUMMARY = "stall", ".heartbeat", "summary.txt"
 _DRIVER_PID = "HYDRA_DIST_DRIVER_PID"
@@ -70,18 +73,22 @@ def watch_for_stalls(timeout: float | None, heartbeat: "Heartbeat", seat: StallS
 
 
 class Heartbeat:
-    """Where this rank's loop is; written by the main thread, read by the watchdog's."""
+    """Where this rank's loop is, and the batch it computes (in the compute and evaluate phases: what the watchdog
+    counts a slow batch's samples from); written by the loop's thread, read by the watchdog's. `device`: the rank's
+    (a GPU's work in flight counts as computing)."""
 
-    __slots__ = ("step", "phase", "since")
+    __slots__ = ("step", "phase", "since", "batch", "device")
 
-    def __init__(self):
-        self.step, self.phase, self.since = 0, "start", time.monotonic()
+    def __init__(self, device=None):
+        self.step, self.phase, self.since, self.batch, self.device = 0, "start", time.monotonic(), None, device
 
-    def beat(self, step: int, phase: str) -> None:
-        self.step, self.phase, self.since = step, phase, time.monotonic()
+    def beat(self, step: int, phase: str, batch=None) -> None:
+        self.step, self.phase, self.batch, self.since = step, phase, batch, time.monotonic()
 
 
 class StallWatchdog:
+    """Built in the loop's thread, which it watches."""
+
     def __init__(self, heartbeat: Heartbeat, seat: StallSeat, timeout: float, say, last_checkpoint, *,
                  prints_summary: bool, before_exit=None):
         run_dir, rank, world_size = seat.run_dir, seat.rank, seat.world_size
@@ -92,13 +99,19 @@ class StallWatchdog:
         self.host, self.pid = os.uname().nodename, os.getpid()
         self.tick = min(5.0, max(0.2, timeout / 20))
         self.warn_after = timeout / 3
+        # what a rank did over the last `window` s decides, at the timeout, whether it computes or waits
+        self.window = min(60.0, timeout / 2)
         self._stopped = threading.Event()
-        self._main = threading.main_thread().ident
+        self.activity = ActivityWindow(heartbeat.device, self.window)
+        self._main = self.activity.thread_id
+        self.speed = BatchSpeed()
         self._warned_at: tuple | None = None
+        self._said_slow: set[tuple] = set()
         self._thread = threading.Thread(target=self._watch, name="stall-watchdog", daemon=True)
 
     def start(self) -> "StallWatchdog":
         self.heartbeat.since = time.monotonic()  # the clock starts with the loop (not at a resume's loading)
+        (self.beats / f"rank{self.rank}.json").unlink(missing_ok=True)  # an earlier run's, stalled in this folder
         self._thread.start()
         return self
 
@@ -115,16 +128,37 @@ class StallWatchdog:
         # collective uninterrupted (workers outlived the agent's 30 s grace in about 1 of 7 stops)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1})
         while not self._stopped.wait(self.tick):
-            idle = time.monotonic() - self.heartbeat.since
-            self._write_position(self._position(idle))
-            if idle >= self.timeout:
-                self._end_stalled_run(idle)
-            if self.rank == 0 and idle >= self.warn_after:
-                self._warn_waiting(idle)
+            self._tick(time.monotonic())
 
-    def _position(self, idle: float) -> dict:
-        return {"rank": self.rank, "step": self.heartbeat.step, "phase": self.heartbeat.phase, "idle": idle,
-                "host": self.host, "pid": self.pid, "time": time.time()}
+    def _tick(self, now: float) -> None:
+        idle = now - self.heartbeat.since
+        self.speed.observe(self.heartbeat, now)
+        self.activity.sample(now, full=idle >= self.timeout - self.window)
+        position = self._position(idle, now)
+        self._write_position(position)
+        if idle < (self.warn_after if self.rank == 0 else self.timeout):
+            return
+        positions = {**self._positions(), self.rank: position}
+        if self.rank == 0:
+            self._say_slow(positions)
+            self._warn_waiting(idle, positions)
+        if idle >= self.timeout and "computing" in position and self._stalled(positions):
+            self._end_stalled_run(idle, position)
+
+    def _position(self, idle: float, now: float) -> dict:
+        position = {"rank": self.rank, "step": self.heartbeat.step, "phase": self.heartbeat.phase, "idle": idle,
+                    "host": self.host, "pid": self.pid, "time": time.time()}
+        activity = self.activity.verdict() if idle >= self.timeout else None
+        if activity is not None:
+            position.update(computing=activity.computing, activity=activity.describe(),
+                            speed=self.speed.describe(now))
+        return position
+
+    def _stalled(self, positions: dict[int, dict]) -> bool:
+        """No rank the others wait for is moving or computing, or another rank already ended the run's stall."""
+        if any(p.get("frame") for r, p in positions.items() if r != self.rank):
+            return True
+        return not progressing_ranks(positions, self.timeout, time.time())
 
     def _write_position(self, position: dict) -> None:
         self.beats.mkdir(parents=True, exist_ok=True)  # the last rank out of an earlier stop() may have taken it
@@ -139,8 +173,20 @@ class StallWatchdog:
                 pass
         return found
 
-    def _warn_waiting(self, idle: float) -> None:
-        positions = self._positions()
+    def _say_slow(self, positions: dict[int, dict]) -> None:
+        """Rank 0: each rank the others wait for that is past the timeout but computing, once per timeout."""
+        for rank in behind_ranks(positions):
+            p = positions[rank]
+            key = (rank, p["step"], p["phase"], int(p["idle"] // self.timeout))
+            if not p.get("computing") or key in self._said_slow:
+                continue
+            self._said_slow.add(key)
+            speed = f"{p['speed']}, " if p.get("speed") else ""
+            self.say(f"rank {rank} is slow, not stalled: {speed}{p['activity']}; at step {p['step']}, "
+                     f"{DOING.get(p['phase'], p['phase'])} for {duration(p['idle'])} (trainer.stall_timeout="
+                     f"{self.timeout:g} s ends a run whose ranks wait, not one that computes)")
+
+    def _warn_waiting(self, idle: float, positions: dict[int, dict]) -> None:
         behind = behind_ranks(positions)
         if not behind or len(behind) == len(positions) or self._warned_at == _key(positions, behind):
             return
@@ -148,15 +194,16 @@ class StallWatchdog:
         first = positions[behind[0]]
         self.say(f"waiting for rank {_ranks(behind)} for {idle:.0f} s (at step {first['step']}, "
                  f"{DOING.get(first['phase'], first['phase'])}); the run ends at trainer.stall_timeout="
-                 f"{self.timeout:g} s")
+                 f"{self.timeout:g} s unless it is computing")
 
-    def _end_stalled_run(self, idle: float) -> None:
+    def _end_stalled_run(self, idle: float, position: dict | None = None) -> None:
         stack, frame = self._stack()
         self.stall.mkdir(parents=True, exist_ok=True)
-        position = {**self._position(idle), "frame": frame}
+        position = {**(position or self._position(idle, time.monotonic())), "frame": frame}
         (self.stall / f"rank{self.rank}.txt").write_text(
             f"rank {self.rank} on {self.host} (pid {self.pid}): step {position['step']}, "
-            f"{DOING.get(position['phase'], position['phase'])}, no progress for {idle:.0f} s\n\n{stack}")
+            f"{DOING.get(position['phase'], position['phase'])}, no progress for {idle:.0f} s"
+            f"{_doing(position)}\n\n{stack}")
         self._write_position(position)
         for child in multiprocessing.active_children():  # DataLoader workers, maybe blocked in the same read: they
             child.kill()  # go first, so that no launcher's stop can leave them behind
@@ -211,6 +258,20 @@ def behind_ranks(positions: dict[int, dict]) -> list[int]:
     return sorted(r for r, o in order.items() if o == earliest)
 
 
+def progressing_ranks(positions: dict[int, dict], timeout: float, now: float) -> list[int]:
+    """The ranks the others wait for that moved on within the timeout, or that are past it but were computing when
+    their watchdog last wrote (or had not looked twice yet), less than half the timeout before `now` (time.time()).
+    A rank whose watchdog went silent (its process frozen, or a C call holding the GIL) counts as idle since its last
+    position, and as computing no longer."""
+    progressing = []
+    for rank in behind_ranks(positions):
+        p = positions[rank]
+        age = max(0.0, now - p["time"])
+        if p["idle"] + age < timeout or (age < timeout / 2 and p.get("computing", True)):
+            progressing.append(rank)
+    return progressing
+
+
 def stall_summary(positions: dict[int, dict], world_size: int, timeout: float, folder: Path, checkpoint) -> str:
     behind = behind_ranks(positions)
     lines = [f"the run stalled: no progress for trainer.stall_timeout={timeout:g} s"]
@@ -223,7 +284,7 @@ def stall_summary(positions: dict[int, dict], world_size: int, timeout: float, f
         p = positions[rank]
         role = "" if len(behind) == len(positions) or rank in behind else "waiting: "
         lines.append(f"  {role}rank {rank} ({p['host']}, pid {p['pid']}) at step {p['step']}, "
-                     f"{DOING.get(p['phase'], p['phase'])}: {p.get('frame', 'no stack written')}")
+                     f"{DOING.get(p['phase'], p['phase'])}: {p.get('frame', 'no stack written')}{_doing(p)}")
     missing = sorted(set(range(world_size)) - set(positions))
     if missing:
         lines.append(f"  rank {_ranks(missing)}: no position written (on another node without this run folder?)")
@@ -239,6 +300,13 @@ def stall_report(run_dir: Path, since: float) -> str | None:
         return path.read_text() if path.stat().st_mtime >= since else None
     except OSError:
         return None
+
+
+def _doing(position: dict) -> str:
+    """What the watchdog saw a rank do over the last window (nothing where it had not looked yet)."""
+    if "activity" not in position:
+        return ""
+    return f"; {'computing' if position.get('computing') else 'waiting'}: {position['activity']}"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -56,7 +56,7 @@ class LoopTelemetry:
             start = time.perf_counter()
             batch = next(batches)
             self.meter.add_data_time(time.perf_counter() - start)
-            self.heartbeat.beat(step, "compute")
+            self.heartbeat.beat(step, "compute", batch)
             yield batch
 
     def share(self, shares, step: int):
@@ -283,7 +283,7 @@ class Trainer:
             for context in self.state.evaluation_contexts:
                 stack.enter_context(context())
             result = evaluate(self.group, self.wrapped, self.data,
-                              on_batch=lambda: self.telemetry.heartbeat.beat(step, "evaluate"))
+                              on_batch=lambda batch: self.telemetry.heartbeat.beat(step, "evaluate", batch))
         self.lr_schedule.evaluated(self.state.objective_value(result))  # every rank: the same result and decision
         if main:
             self.state.totals.val_loss, self.state.totals.val_metrics = result.loss, result.metrics
@@ -299,7 +299,7 @@ def evaluate(group: ProcessGroup, wrapped: Wrapped, data: LoopData, on_batch=Non
     metrics = EvalMetrics(data.metrics, group)
     for batch in data.eval_batches():
         if on_batch is not None:
-            on_batch()
+            on_batch(batch)
         filler = isinstance(batch, Filler)  # a rank out of data runs the forward its peers gather in
         with wrapped.precision.autocast():
             out = data.step(model, batch.batch if filler else batch, data.loss)

@@ -1,7 +1,8 @@
 """A stalled rank is found and named (trainer.stall_timeout, framework/telemetry/stall.py): real ddp runs on 2 gloo
 workers whose user code blocks on one rank (tests/support/user_code/stalling.py), started by us and by torchrun. The run
 ends with one summary naming the rank and the user's line, every rank's stack in <run>/stall/, the last checkpoint
-loadable, exit != 0 and no process left."""
+loadable, exit != 0 and no process left. A rank whose forward is slow but busy (tests/support/user_code/busy_model.py)
+is called slow, with its speed, and the run goes on to its end."""
 import os
 import re
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from support.processes import REPO, TRAIN, USER_CODE, gone_within, pin_accelerator, processes_tagged, torchrun
+from support.processes import (REPO, TRAIN, USER_CODE, gone_within, pin_accelerator, processes_tagged, torchrun,
+                               user_code_env)
 from support.run_files import run_dirs
 
 EXAMPLE = REPO / "examples" / "my_project"
@@ -72,6 +74,9 @@ def test_a_dataset_stuck_on_rank_1_is_named_with_the_users_line_and_the_run_ends
     [run_dir] = run_dirs(tmp_path)
     summary = _check_stall_named(proc, left, run_dir, 1, r"stalling\.py:\d+ in __getitem__", 0)
     assert "fetching its batch" in summary
+    # the watchdog looked before it ended the run: rank 1 waits (asleep in the read), it does not compute
+    assert re.search(r"stalling\.py:\d+ in __getitem__; waiting: \d+% CPU, runnable at \d+ of \d+ looks",
+                     summary), summary
     assert "stalling.py" in (run_dir / "stall" / "rank1.txt").read_text()
     assert re.search(r"waiting for rank 1 for \d+ s \(at step \d+, fetching its batch", proc.stdout), proc.stdout
     _check_last_checkpoint_loads(run_dir, summary)
@@ -110,3 +115,36 @@ def test_a_rank_in_a_collective_the_others_skip_is_named_with_its_line(tmp_path)
     [run_dir] = run_dirs(tmp_path)
     summary = _check_stall_named(proc, left, run_dir, 0, r"stalling\.py:\d+ in on_train_step_end", 1)
     assert "at step 5, ending the step" in summary, summary
+    assert re.search(r"on_train_step_end; waiting: .*, inside torch\.distributed's barrier", summary), summary
+
+
+# Rank 1's every forward spins on the CPU for 3 s (busy_model.py), longer than the 2 s timeout; 2
+# training steps of 16 samples per rank, then one evaluation batch of 128 on each rank. Rank 0 waits for it inside
+# the gradient all-reduce and the evaluation's gather: waiting, but for a rank that computes.
+BUSY_S, SLOW_TIMEOUT = 3, 2
+SLOW_RUN = ["--config-dir", str(EXAMPLE / "conf"), "strategy=ddp", "dataset=blobs", "model=mlp",
+            "model._target_=busy_model.BusyMLP", f"+model.busy_seconds={BUSY_S}", "trainer.batch_size=32",
+            "trainer.max_steps=2", "trainer.log_every_n_steps=1", f"trainer.stall_timeout={SLOW_TIMEOUT}"]
+SLOW = (r"rank 1 is slow, not stalled: (?P<speed>.*?samples/s.*?), (?P<cpu>\d+)% CPU, runnable at \d+ of \d+ looks "
+        r"over the last [\d.]+ s, inside BusyMLP\.forward \(busy_model\.py:\d+\); at step (?P<step>\d+), "
+        r"(?P<doing>[^;]*?) for [\d.]+ s")
+
+
+def test_a_slow_but_busy_rank_is_called_slow_with_its_speed_and_the_run_goes_on(runs):
+    run = runs.train(SLOW_RUN, env=user_code_env(EXAMPLE)).ok()
+    text = run.stdout + run.stderr
+    assert "the run stalled" not in text, text
+    log = (run.run_dir / "train.log").read_text()
+    slow = [m.groupdict() for m in re.finditer(SLOW, log)]
+    doing = {(m["step"], m["doing"]) for m in slow}
+    assert {("1", "forward/backward"), ("2", "forward/backward"), ("2", "evaluating")} <= doing, log
+    # the first slow batch of a phase has only a bound; the second training step has the first one's measured speed
+    first = next(m["speed"] for m in slow if m["step"] == "1")
+    assert re.fullmatch(r"at most [\d.]+ samples/s \(a batch of 16 running for [\d.]+ s\)", first), first
+    measured = [re.fullmatch(r"(?P<rate>[\d.e+-]+) samples/s \(its last batch: 16 samples in [\d.]+ s\)", m["speed"])
+                for m in slow if m["step"] == "2" and m["doing"] == "forward/backward"]
+    assert measured and all(measured), slow
+    # a batch of 16 whose forward spun for 3 s took at least 3 s
+    assert all(0 < float(m["rate"]) <= 16 / BUSY_S for m in measured), measured
+    assert any(re.search(r"a batch of 128 running for", m["speed"]) for m in slow if m["doing"] == "evaluating"), slow
+    assert run.result()["steps"] == 2
