@@ -37,7 +37,7 @@ _COLLECTIVE_FILES = (os.path.join("torch", "distributed", "distributed_c10d.py")
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sample:
     wall: float  # time.monotonic()
     cpu: float  # CPU seconds so far of the process's threads but the sampling one
@@ -48,7 +48,7 @@ class Sample:
     gpu: str | None = None  # IN_FLIGHT, IDLE, "no answer: ...", or None (not a GPU rank)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Activity:
     """The verdict over one window."""
 
@@ -86,10 +86,10 @@ class ActivityWindow:
         cpu = others_cpu_seconds()
         if full:
             where, collective = self._where()
-            self._samples.append(Sample(now, cpu, True, a_thread_runnable(), where, collective,
-                                        work_in_flight(self.device)))
+            self._samples.append(Sample(wall=now, cpu=cpu, full=True, running=a_thread_runnable(), where=where,
+                                        collective=collective, gpu=work_in_flight(self.device)))
         else:
-            self._samples.append(Sample(now, cpu))
+            self._samples.append(Sample(wall=now, cpu=cpu))
         while len(self._samples) > 2 and self._samples[1].wall <= now - self.seconds:  # one at or before its start
             self._samples.popleft()
 
@@ -107,8 +107,8 @@ class ActivityWindow:
         gpu = (IN_FLIGHT if in_flight else gpus[-1]) if gpus else None
         parked = all(s.collective for s in full)
         computing = not parked and (_most(states) or cpu >= CPU_BUSY or in_flight)
-        return Activity(computing, last.wall - first.wall, cpu, runnable, gpu, last.where,
-                        last.collective if parked else None)
+        return Activity(computing=computing, seconds=last.wall - first.wall, cpu=cpu, runnable=runnable, gpu=gpu,
+                        where=last.where, collective=last.collective if parked else None)
 
     def _where(self) -> tuple[str | None, str | None]:
         frame = sys._current_frames().get(self.thread_id)  # documented for debuggers: a blocked thread's stack
