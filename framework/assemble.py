@@ -163,7 +163,7 @@ def loop_telemetry(ctx: RunContext, wrapped: Wrapped, task: Task, micro_batch: i
     memory = [torch.device("cuda", i) for i in group.cuda_devices]
     meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock,
                           share=group.dp_size / group.world_size,
-                          traffic=gradient_traffic(wrapped, getattr(s.strategy, "compression", "none")))
+                          traffic=gradient_traffic(wrapped))
     devices = per_gpu(group, wrapped, micro_batch, flops, s.trainer, has_convolutions(task.model), ctx.say)
     return LoopTelemetry(meter, devices, Heartbeat(ctx.group.device), clock)
 

@@ -22,7 +22,8 @@ from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import tied_parameters, without_tied
-from framework.strategies.fsdp_wire import WireDtype, send_gradients_as
+from framework.strategies.fsdp_traffic import counted_reduce_scatters
+from framework.strategies.fsdp_wire import WireDtype
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup, Wrapped
@@ -50,10 +51,10 @@ class FSDPWrapped(Wrapped):
     reduce-scatter); with reshard_after_forward=false (memory traded for speed) the parameters also stay unsharded
     until the last micro-batch, so its forward gathers nothing again."""
 
-    def __init__(self, *args, reshard_after_forward: bool, wire: WireDtype | None = None, **kwargs):
+    def __init__(self, *args, reshard_after_forward: bool, traffic=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.reshard_after_forward = reshard_after_forward
-        self.wire = wire  # strategy.compression's cast on the reduce-scatter, None without one
+        self.traffic = traffic  # CountsTraffic: its reduce-scatters' bytes (framework/strategies/fsdp_traffic.py)
 
     def gradient_sync(self, on: bool):
         self.model.set_requires_gradient_sync(on)
@@ -134,11 +135,10 @@ class FSDPStrategy(ElasticStrategy):
         shard_with_fsdp2(model, self.shard_units(model), mesh, ShardPrecision.of(self.trainer.precision),
                          options.reshard_after_forward, offload)
         wire = WireDtype(torch.bfloat16) if options.compression == "bf16" else None
-        if wire is not None:
-            send_gradients_as(model, wire)
+        traffic = counted_reduce_scatters(model, options.compression, wire)
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
-                           reshard_after_forward=options.reshard_after_forward, wire=wire)
+                           reshard_after_forward=options.reshard_after_forward, traffic=traffic)
 
 
 class DcpCheckpoints(CheckpointIO):

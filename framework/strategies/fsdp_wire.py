@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 
 def reduce_scatter(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
@@ -37,9 +35,3 @@ class WireDtype:
         output_tensor.copy_(wire)
         return None
 
-
-def send_gradients_as(model: nn.Module, wire: WireDtype) -> None:
-    """Every FSDP2 unit of model reduce-scatters through `wire`."""
-    for unit in model.modules():
-        if isinstance(unit, FSDPModule):
-            unit.set_custom_reduce_scatter(wire)

@@ -9,30 +9,42 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 Rename = Callable[[dict], dict]  # a state dict's keys as a checkpoint holds them (and back)
 
 
 def sharded_state(model: nn.Module, optimizer) -> dict:
     """This rank's model and optimizer state (its shards: DTensors where it holds a share)."""
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=FLAT)
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # slow: see _flat()
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_flat())
     return {"model": model_state, "optimizer": optimizer_state}
 
 
 def save_sharded(state: dict, path: Path) -> None:
+    import torch.distributed.checkpoint as dcp  # slow: see _flat()
+
     dcp.save(state, checkpoint_id=str(path))
 
 
 def load_sharded(model: nn.Module, optimizer, path: Path, to_saved: Rename = dict, from_saved: Rename = dict) -> None:
     """Every rank: its share of model and optimizer from a DCP checkpoint. to_saved/from_saved: how this rank's
     optimizer keys are named in the checkpoint (a tied copy under the name its first holder writes)."""
+    import torch.distributed.checkpoint as dcp  # slow: see _flat()
+    from torch.distributed.checkpoint.state_dict import set_state_dict  # slow: see _flat()
+
     state = sharded_state(model, optimizer)
     saved = {"model": state["model"], "optimizer": to_saved(state["optimizer"])}
     dcp.load(saved, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=saved["model"],
-                   optim_state_dict=from_saved(saved["optimizer"]), options=FLAT)
+                   optim_state_dict=from_saved(saved["optimizer"]), options=_flat())
+
+
+def _flat():
+    """The optimizer's state flattened (torchtitan's choice). torch.distributed.checkpoint is imported where it is
+    used: it brings DTensor and sympy (~0.8 s), which a run writing single-file checkpoints (single, dp, ddp,
+    horovod: they import this module to read a sharded one) never needs, least of all before its first step."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # slow: see above
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)

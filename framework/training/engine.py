@@ -153,7 +153,8 @@ class OwnClock(Protocol):
 @runtime_checkable
 class CountsTraffic(Protocol):
     """An engine that counts the gradient bytes it hands to its collectives and what they weigh uncompressed
-    (framework/telemetry/traffic.py): ddp's communication hook, Horovod's compressor."""
+    (framework/telemetry/traffic.py): ddp's communication hook, Horovod's compressor, FSDP2's reduce-scatters
+    (framework/strategies/fsdp_traffic.py); `traffic` None where it counts none."""
 
     @property
     def traffic(self): ...

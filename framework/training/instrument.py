@@ -5,13 +5,11 @@ work (single, fsdp, DeepSpeed ZeRO-3): busy is then the whole step, and no wait 
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from framework.config.trainer import TrainerConfig
 from framework.telemetry.per_gpu import PerGpu, local_slots
 from framework.telemetry.replica_clock import ReplicaClock, time_replicas
-from framework.telemetry.traffic import CountedReduceScatter, Traffic
+from framework.telemetry.traffic import Traffic
 from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done, stop_after, timed_allreduce
 from framework.training.engine import CountsTraffic, OwnClock, ProcessGroup, SlotSplit, Wrapped, slot_sizes
 
@@ -49,22 +47,10 @@ def wait_clock(wrapped: Wrapped, group: ProcessGroup):
     return None
 
 
-def gradient_traffic(wrapped: Wrapped, compression: str) -> Traffic | None:
-    """What counts this engine's gradient bytes (framework/telemetry/traffic.py): its own counter (ddp's hook,
-    Horovod's compressor), or FSDP2's reduce-scatters, counted here where every parameter is sharded over one axis
-    (with tensor parallel or HSDP's replicas, other collectives carry gradients too); None elsewhere."""
-    if isinstance(wrapped, CountsTraffic):
-        return wrapped.traffic
-    units = [m for m in wrapped.model.modules() if isinstance(m, FSDPModule)]
-    params = list(wrapped.model.parameters())
-    if not units or not params or not all(isinstance(p, DTensor) and p.device_mesh.ndim == 1 for p in params):
-        return None
-    traffic = Traffic(str(compression))
-    counted = CountedReduceScatter(traffic, params[0].element_size())
-    wire = getattr(wrapped, "wire", None)  # fsdp's compression: the cast goes first, what it sends is counted
-    for unit in units:
-        unit.set_custom_reduce_scatter(wire.through(counted) if wire is not None else counted)
-    return traffic
+def gradient_traffic(wrapped: Wrapped) -> Traffic | None:
+    """What counts this engine's gradient bytes (framework/telemetry/traffic.py), where it counts them (CountsTraffic:
+    ddp's hook, Horovod's compressor, FSDP2's reduce-scatters); None elsewhere."""
+    return wrapped.traffic if isinstance(wrapped, CountsTraffic) else None
 
 
 def timed_barrier(group: ProcessGroup, clock):

@@ -169,7 +169,7 @@ def _fsdp_step(rank: int, world: int, compression: str):
     strategy = strategy_for("strategy=fsdp", "trainer.accelerator=cpu", f"strategy.compression={compression}")
     wrapped = strategy.parallelize(_lenet(), lambda params: torch.optim.SGD(params, lr=0.1),
                                    TorchGroup(rank, rank, world, CPU))
-    traffic = gradient_traffic(wrapped, compression)
+    traffic = gradient_traffic(wrapped)
     x, y = _batches("lenet", rank, 1)[0]
     nn.functional.cross_entropy(wrapped.model(x), y).backward()
     grads = [p.grad.full_tensor().clone() for p in wrapped.model.parameters()]

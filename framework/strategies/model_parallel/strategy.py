@@ -24,6 +24,7 @@ from framework.session.environment import Ranks
 from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.fsdp import DCP
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
+from framework.strategies.fsdp_traffic import counted_reduce_scatters
 from framework.strategies.fsdp_units import without_tied
 from framework.strategies.model_parallel.checkpoints import MeshCheckpoints, WholeModel
 from framework.strategies.model_parallel.foreach import per_tensor_where_mixed
@@ -240,12 +241,13 @@ class MeshStrategy(ElasticStrategy):
         # the name the whole model has it under): what optimizer.param_groups' patterns match
         optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
         per_tensor_where_mixed(optimizer)
+        traffic = counted_reduce_scatters(model, "none") if shape.sharded else None  # mesh compression: none only
         if o.pp == 1:
-            return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded)
+            return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded, traffic=traffic)
         runner = PipelineRunner(parts, holders, o, coords["pp"], pp_group, group.device, precision=precision)
         runner.measure_links()
         pipeline = Pipeline(runner)
-        return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner)
+        return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner, traffic=traffic)
 
     def _split(self, parts: list[nn.Module], group: MeshGroup) -> None:
         """Tensor parallel by the plan, then FSDP2 over the data-parallel axes (each block a unit, tied parameters
@@ -269,9 +271,10 @@ class MeshWrapped(Wrapped):
     """Tensor parallel and FSDP2 (no pipeline). GradientSync where FSDP2 runs: an accumulation's non-final
     micro-batches keep their gradients unreduced."""
 
-    def __init__(self, *args, fsdp: bool, **kwargs):
+    def __init__(self, *args, fsdp: bool, traffic=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fsdp = fsdp
+        self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
 
     def gradient_sync(self, on: bool):
         if self.fsdp:
@@ -296,9 +299,10 @@ class PipelineWrapped(Wrapped):
     """OwnsForwardBackward (the schedule runs the micro-batch's forwards and backwards) and OwnClock (each stage's
     compute, bubble and communication)."""
 
-    def __init__(self, *args, runner: PipelineRunner, **kwargs):
+    def __init__(self, *args, runner: PipelineRunner, traffic=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.runner = runner
+        self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
 
     def forward_backward(self, step, batch, loss, weighting):
         return self.runner.forward_backward(step, batch, loss, weighting)
