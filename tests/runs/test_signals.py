@@ -15,6 +15,7 @@ from framework.checkpoints.store import newest_valid
 from support.processes import (
     REPO,
     check_ok,
+    command_of,
     faults_env,
     gone_within,
     held_at,
@@ -132,19 +133,11 @@ def test_workers_end_within_seconds_of_a_sigkilled_driver(tmp_path, strategy):
         driver.kill()
         driver.wait()  # reaped, so that the tag search does not find it
         killed = time.monotonic()
-        deadline = killed + 15
-        while processes_tagged(tag) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = processes_tagged(tag)
+        left = gone_within(tag, 15)
         assert left == [], f"{len(left)} process(es) of the run still there {time.monotonic() - killed:.0f} s after " \
-                           f"the driver's SIGKILL: {[_command(pid) for pid in left]}"
+                           f"the driver's SIGKILL: {[command_of(pid) for pid in left]}"
     finally:
         for pid in processes_tagged(tag):  # without the fix: they would train on for good
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-
-def _command(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:100]
-    return str(pid)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from framework.verify.compare import final_weights, weight_difference
-from support.processes import (VERIFY, faults_env, gone_within, held_at, pin_accelerator, processes_tagged,
+from support.processes import (VERIFY, command_of, faults_env, gone_within, held_at, pin_accelerator, processes_tagged,
                                user_code_env, wait_until_held)
 from support.run_files import losses_by_step, walk
 
@@ -141,17 +141,12 @@ def test_a_sigkilled_verify_takes_its_runs_with_it(tmp_path):
         killed = time.monotonic()
         left = gone_within(tag, 15)
         assert left == [], (f"{len(left)} process(es) of verify.py's runs still there {time.monotonic() - killed:.0f} "
-                            f"s after its SIGKILL: {[_command(pid) for pid in left]}")
+                            f"s after its SIGKILL: {[command_of(pid) for pid in left]}")
     finally:
         for pid in processes_tagged(tag):  # without the fix: they would train on for good
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-
-def _command(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
-    return str(pid)
 
 
 def test_batchnorm_with_per_rank_statistics_is_found_and_sync_batchnorm_named(runs):

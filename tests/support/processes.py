@@ -227,6 +227,13 @@ def gone_within(tag: str, seconds: float) -> list[int]:
     return processes_tagged(tag)
 
 
+def command_of(pid: int) -> str:
+    """A process's command line (its first 120 characters), or its pid where it has gone: what a leftover was."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    return str(pid)
+
+
 def kill_tagged(tag: str, variable: str) -> list[int]:
     """SIGKILLs every process whose `variable` is tag (a test's leftovers); returns their pids."""
     found = processes_tagged(tag, variable)
