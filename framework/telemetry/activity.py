@@ -46,6 +46,7 @@ class Sample:
     where: str | None = None  # the innermost forward outside torch: "BusyNet.forward (busy.py:21)"
     collective: str | None = None  # the torch.distributed call the thread is in ("barrier")
     gpu: str | None = None  # IN_FLIGHT, IDLE, "no answer: ...", or None (not a GPU rank)
+    process: bool = True  # whose CPU and states: the process's threads but the sampling one, or the loop's thread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,21 +76,31 @@ class Activity:
 class ActivityWindow:
     """Samples of the rank's process, kept for `seconds`, taken by the thread that calls sample() (the watchdog's,
     whose own work is left out); full samples (the threads' states, the loop's stack, the GPU) only when asked.
-    `thread`: the loop's (by default the one that builds the window), whose stack says where the rank is."""
+    `thread`: the loop's (by default the one that builds the window), whose stack says where the rank is.
+
+    Whose work counts: in a batch's forward and backward (`process`), every thread's but the sampling one (torch's
+    intra-op threads do a CPU forward's work while the loop's thread waits at their barrier); anywhere else (fetching
+    a batch, a checkpoint, the step's end) the loop's thread alone: the threads of Horovod's and DeepSpeed's
+    communication poll on their own, and a rank whose loop sleeps in its dataset is waiting, however busy they are."""
 
     def __init__(self, device: torch.device | None, seconds: float, thread: threading.Thread | None = None):
         thread = thread or threading.current_thread()
         self.thread_id, self.device, self.seconds = thread.ident, device, seconds
+        self.native_id = thread.native_id
         self._samples: deque[Sample] = deque()
 
-    def sample(self, now: float, full: bool) -> None:
-        cpu = others_cpu_seconds()
+    def sample(self, now: float, full: bool, process: bool = True) -> None:
+        """process: whether the rank's work is its process's (a batch's forward and backward) or its loop thread's."""
+        if self._samples and self._samples[-1].process != process:  # another scope: its clock starts afresh
+            self._samples.clear()
+        cpu = others_cpu_seconds() if process else thread_cpu_seconds(self.thread_id)
         if full:
             where, collective = self._where()
-            self._samples.append(Sample(wall=now, cpu=cpu, full=True, running=a_thread_runnable(), where=where,
-                                        collective=collective, gpu=work_in_flight(self.device)))
+            running = a_thread_runnable() if process else thread_runnable(self.native_id)
+            self._samples.append(Sample(wall=now, cpu=cpu, full=True, running=running, where=where,
+                                        collective=collective, gpu=work_in_flight(self.device), process=process))
         else:
-            self._samples.append(Sample(wall=now, cpu=cpu))
+            self._samples.append(Sample(wall=now, cpu=cpu, process=process))
         while len(self._samples) > 2 and self._samples[1].wall <= now - self.seconds:  # one at or before its start
             self._samples.popleft()
 
@@ -132,6 +143,23 @@ def _most(flags) -> bool:
 def others_cpu_seconds() -> float:
     """CPU seconds so far of this process's threads but the calling one."""
     return time.process_time() - time.thread_time()
+
+
+def thread_cpu_seconds(thread_id: int) -> float:
+    """CPU seconds so far of one thread of this process (by its threading ident, a pthread id)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread_id))
+    except (OSError, AttributeError):  # a thread that ended; a platform without per-thread clocks
+        return 0.0
+
+
+def thread_runnable(native_id: int | None) -> bool | None:
+    """Whether one thread of this process is runnable now; None where there is no /proc."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "R"  # the name before it may hold spaces
+    except (OSError, IndexError):
+        return None
 
 
 def a_thread_runnable() -> bool | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from framework.session.exit import exit_now
-from framework.telemetry.activity import ActivityWindow, BatchSpeed, duration
+from framework.telemetry.activity import BATCH_PHASES, ActivityWindow, BatchSpeed, duration
 
 STALL_DIR, HEARTBEAT_DIR, SUMMARY = "stall", ".heartbeat", "summary.txt"
 _DRIVER_PID = "HYDRA_DIST_DRIVER_PID"
@@ -133,7 +133,8 @@ class StallWatchdog:
     def _tick(self, now: float) -> None:
         idle = now - self.heartbeat.since
         self.speed.observe(self.heartbeat, now)
-        self.activity.sample(now, full=idle >= self.timeout - self.window)
+        self.activity.sample(now, full=idle >= self.timeout - self.window,
+                             process=self.heartbeat.phase in BATCH_PHASES)
         position = self._position(idle, now)
         self._write_position(position)
         if idle < (self.warn_after if self.rank == 0 else self.timeout):

@@ -92,10 +92,31 @@ def test_a_thread_that_computes_is_computing_and_one_that_blocks_is_waiting():
         busy = _sampled(ActivityWindow(None, 10.0, thread))
     with _thread(_block) as thread:
         _asleep(thread)
-        blocked = _sampled(ActivityWindow(None, 10.0, thread))
+        # the loop's thread alone: torch's OpenMP threads spin a while after busy's kernels, runnable in the process
+        blocked = _sampled_as(ActivityWindow(None, 10.0, thread), process=False)
     assert busy.computing and busy.runnable[0] >= 3, busy
     assert not blocked.computing and blocked.runnable == (0, 4) and blocked.cpu < 0.01, blocked
     assert blocked.describe().startswith("0% CPU, runnable at 0 of 4 looks over the last ")
+
+
+def test_a_loop_asleep_beside_a_polling_thread_waits_out_of_a_batch_and_computes_in_one():
+    """Horovod's background thread and DeepSpeed's communication poll on their own: out of a batch's forward and
+    backward (fetching data, here) only the loop's thread counts, so a loop asleep in its dataset is waiting however
+    busy they are (a stalled horovod run was called slow for good); in a batch, the process's threads count, as
+    torch's intra-op threads do the forward's work while the loop's thread waits at their barrier."""
+    with _thread(_block) as loop, _thread(_compute):
+        _asleep(loop)
+        fetching = _sampled_as(ActivityWindow(None, 10.0, loop), process=False)
+        in_batch = _sampled_as(ActivityWindow(None, 10.0, loop), process=True)
+    assert not fetching.computing and fetching.runnable == (0, 4) and fetching.cpu < 0.01, fetching
+    assert in_batch.computing, in_batch
+
+
+def _sampled_as(window: ActivityWindow, process: bool, samples: int = 4):
+    for _ in range(samples):
+        window.sample(time.monotonic(), full=True, process=process)
+        time.sleep(0.05)
+    return window.verdict()
 
 
 def _spinning_collective():
