@@ -335,15 +335,16 @@ def test_the_mesh_takes_a_pre_release_build_of_the_torch_it_is_tested_with(tmp_p
     assert driver_says([*CHAR_LM, "strategy=tp"], tmp_path).startswith("strategy=tp is not allowed with torch 2.13.9")
 
 
-def test_per_direction_pipeline_communicators_are_refused_on_cpu_workers(tmp_path, monkeypatch):
+def test_per_direction_pipeline_communicators_are_refused_on_cpu_workers(tmp_path):
     """torch's TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P (one communicator per direction, against V schedules'
     FIFO deadlock on nccl) splits the group, which torch refuses where the default group has no device: on CPU
-    workers every rank failed with "No device associated with the default pg"."""
+    workers every rank failed with "No device associated with the default pg". Set through torch's own patch():
+    monkeypatch's undo left the config module's entry hidden ("... does not exist") for every later test."""
     import torch.distributed.config as dist_config
 
-    monkeypatch.setattr(dist_config, "pipeline_per_direction_p2p", True)
-    line = driver_says([*CHAR_LM, "strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"], tmp_path)
+    with dist_config.patch(pipeline_per_direction_p2p=True):
+        line = driver_says([*CHAR_LM, "strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"], tmp_path)
     assert line.startswith("TORCH_DISTRIBUTED_PIPELINE_PER_DIRECTION_P2P=1 is not allowed with strategy.pp on CPU "
                            "workers"), line
-    monkeypatch.setattr(dist_config, "pipeline_per_direction_p2p", False)
+    assert not dist_config.pipeline_per_direction_p2p
     assert driver_says([*CHAR_LM, "strategy=pp", "strategy.schedule=ZBVZeroBubble", "model.n_layer=4"], tmp_path) == ""
