@@ -19,8 +19,9 @@ def counted_reduce_scatters(model: nn.Module, compression: str, wire: WireDtype 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     params = list(model.parameters())
     if not units or not params or not all(isinstance(p, DTensor) and p.device_mesh.ndim == 1 for p in params):
-        for unit in units if wire is not None else ():
-            unit.set_custom_reduce_scatter(wire)
+        if wire is not None:
+            for unit in units:
+                unit.set_custom_reduce_scatter(wire)
         return None
     traffic = Traffic(str(compression))
     counted = CountedReduceScatter(traffic, params[0].element_size())
