@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from support.processes import TINY, check_ok, root_cause_exit_code, run_train
+from support.processes import TINY, check_ok, free_port, root_cause_exit_code, run_train
 from support.run_files import read_scalars, run_dirs, walk
 
-TORCH_LAUNCH = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2"]  # no --use_env
-DEEPSPEED = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2"]
+
+def _torch_launch():  # no --use_env; a port of its own, not the launcher's default 29500 another run may hold
+    return [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2", f"--master_port={free_port()}"]
+
+
+def _deepspeed():
+    return [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2", "--master_port", str(free_port())]
+
+
 DS_CPU = {"DS_ACCELERATOR": "cpu"}
 
 
@@ -27,14 +34,14 @@ def _one_run(tmp_path, ranks=2):
 
 @pytest.mark.core
 def test_torch_distributed_launch_without_use_env(tmp_path):
-    out = check_ok(run_train(["strategy=ddp", *TINY, "trainer.epochs=1"], tmp_path, launcher=TORCH_LAUNCH))
+    out = check_ok(run_train(["strategy=ddp", *TINY, "trainer.epochs=1"], tmp_path, launcher=_torch_launch()))
     assert out.count("done: test accuracy") == 1
     _one_run(tmp_path)
 
 
 def _deepspeed_launcher():
     pytest.importorskip("deepspeed")
-    if not Path(DEEPSPEED[0]).exists():
+    if not Path(_deepspeed()[0]).exists():
         pytest.skip("DeepSpeed's launcher script is not installed next to this python")
 
 
@@ -42,7 +49,7 @@ def _deepspeed_launcher():
 def test_deepspeeds_own_launcher(tmp_path):
     _deepspeed_launcher()
     out = check_ok(run_train(["strategy=deepspeed", "strategy.zero_stage=2", *TINY, "trainer.epochs=1"], tmp_path,
-                             launcher=DEEPSPEED, env=DS_CPU, timeout=300))
+                             launcher=_deepspeed(), env=DS_CPU, timeout=300))
     assert out.count("done: test accuracy") == 1
     assert _one_run(tmp_path)["strategy"] == "deepspeed"
 
@@ -51,7 +58,7 @@ def test_deepspeeds_own_launcher(tmp_path):
 def test_a_bad_value_under_the_launcher_ends_every_rank_with_one_message(tmp_path, launcher):
     if launcher == "deepspeed":
         _deepspeed_launcher()
-    command, env = (TORCH_LAUNCH, {}) if launcher != "deepspeed" else (DEEPSPEED, DS_CPU)
+    command, env = (_torch_launch(), {}) if launcher != "deepspeed" else (_deepspeed(), DS_CPU)
     strategy = "strategy=deepspeed" if launcher == "deepspeed" else "strategy=ddp"
     proc = run_train([strategy, "trainer.batch_size=0"], tmp_path, launcher=command, env=env, timeout=180)
     output = proc.stderr + proc.stdout
