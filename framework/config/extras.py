@@ -3,9 +3,12 @@ installed is refused in one line that names the install command."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
+
+from framework.common.errors import ConfigError
 
 # a _target_'s top-level package -> the extra that installs it (pyproject.toml)
-EXTRAS = {"transformers": "hf", "datasets": "hf", "timm": "hf"}
+EXTRAS = {"transformers": "hf", "datasets": "hf", "timm": "hf", "mlflow": "mlflow", "wandb": "wandb", "deepspeed": "deepspeed"}
 
 
 def install_hint(extra: str) -> str:
@@ -30,3 +33,14 @@ def import_extra(package: str):
         return importlib.import_module(package)
     except ImportError as exc:
         raise RuntimeError(f"{package} cannot be imported ({exc}); {install_hint(EXTRAS[package])}") from None
+
+
+def require_extra(package: str, needed_by: str) -> None:
+    """A missing extra said in one line, without importing it (seconds of imports for some): `needed_by` is the
+    choice that needs it, e.g. "logger=wandb"."""
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(missing_line(package, needed_by))
+
+
+def missing_line(package: str, needed_by: str) -> str:
+    return f"{needed_by} needs {package}, an optional extra that is not installed; {install_hint(EXTRAS[package])}"

@@ -4,22 +4,19 @@ directory), and the sweep's parent run, whose id sits in the sweep folder for it
 jobs only need the sweep folder). MLflow is an optional extra."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from framework.common.errors import ConfigError
+from framework.config.extras import missing_line, require_extra
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 DEFAULT_STORE = Path("outputs") / "mlflow.db"
 ARTIFACTS = Path("outputs") / "mlflow-artifacts"
-MISSING = "logger=mlflow needs MLflow, an optional extra: pip install 'hydra-dist[mlflow]'"
+MISSING = missing_line("mlflow", "logger=mlflow")
 
 
 def require_mlflow() -> None:
-    """A missing extra, said in one line without importing MLflow (2-4 s of imports): the driver's dry run builds
-    the callbacks, so a run stops there."""
-    if importlib.util.find_spec("mlflow") is None:
-        raise ConfigError(MISSING)
+    require_extra("mlflow", "logger=mlflow")
 
 
 def mlflow_api():

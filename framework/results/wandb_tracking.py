@@ -3,25 +3,22 @@ one-line refusal, the run id kept in the run folder (a resumed run goes on in th
 jobs share (its name kept in the sweep folder, for any launcher), and where W&B writes its files."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import string
 from pathlib import Path
 
 from framework.common.errors import ConfigError
+from framework.config.extras import missing_line, require_extra
 
 RUN_ID_FILE = "wandb_run_id"
 SWEEP_GROUP_FILE = "wandb_group"
-MISSING = "logger=wandb needs Weights & Biases, an optional extra: pip install 'hydra-dist[wandb]'"
+MISSING = missing_line("wandb", "logger=wandb")
 _ID_LETTERS = string.ascii_lowercase + string.digits
 
 
 def require_wandb() -> None:
-    """A missing extra, said in one line without importing wandb (seconds of imports): the driver's dry run builds
-    the callbacks, so a run stops there."""
-    if importlib.util.find_spec("wandb") is None:
-        raise ConfigError(MISSING)
+    require_extra("wandb", "logger=wandb")
 
 
 def wandb_module():

@@ -1,6 +1,8 @@
 """The logger group in this process: logger=mlflow and logger=wandb without their extras are one line each; the
 logger list composes; W&B's run id and sweep group kept in the folders; a bad W&B mode refused by the driver. The
 loggers' real stores and files: tests/runs/test_loggers.py."""
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -8,24 +10,15 @@ from framework.common.errors import ConfigError
 from support.driver import composed, driver_says
 
 
-def test_without_the_extra_logger_mlflow_is_one_line(monkeypatch):
-    from framework.callbacks import mlflow_log
-    from framework.results import mlflow_tracking
+@pytest.mark.parametrize("logger", ["mlflow", "wandb"])
+def test_without_the_extra_a_logger_is_one_line_naming_its_install(monkeypatch, logger):
+    from framework.callbacks import mlflow_log, wandb_log
 
-    monkeypatch.setattr(mlflow_tracking.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"^logger=mlflow needs MLflow, an optional extra: "
-                                          r"pip install 'hydra-dist\[mlflow\]'$"):
-        mlflow_log.MLflowLog()
-
-
-def test_without_the_extra_logger_wandb_is_one_line(monkeypatch):
-    from framework.callbacks import wandb_log
-    from framework.results import wandb_tracking
-
-    monkeypatch.setattr(wandb_tracking.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"^logger=wandb needs Weights & Biases, an optional extra: "
-                                          r"pip install 'hydra-dist\[wandb\]'$"):
-        wandb_log.WandbLog()
+    monkeypatch.setitem(sys.modules, logger, None)  # how Python says "not installed": find_spec gives None
+    callback = {"mlflow": mlflow_log.MLflowLog, "wandb": wandb_log.WandbLog}[logger]
+    with pytest.raises(ConfigError, match=rf"^logger={logger} needs {logger}, an optional extra that is not installed; "
+                                          rf"install it with `pip install 'hydra-dist\[{logger}\]'` \(or `make setup`"):
+        callback()
 
 
 def test_a_list_of_loggers_composes_every_one_and_its_sweep_callback():
