@@ -86,10 +86,11 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None, warm_up: bool 
         if warm_up:
             strategy.starter.warm_up()
         for name, callback in build_callbacks(settings.callbacks).items():
-            refusal = (callback.refuses(strategy.checkpoint_format.sharded)
-                       or callback_refusal(settings.trainer.deterministic, callback))
+            refusal = callback.refuses(strategy.checkpoint_format.sharded)
             if refusal:
                 raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
+            if refusal := callback_refusal(settings.trainer.deterministic, callback):
+                raise ConfigError(f"callbacks.{name} {refusal}")
         resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
 
