@@ -30,7 +30,7 @@ def state_digest(checkpoint) -> str:
     def add(value, path):
         if torch.is_tensor(value):
             digest.update(path.encode())
-            digest.update(value.contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         elif isinstance(value, dict):
             for key in sorted(value, key=str):
                 add(value[key], f"{path}.{key}")
