@@ -36,6 +36,7 @@ from framework.telemetry.meters import IntervalMeter
 from framework.telemetry.per_gpu import count_flops, has_convolutions
 from framework.telemetry.stall import Heartbeat
 from framework.training.checkpointing import Checkpointer
+from framework.training.determinism import apply_determinism
 from framework.training.engine import ProcessGroup, Wrapped, slot_sizes
 from framework.training.instrument import gradient_traffic, per_gpu, timed_barrier, wait_clock
 from framework.training.loop_state import RunInfo
@@ -103,7 +104,9 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
 
 
 def assemble_task(ctx: RunContext) -> Task:
-    """The run's task in a worker, every rank seeded alike first (the same initial weights everywhere)."""
+    """The run's task in a worker, every rank seeded alike first (the same initial weights everywhere), in torch's
+    deterministic mode where trainer.deterministic asks for it."""
+    apply_determinism(ctx.settings.trainer.deterministic)
     seed_everything(ctx.settings.trainer.seed)
     return build_task(ctx.settings, ctx.group.device, ctx.strategy.channels_last_refusal)
 

@@ -32,6 +32,7 @@ from framework.session.detect import detect
 from framework.session.environment import Ranks
 from framework.session.situations import refuse
 from framework.strategies import build_strategy, choose_strategy
+from framework.training.determinism import deterministic_environment
 from framework.training.loop_state import EvalResult
 from framework.training.interrupts import NoStop
 from framework.training.trainer import evaluate
@@ -153,6 +154,7 @@ def evaluate_entry(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | No
 
 def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | None:
     settings = payload.settings
+    deterministic_environment(settings.trainer.deterministic)  # before join() starts CUDA in this process
     strategy = build_strategy(settings.strategy, settings.trainer, ranks)
     group = strategy.join()
     wrapped = None

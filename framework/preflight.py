@@ -22,6 +22,7 @@ from framework.data.streams import shards_itself, split_length
 from framework.strategies.base import Strategy
 from framework.strategies.muon_engines import muon_refusal
 from framework.telemetry.flops import silenced
+from framework.training.determinism import environment_refusal
 from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
@@ -61,6 +62,8 @@ def _machine(s: Settings, strategy: Strategy) -> None:
                           f"{strategy.channels_last_refusal}; use auto or false")
     if t.precision == "fp16" and not strategy.trainer.cuda:
         raise ConfigError("trainer.precision=fp16 is not allowed on the CPU (it needs CUDA's GradScaler); use bf16 or fp32")
+    if refusal := environment_refusal(t.deterministic):
+        raise ConfigError(refusal)
     # bf16 the GPU computes itself: torch's default also counts what an older GPU only emulates, slowly
     cuda = strategy.trainer.cuda
     if t.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):

@@ -31,6 +31,7 @@ from framework.session.environment import Ranks
 from framework.session.situations import Follower, Session
 from framework.strategies import build_strategy, choose_strategy
 from framework.telemetry.stall import mark_driver_process, stall_report
+from framework.training.determinism import NoDeterministicKernel, callback_refusal
 from framework.training.interrupts import GracefulStop, Interrupted, NoStop
 from framework.worker import train_rank, worker_entry
 
@@ -88,6 +89,8 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None, warm_up: bool 
             refusal = callback.refuses(strategy.checkpoint_format.sharded)
             if refusal:
                 raise ConfigError(f"callbacks.{name} is not allowed with strategy={strategy.name}: {refusal}")
+            if refusal := callback_refusal(settings.trainer.deterministic, callback):
+                raise ConfigError(f"callbacks.{name} {refusal}")
         resume = validate(settings, strategy, run_dir)
     return strategy, Payload(settings, str(run_dir), resume), note
 
@@ -116,6 +119,8 @@ def _train(strategy, payload: Payload, session: Session) -> RunResult | Stopped 
         return strategy.starter.launch(worker_entry, payload)
     except WorkersFailed as exc:  # the workers ended a stall: say what rank 0 found (framework/telemetry/stall.py)
         raise WorkersFailed(stall_report(payload.run_dir, launched_at) or str(exc)) from None
+    except NoDeterministicKernel as exc:  # raised in this process (single, dp, a rank another program started): one
+        raise WorkersFailed(str(exc)) from None  # failure line, as a started worker's is
 
 
 def _report(result: RunResult | Stopped | None, session: Session) -> float | None:

@@ -21,6 +21,7 @@ from framework.strategies.base import Strategy
 from framework.telemetry.progress import Console
 from framework.telemetry.stall import StallSeat, dump_nccl_flight_recorder, nccl_flight_recorder, watch_for_stalls
 from framework.training.allocator import keep_freed_memory
+from framework.training.determinism import deterministic_environment
 from framework.training.engine import ProcessGroup
 from framework.training.interrupts import NoStop
 from framework.training.trainer import Trainer, TrainingStopped
@@ -42,6 +43,7 @@ def train_rank(payload: Payload, strategy: Strategy, stop=None) -> RunResult | S
     RunResult (or Stopped); other ranks return None."""
     keep_freed_memory()
     s = payload.settings
+    deterministic_environment(s.trainer.deterministic)  # before join() starts CUDA in this process
     with allowing(s.targets):  # the `_target_`s the driver allowed this run to build
         return _worker(payload, s, strategy, stop)
 

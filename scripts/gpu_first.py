@@ -11,6 +11,9 @@ started and says so. Exit 1 when a check failed.
                               without sync, summed in fp32 (in bf16 the 7 small ones vanish)
     verify tf32               verify.py on a CNN without BatchNorm or dropout, ddp over 2 gloo ranks on the GPU, fp32:
                               the step-1 gap and the cause it finds (TF32 convolutions: the exact_kernels experiment)
+    deterministic twice       ResNet-18 on one GPU with trainer.deterministic=true (cuDNN deterministic and untimed,
+                              CUBLAS_WORKSPACE_CONFIG, torch's deterministic mode), trained twice: the same train
+                              loss and the same bits in the last checkpoint's model and optimizer tensors
     gpu_smoke <row> <prec>    make test-gpu's cells on one GPU (scripts/gpu_smoke.py), killed and resumed, while
                               time is left
 """
@@ -47,6 +50,9 @@ OVERFLOW = [*ONE_GPU_DDP, *SMALL, "strategy.compression=powersgd", "strategy.pow
 # a CNN without BatchNorm or dropout: a gap at step 1 is the kernels' (TF32, cuDNN's per-shape choice) alone
 VERIFY = ["model=simple_cnn", *RESNET[1:], "strategy=ddp", "strategy.nproc_per_node=2", "strategy.backend=gloo",
           "trainer.precision=fp32", "verify.steps=3"]
+# 10 steps of 128: convolutions (cuDNN), the head's matmul (cuBLAS) and BatchNorm, twice
+DETERMINISTIC = ["strategy=single", "trainer.deterministic=true", "dataset.train_size=1280",
+                 *[o for o in RESNET if not o.startswith("dataset.train_size=")]]
 
 
 class Check(NamedTuple):
@@ -65,6 +71,7 @@ def checks() -> list[Check]:
                                                          *extra]) for c, extra in compressed]),
         Check("fsdp bf16 accumulation", 20),
         Check("verify tf32", 120, [("verify.py", VERIFY)]),
+        Check("deterministic twice", 50, [("train.py", DETERMINISTIC)] * 2),
     ]
 
 
@@ -164,8 +171,45 @@ def verify_tf32(check: Check, work: Path, timeout: float) -> str:
     return f"{'ok' if proc.returncode in (0, 1) else 'failed'} (exit {proc.returncode}): {said}"
 
 
+def state_digest(checkpoint: Path) -> str:
+    """sha256 over a checkpoint's model and optimizer tensors, in key order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+
+    def add(value, path):
+        if torch.is_tensor(value):
+            raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            digest.update(path.encode() + raw.numpy().tobytes())
+        elif isinstance(value, dict):
+            for key in sorted(value, key=str):
+                add(value[key], f"{path}.{key}")
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                add(item, f"{path}.{i}")
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    add({"model": state["model"], "optimizer": state["optimizer"]}, "")
+    return digest.hexdigest()
+
+
+def deterministic_twice(check: Check, work: Path, timeout: float) -> str:
+    seen = []
+    for i, (tool, overrides) in enumerate(check.commands):
+        proc, run_dir = start(tool, overrides, work / f"run{i}", timeout)
+        if proc.returncode != 0:
+            return f"failed: {gpu_smoke.last_error(proc)}"
+        last = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+        seen.append((json.loads((run_dir / "result.json").read_text())["train_loss"], state_digest(last)))
+    (loss, digest), (other_loss, other_digest) = seen
+    same = loss == other_loss and digest == other_digest
+    return (f"{'ok' if same else 'failed'}: train loss {loss!r} and {other_loss!r}, last checkpoint's tensors "
+            f"{'bitwise equal' if digest == other_digest else 'different'}")
+
+
 RUNNERS = {"powersgd fp16 overflow": powersgd_overflow, "resnet18 compression": resnet_compression,
-           "fsdp bf16 accumulation": fsdp_accumulation, "verify tf32": verify_tf32}
+           "fsdp bf16 accumulation": fsdp_accumulation, "verify tf32": verify_tf32,
+           "deterministic twice": deterministic_twice}
 
 
 def main(deadline: float) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from framework.callbacks.base import Callback
+from framework.training.determinism import deterministic_cudnn
 
 
 class ExactKernels(Callback):
@@ -15,5 +16,4 @@ class ExactKernels(Callback):
             return
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
+        deterministic_cudnn()

@@ -14,6 +14,8 @@ from framework.callbacks.base import Callback
 
 
 class OtherKernels(Callback):
+    undoes_determinism = "it turns cuDNN's timed choice of algorithms (benchmark) on, on GPUs"
+
     def on_fit_start(self, state) -> None:
         if state.device.type == "cuda":
             torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark

@@ -28,6 +28,9 @@ class TrainerConfig(Checked):
     # clip the global gradient norm to this value (null: no clipping); keeps the default lr 0.2 from diverging
     grad_clip: Optional[float] = rule(1.0, above(0))
     seed: int = rule(42, at_least(0))
+    # the same bits run to run: torch's deterministic algorithms, cuDNN's flags, cuBLAS's workspace (true | warn:
+    # an op without a deterministic kernel only warns | false); framework/training/determinism.py
+    deterministic: Union[bool, str] = rule(False, one_of(False, True, "warn", allowed="false, true or warn"))
     log_every_n_steps: int = rule(100, at_least(1))
     progress_bar: bool = True  # rank 0 draws a live bar on a terminal (plain lines otherwise); false: plain lines
     log_all_ranks: bool = False  # other ranks' output on the console too, each line prefixed [rank N]

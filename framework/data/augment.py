@@ -3,7 +3,9 @@ augments). One call per micro-batch, a few tensor ops for the whole batch, no pe
 random-crop-with-padding and horizontal-flip recipe of the fastest CIFAR-10 training scripts.
 
 Randomness comes from the generator the loader passes in, seeded from (trainer.seed, epoch, rank, batch), so a
-run is repeatable, every rank and epoch sees different crops, and a resumed run gets exactly the same ones."""
+run is repeatable, every rank and epoch sees different crops, and a resumed run gets exactly the same ones. A
+dataset's own per-sample transforms draw in the DataLoader's worker processes, which torch seeds from the
+loader's generator (random, numpy and torch, per worker): loader_generator seeds it from (trainer.seed, rank)."""
 from __future__ import annotations
 
 import torch
@@ -60,3 +62,10 @@ class RandomCropFlip:
 def batch_generator(device: torch.device, seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
     """The generator for one micro-batch: a pure function of where the batch is, so a resume repeats it."""
     return torch.Generator(device=device).manual_seed(((seed * 1_000_003 + epoch) * 65_537 + rank) * 1_000_033 + batch)
+
+
+def loader_generator(seed: int, rank: int) -> torch.Generator:
+    """The DataLoader's generator for one rank: torch draws each iterator's worker seeds from it, so a dataset's
+    random transforms repeat run to run and differ between ranks. Without it torch draws them from the process's
+    global generator, which every rank seeds alike and whose state depends on what drew from it before."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + rank)

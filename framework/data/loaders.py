@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from framework.checkpoints.position import Position
-from framework.data.augment import batch_generator
+from framework.data.augment import batch_generator, loader_generator
 from framework.data.batches import batch_size, leaves, take, to_device, tree_map
 from framework.data.build import tensors_of
 from framework.data.collate import DEFAULT, Collate
@@ -192,6 +192,7 @@ class DataLoaderLoader(MapSource):
         self.loader = DataLoader(
             dataset, batch_size=share.micro_batch, sampler=self.sampler, drop_last=True, collate_fn=collate.fn,
             num_workers=workers, pin_memory=share.device.type == "cuda", persistent_workers=workers > 0,
+            generator=loader_generator(seed, share.rank),
         )
 
     def set_epoch(self, epoch: int) -> None:

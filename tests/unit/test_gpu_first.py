@@ -20,11 +20,12 @@ def _gpu_first():
 def test_the_checks_come_highest_risk_first_and_fit_the_eight_minutes():
     checks = _gpu_first().checks()
     assert [c.name for c in checks] == ["powersgd fp16 overflow", "resnet18 compression", "fsdp bf16 accumulation",
-                                        "verify tf32"]
+                                        "verify tf32", "deterministic twice"]
     assert sum(c.seconds for c in checks) < 8 * 60 - 120, "setup and some gpu_smoke cells fit beside them"
 
 
-@pytest.mark.parametrize("name", ["powersgd fp16 overflow", "resnet18 compression", "verify tf32"])
+@pytest.mark.parametrize("name", ["powersgd fp16 overflow", "resnet18 compression", "verify tf32",
+                                  "deterministic twice"])
 def test_every_run_of_a_check_passes_the_driver_on_one_gpu(tmp_path, monkeypatch, name):
     """train.py's runs as they are; verify.py's as the train.py runs it compares (its verify.* keys taken out)."""
     cuda_reported(monkeypatch, 1, True)
