@@ -21,8 +21,7 @@ from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOpti
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first
 from framework.session.environment import Ranks
-from framework.strategies.ddp import ElasticStrategy
-from framework.strategies.fsdp import DCP
+from framework.strategies.dcp_checkpoints import DCP
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_traffic import counted_reduce_scatters
 from framework.strategies.fsdp_units import without_tied
@@ -37,6 +36,7 @@ from framework.strategies.model_parallel.precision import MeshPrecision
 from framework.strategies.model_parallel.shape import MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
 from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
+from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
@@ -78,6 +78,10 @@ class MeshStrategy(ElasticStrategy):
 
     def batch_shares(self) -> int:
         return self.shape.dp_size
+
+    @property
+    def muon_steps(self) -> str:
+        return "shards" if self.shape.tp > 1 or self.shape.dp_shard > 1 else "unproven"
 
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
