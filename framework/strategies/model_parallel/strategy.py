@@ -33,7 +33,7 @@ from framework.strategies.model_parallel.pipeline_cut import (blocks, changes_it
                                                               stage_ranks, view)
 from framework.strategies.model_parallel.pipeline_run import PipelineRunner
 from framework.strategies.model_parallel.precision import MeshPrecision
-from framework.strategies.model_parallel.shape import MeshShape
+from framework.strategies.model_parallel.shape import REST, MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
 from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
 from framework.strategies.torch_distributed import ElasticStrategy
@@ -62,7 +62,8 @@ class MeshStrategy(ElasticStrategy):
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
-        if options.nproc_per_node is None and not trainer.cuda and ranks is None:
+        unfilled = REST in self._shape(options).sizes  # -1: the starter's workers decide (per GPU, or 2 on the CPU)
+        if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
@@ -74,7 +75,8 @@ class MeshStrategy(ElasticStrategy):
 
     @property
     def shape(self) -> MeshShape:
-        return self._shape(self.options)
+        """The degrees, a -1 among them made the rest of the world (the workers the starter starts or was given)."""
+        return self._shape(self.options).filled(self.starter.processes())
 
     def batch_shares(self) -> int:
         return self.shape.dp_size
