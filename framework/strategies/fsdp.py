@@ -26,6 +26,7 @@ from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
 from framework.training.speedups import SpeedupModules
 
+
 class FSDPPrecision(Precision):
     """fully_shard's MixedPrecisionPolicy casts parameters for compute (and gradients for reduction), so no
     autocast runs on top. Gradients are DTensors: the clipping norm comes back as one and is made a plain,

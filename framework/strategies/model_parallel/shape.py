@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from framework.common.errors import ConfigError
-
-REST = -1  # a degree that takes the rest of the world (MeshOptions.dp_replicate, dp_shard)
+from framework.config.strategy_options import REST_OF_THE_WORLD
 NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
@@ -21,7 +20,7 @@ class MeshShape:
     def filled(self, world: int) -> "MeshShape":
         """This shape in a world of `world` workers: a degree of -1 becomes the workers divided by the other
         degrees; ConfigError when they do not divide them."""
-        rest = [name for name in NAMES if getattr(self, name) == REST]
+        rest = [name for name in NAMES if getattr(self, name) == REST_OF_THE_WORLD]
         if not rest:
             return self
         others = 1

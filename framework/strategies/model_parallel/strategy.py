@@ -17,7 +17,7 @@ import torch.distributed.config as dist_config
 from torch import nn
 
 from framework.common.errors import ConfigError
-from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
+from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first
 from framework.session.environment import Ranks
@@ -33,7 +33,7 @@ from framework.strategies.model_parallel.pipeline_cut import (blocks, changes_it
                                                               stage_ranks, view)
 from framework.strategies.model_parallel.pipeline_run import PipelineRunner
 from framework.strategies.model_parallel.precision import MeshPrecision
-from framework.strategies.model_parallel.shape import REST, MeshShape
+from framework.strategies.model_parallel.shape import MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
 from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
 from framework.strategies.torch_distributed import ElasticStrategy
@@ -62,7 +62,8 @@ class MeshStrategy(ElasticStrategy):
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
-        unfilled = REST in self._shape(options).sizes  # -1: the starter's workers decide (per GPU, or 2 on the CPU)
+        # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
+        unfilled = REST_OF_THE_WORLD in self._shape(options).sizes
         if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
