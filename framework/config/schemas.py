@@ -33,7 +33,7 @@ GROUP = "schema"
 OPEN = "open"  # schema/open/strategy/<name>: the open copies, for a user's strategy to extend
 STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "ddp": so.DDPOptions, "fsdp": so.FSDPOptions,
               "deepspeed": so.DeepSpeedOptions, "horovod": so.HorovodOptions, "tp": so.MeshOptions,
-              "pp": so.MeshOptions}
+              "pp": so.MeshOptions, "hsdp": so.MeshOptions}
 _CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": SampleConfig, "verify": VerifyConfig,
            **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from framework.config.choices import Backend, Compression, RdzvBackend, ReduceOp
-from framework.config.rules import Checked, SettingError, above, at_least, int_list, non_empty_text, one_of, rule
+from framework.config.rules import (Checked, Rule, SettingError, above, at_least, int_list, non_empty_text, one_of,
+                                    rule)
+
+REST_OF_THE_WORLD = -1  # a data-parallel degree of the mesh: the workers divided by the other degrees
 
 
 @dataclass
@@ -166,8 +169,12 @@ class MeshOptions(ElasticOptions):
 
     _target_: str = "framework.strategies.model_parallel.strategy.MeshStrategy"
     name: str = "mesh"
-    dp_replicate: int = rule(1, at_least(1))  # data-parallel replicas, each holding the whole (sharded) model
-    dp_shard: int = rule(1, at_least(1))  # data-parallel ranks FSDP2 shards parameters and optimizer state over
+    # data-parallel replicas, each holding the whole (sharded) model; -1: the rest of the world
+    dp_replicate: int = rule(1, Rule("an integer >= 1, or -1 (the rest of the world)",
+                                     lambda v: v >= 1 or v == REST_OF_THE_WORLD))
+    # data-parallel ranks FSDP2 shards parameters and optimizer state over; -1: the rest of the world
+    dp_shard: int = rule(1, Rule("an integer >= 1, or -1 (the rest of the world)",
+                                 lambda v: v >= 1 or v == REST_OF_THE_WORLD))
     tp: int = rule(1, at_least(1))  # tensor parallel: each layer of the plan split over this many ranks
     pp: int = rule(1, at_least(1))  # pipeline parallel: the model cut into stages on this many ranks
     # tensor parallel: module-name pattern -> style (colwise, rowwise, sequence, ...), written in a strategy YAML of
@@ -192,6 +199,10 @@ class MeshOptions(ElasticOptions):
         allow_compression(self, ("none",), "the mesh's gradient reductions (FSDP2 over the data-parallel axes, "
                                            "tensor-parallel partial sums) have no compression proven equal here; "
                                            "strategy=fsdp reduces in bf16, strategy=ddp compresses")
+        if self.dp_replicate == self.dp_shard == REST_OF_THE_WORLD:
+            raise SettingError("dp_shard", self.dp_shard, message="{key}.dp_replicate=-1 and {key}.dp_shard=-1 are "
+                               "not allowed together: -1 is the rest of the world, which one degree can take; set "
+                               "the other")
         if self.plan and self.parallelize:
             raise SettingError("plan", self.plan, message="{key}.plan and {key}.parallelize are not allowed together: "
                                "give a plan (module-name pattern -> style) or a parallelize function, not both")

@@ -55,6 +55,13 @@ class Strategy(ABC):
         self.starter = starter
         self.checkpoint_format = checkpoint_format
 
+    @property
+    def muon_steps(self) -> str:
+        """What ranks step under this engine, for optimizer=muon (framework/strategies/muon_engines.py): "whole"
+        matrices with the same averaged gradients (proven equal to one process), "shards" (DTensors), "flat" buffers,
+        or "unproven". An engine that knows says so with a class attribute."""
+        return "shards" if self.checkpoint_format.sharded else "unproven"
+
     def validate(self) -> None:
         """Raise ConfigError for settings this strategy cannot run with on this machine (its own options' types
         and ranges were checked when they were typed); in the driver, before any worker starts."""

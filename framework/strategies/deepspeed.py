@@ -19,8 +19,8 @@ from torch import nn
 from framework.config.strategy_options import DeepSpeedOptions
 from framework.common.errors import ConfigError
 from framework.session.environment import Ranks
-from framework.strategies.ddp import ElasticStrategy
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
+from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -86,6 +86,7 @@ class DeepSpeedStrategy(ElasticStrategy):
     options: DeepSpeedOptions
     channels_last_refusal = "DeepSpeed flattens the parameters into one buffer, which needs their default layout"
     _worker_modules = ("deepspeed",)
+    muon_steps = "flat"
 
     def __init__(self, options: DeepSpeedOptions, trainer, ranks: Ranks | None):
         super().__init__(options, trainer, ranks, zero_format(options.zero_stage))

@@ -20,6 +20,7 @@ from framework.training.precision import Precision, autocast_dtype
 class DataParallelStrategy(Strategy):
     Options = DPOptions
     options: DPOptions
+    muon_steps = "whole"
 
     def __init__(self, options: DPOptions, trainer, ranks: Ranks | None):
         ids = self._device_ids(options, trainer.cuda)

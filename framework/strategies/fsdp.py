@@ -5,32 +5,26 @@ rank writes its own shards, and DCP reshards them when the next run has another 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
-from framework.checkpoints.position import Position
 from framework.config.strategy_options import FSDPOptions
 from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
 from framework.session.environment import Ranks
-from framework.strategies.ddp import ElasticStrategy
+from framework.strategies.dcp_checkpoints import DCP, DcpCheckpoints
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_units import tied_parameters, without_tied
 from framework.strategies.fsdp_traffic import counted_reduce_scatters
 from framework.strategies.fsdp_wire import WireDtype
-from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
-from framework.training.dcp import load_sharded, save_sharded, sharded_state
+from framework.strategies.torch_distributed import ElasticStrategy, refuse_bf16_reduce_without_support
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
 from framework.training.speedups import SpeedupModules
-
-DCP = CheckpointFormat("dcp", ("dcp", "file"), sharded=True, reshards=True)
 
 
 class FSDPPrecision(Precision):
@@ -85,6 +79,8 @@ class FSDPStrategy(ElasticStrategy):
 
     def validate(self) -> None:
         super().validate()
+        if self.options.compression == "bf16" and self.on_nccl_gpus():
+            refuse_bf16_reduce_without_support("none")
         if self.options.cpu_offload and not self.trainer.cuda:
             raise ConfigError("strategy.cpu_offload=true is not allowed without GPUs: the parameters and optimizer "
                               "state already live in CPU memory; use strategy.cpu_offload=false")
@@ -139,55 +135,3 @@ class FSDPStrategy(ElasticStrategy):
         return FSDPWrapped(model, make_optimizer(model.parameters()), FSDPPrecision(self.trainer.precision, group.device),
                            DcpCheckpoints(group.rank, group.world_size, group.cuda_devices, options.cpu_offload), model,
                            reshard_after_forward=options.reshard_after_forward, traffic=traffic)
-
-
-class DcpCheckpoints(CheckpointIO):
-    """torch.distributed.checkpoint: one shard per rank; reads a single-file checkpoint (single, ddp, dp) as a full
-    state dict, each rank keeping its shards."""
-
-    format = DCP
-
-    def __init__(self, rank: int, world_size: int, cuda_devices: list[int], cpu_offload: bool):
-        super().__init__(rank, world_size, cuda_devices)
-        self.cpu_offload = cpu_offload
-
-    def full_model_state(self, module: nn.Module) -> dict | None:
-        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.is_main else None
-
-    def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
-        save_sharded(sharded_state(model, optimizer), folder / tag)
-
-    def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
-        """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""
-        load_sharded(model, optimizer, folder / tag)
-
-    def restore_file(self, state: dict, module: nn.Module, optimizer, scaler) -> tuple[Position, dict]:
-        """A single-file checkpoint holds the full model and a plain optimizer state dict (parameters by index, in
-        model.parameters() order)."""
-        names = [name for name, _ in module.named_parameters()]
-        saved = state["optimizer"]
-        by_name = {
-            "state": {names[i]: s for i, s in saved["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
-        }
-        with _buffers_in_cpu_memory(module, self.cpu_offload):
-            set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
-                           options=StateDictOptions(full_state_dict=True))
-        return self.progress(state)
-
-
-@contextlib.contextmanager
-def _buffers_in_cpu_memory(model: nn.Module, offloaded: bool):
-    """With cpu_offload the parameters' shards live in CPU memory while buffers (BatchNorm's statistics) stay on the
-    GPU, and loading a full state dict refuses a model on two devices ("Multiple devices found"): the buffers join
-    the parameters in CPU memory for the load and go back afterwards."""
-    buffers = list(model.buffers()) if offloaded else []
-    devices = [b.device for b in buffers]
-    for b in buffers:
-        b.data = b.data.cpu()
-    try:
-        yield
-    finally:
-        for b, device in zip(buffers, devices):
-            b.data = b.data.to(device)

@@ -15,6 +15,7 @@ from framework.training.precision import Precision
 
 class SingleStrategy(Strategy):
     Options = SingleOptions
+    muon_steps = "whole"
 
     def __init__(self, options: SingleOptions, trainer, ranks: Ranks | None):
         where = f"1 process(es) on {'the GPU' if trainer.cuda else 'the CPU'}"

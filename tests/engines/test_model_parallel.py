@@ -3,7 +3,7 @@ embedding) on CPU workers (gloo) with the loss of one process at every step, to 
 accumulation on: tensor parallel over 2 workers (its sequence-parallel plan: norms and residuals split along the
 sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split point, 1F1B, Interleaved1F1B with 2
 stages per rank, the zero-bubble InterleavedZeroBubble and ZBVZeroBubble, whose V puts the first and the last stage,
-and so both copies of the tied head, on rank 0), and a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers). Pipeline stages
+and so both copies of the tied head, on rank 0), a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers) and HSDP (strategy=hsdp: 2 replicas x dp_shard=2, 4 workers). Pipeline stages
 report their compute, bubble and communication per rank. A run killed on one mesh resumes in its folder on another
 (tp=2 -> ddp, pp=2 -> tp=2) and continues the uninterrupted run's curve. Real train.py processes, shared through the
 run cache (the killed runs are their own);
@@ -33,7 +33,10 @@ MESHES = {
     "pp2_InterleavedZeroBubble": pipeline("InterleavedZeroBubble"),
     "pp2_ZBVZeroBubble": pipeline("ZBVZeroBubble"),
     "dp_shard2_x_tp2": ["strategy=tp", "strategy.dp_shard=2", *MESH],
+    "hsdp_dp_replicate2_x_dp_shard2": ["strategy=hsdp", "strategy.dp_replicate=2", "strategy.dp_shard=2", *MESH],
 }
+WORKERS = {"dp_shard2_x_tp2": 4, "hsdp_dp_replicate2_x_dp_shard2": 4}  # the others: 2
+PEERS = {"hsdp_dp_replicate2_x_dp_shard2": 1}  # ranks that read the same share; the others: 2 (tp or pp peers)
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +53,12 @@ def test_the_char_lm_on_a_mesh_has_the_loss_of_one_process_at_every_step(runs, s
     run_dir = train(runs, [*CHAR_LM, *MESHES[mesh]])
     assert_same_losses(single["losses"], run_dir)
     done = result(run_dir)
-    workers = 4 if mesh.startswith("dp_shard2") else 2
+    workers = WORKERS.get(mesh, 2)
     assert done["processes"] == workers and done["steps"] == STEPS
     assert done["test_loss"] == pytest.approx(single["result"]["test_loss"], rel=1e-5), "evaluation on every rank"
     assert done["test_bits_per_char"] == pytest.approx(single["result"]["test_bits_per_char"], rel=1e-5)
     scalars = read_scalars(run_dir)
-    peers = 2  # the ranks of one data-parallel rank (tp or pp peers: neighbours on the mesh) report the same loss
+    peers = PEERS.get(mesh, 2)  # the ranks of one data-parallel rank (tp or pp peers: neighbours) report the same loss
     for r in range(workers):
         assert scalars[f"loss/train/rank{r}"] == scalars[f"loss/train/rank{r - r % peers}"]
     # each rank counts its share of the samples, over the interval's wall time: the ranks add up to the job exactly

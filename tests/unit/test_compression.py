@@ -15,6 +15,7 @@ from framework.telemetry.meters import (BYTES_SENT, BYTES_UNCOMPRESSED, COLUMNS,
 from framework.telemetry.traffic import Traffic
 from framework.training.loop_state import RunTotals
 from support.driver import driver_says
+from support.fake_cuda import cuda_reported
 from support.references import ADAM
 
 DDP = ["strategy=ddp", "strategy.nproc_per_node=2"]
@@ -226,3 +227,17 @@ def test_horovods_compressor_counts_what_it_hands_to_the_all_reduce():
     traffic = Traffic("fp16")
     compressed, context = CountedCompression(hvd.Compression.fp16, traffic).compress(torch.ones(10))
     assert compressed.dtype == torch.float16 and (traffic.sent, traffic.uncompressed) == (20, 40)
+
+
+@pytest.mark.parametrize("engine,instead", [("ddp", "none or fp16"), ("fsdp", "none")])
+def test_a_bf16_reduce_on_gpus_without_bf16_is_refused_by_the_engine_that_allows_it(tmp_path, monkeypatch, engine,
+                                                                                    instead):
+    """The check lives with the options that allow bf16 (ddp's and fsdp's validate), not in their shared base."""
+    cuda_reported(monkeypatch, 2, bf16=False)
+    args = [f"strategy={engine}", "strategy.nproc_per_node=2", "trainer.accelerator=gpu", "strategy.compression=bf16",
+            *ADAM]
+    assert driver_says(args, tmp_path / "v100") == (
+        "strategy.compression=bf16 is not allowed on these GPUs: gradients reduced in bf16 need GPUs with bf16 "
+        f"(torch.cuda.is_bf16_supported) and NCCL >= 2.10; use strategy.compression={instead}")
+    cuda_reported(monkeypatch, 2, bf16=True)
+    assert driver_says(args, tmp_path / "h100") == ""

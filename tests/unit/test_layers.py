@@ -262,3 +262,52 @@ def test_each_command_asks_how_it_started_once_and_nothing_else_asks():
     expected = {reader: dict.fromkeys(where, 1) for reader, where in ASKS_ONCE.items()}
     assert asked == expected, f"asked {asked}, expected {expected}"
     assert not made, "\n".join(made)
+
+
+# ---- engines: each stands on the shared bases, never on a sibling engine ----------------------------------------
+
+STRATEGIES = "framework.strategies"
+# what every engine may build on: the interface and the torch.distributed engines' base
+ENGINE_BASES = {f"{STRATEGIES}.base", f"{STRATEGIES}.torch_distributed"}
+
+
+def _defines_a_strategy(path: Path) -> bool:
+    bases = [b for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef) for b in node.bases]
+    return any((b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")).endswith("Strategy") for b in bases)
+
+
+def engine_of(module: str) -> str:
+    """The engine a module of strategies/ belongs to: its package below strategies/ (the mesh's model_parallel/),
+    else the module itself."""
+    return ".".join(module.split(".")[:3])
+
+
+def engines() -> set[str]:
+    """Every engine: a module (or package below strategies/) that defines a Strategy subclass, the bases aside."""
+    return {engine_of(name) for name, path in MODULES.items()
+            if name.startswith(STRATEGIES + ".") and name not in ENGINE_BASES and _defines_a_strategy(path)}
+
+
+def sibling_engine_imports(edges: dict[str, set[str]]) -> list[str]:
+    """module -> engine imports of strategies/ that cross from one engine (or a shared piece) into an engine of its
+    own; the package's __init__ (strategy=auto picks ddp or single) aside."""
+    found, known = [], engines()
+    for name, targets in edges.items():
+        if not name.startswith(STRATEGIES + "."):
+            continue
+        found += [f"{name} imports {target}" for target in sorted(targets)
+                  if engine_of(target) in known and engine_of(target) != engine_of(name)]
+    return found
+
+
+def test_the_engines_are_found():
+    assert {f"{STRATEGIES}.{e}" for e in ("single", "dp", "ddp", "fsdp", "deepspeed", "horovod",
+                                          "model_parallel")} <= engines()
+
+
+def test_no_engine_imports_a_sibling_engine():
+    """An engine builds on base.py and torch_distributed.py and on shared pieces (dcp_checkpoints.py, fsdp_apply.py,
+    ...); what another engine needs from it moves to a shared module, and what the driver asks of every engine is a
+    property of the engine (Strategy.muon_steps), not an isinstance check across engines."""
+    found = sibling_engine_imports(graph())
+    assert not found, "\n".join(found)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from support.driver import driver_says
+from support.driver import driver_says, strategy_for
 from support.processes import REPO
 
 EXAMPLE = REPO / "examples" / "my_project"
@@ -107,6 +107,15 @@ CASES = {
         ["strategy=tp", "strategy.dp_shard=2", "trainer.batch_size=18", "trainer.grad_accum=2"],
         "trainer.batch_size=18 is not allowed with 2 data-parallel rank(s) (of 4 processes) x trainer.grad_accum=2: "
         "the global batch must divide evenly; use a multiple of 4"),
+    "rest_of_the_world_not_whole": (
+        ["strategy=hsdp", "strategy.dp_replicate=4", "strategy.dp_shard=-1", "strategy.nproc_per_node=6"],
+        "strategy.dp_shard=-1 is not allowed with 6 worker(s): the rest of the world is 6 / (strategy.pp=1 x "
+        "strategy.dp_replicate=4 x strategy.tp=1 = 4), which is not whole; use a number of workers that 4 divides"),
+    "rest_of_the_world_twice": (
+        ["strategy=hsdp", "strategy.dp_replicate=-1", "strategy.dp_shard=-1"],
+        "strategy.dp_replicate=-1 and strategy.dp_shard=-1 are not allowed together"),
+    "degree_minus_two": (["strategy=hsdp", "strategy.dp_shard=-2"],
+                         "strategy.dp_shard=-2 is not allowed: expected an integer >= 1, or -1 (the rest of the world)"),
 }
 
 
@@ -182,6 +191,18 @@ def test_a_users_strategy_yaml_with_a_bad_pattern_is_refused(tmp_path, user_proj
 
 
 # ---- what the workers rely on, in-process ------------------------------------------------------------------
+
+def test_a_degree_of_minus_one_takes_the_rest_of_the_world(tmp_path):
+    from framework.strategies.model_parallel.shape import MeshShape
+
+    assert MeshShape(dp_replicate=2, dp_shard=-1).filled(8) == MeshShape(dp_replicate=2, dp_shard=4)
+    assert MeshShape(dp_replicate=-1, dp_shard=2, tp=2).filled(8) == MeshShape(dp_replicate=2, dp_shard=2, tp=2)
+    assert MeshShape(dp_shard=2, tp=2).filled(8) == MeshShape(dp_shard=2, tp=2)  # no -1: the workers check it
+    hsdp = strategy_for("strategy=hsdp", "strategy.dp_replicate=2", "strategy.dp_shard=-1", "strategy.nproc_per_node=6")
+    assert (hsdp.shape, hsdp.batch_shares()) == (MeshShape(dp_replicate=2, dp_shard=3), 6)
+    assert driver_says([*CHAR_LM, "strategy=hsdp", "strategy.dp_shard=-1", "strategy.nproc_per_node=4",
+                        "trainer.batch_size=16"], tmp_path) == ""
+
 
 def test_each_rank_knows_its_place_and_its_data_parallel_rank():
     from framework.strategies.model_parallel.shape import MeshShape

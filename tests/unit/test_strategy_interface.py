@@ -14,8 +14,9 @@ from framework.training.engine import GradientSync, LocalGroup, ProcessGroup, Sl
 from support.driver import strategy_for
 from support.processes import REPO
 
-MAX_PUBLIC_MEMBERS = 17  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
+MAX_PUBLIC_MEMBERS = 18  # 16: check_task, the driver's look at a real input through the forward (pipeline stages) and the split
 # 17: batch_shares, over how many processes the driver checks that a batch splits (a mesh's data-parallel ranks)
+# 18: muon_steps, what ranks step, which the driver's optimizer=muon check asks (it named the engines' classes before)
 
 
 def public_members(cls: type) -> list[str]:

@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_
 from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
-from framework.strategies.fsdp import DCP, DcpCheckpoints
+from framework.strategies.dcp_checkpoints import DCP, DcpCheckpoints
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 
 

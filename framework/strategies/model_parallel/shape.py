@@ -3,8 +3,10 @@ parallel peers are neighbouring ranks, on one node where it has several GPUs), a
 Plain arithmetic: the driver checks with it before any worker starts, the workers build their DeviceMesh from it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from framework.common.errors import ConfigError
+from framework.config.strategy_options import REST_OF_THE_WORLD
 NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
@@ -14,6 +16,22 @@ class MeshShape:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+
+    def filled(self, world: int) -> "MeshShape":
+        """This shape in a world of `world` workers: a degree of -1 becomes the workers divided by the other
+        degrees; ConfigError when they do not divide them."""
+        rest = [name for name in NAMES if getattr(self, name) == REST_OF_THE_WORLD]
+        if not rest:
+            return self
+        others = 1
+        for name in NAMES:
+            others *= 1 if name in rest else getattr(self, name)
+        if world % others:
+            given = " x ".join(f"strategy.{n}={getattr(self, n)}" for n in NAMES if n not in rest)
+            raise ConfigError(f"strategy.{rest[0]}=-1 is not allowed with {world} worker(s): the rest of the world is "
+                              f"{world} / ({given} = {others}), which is not whole; use a number of workers that "
+                              f"{others} divides (strategy.nproc_per_node), or set strategy.{rest[0]}")
+        return replace(self, **{rest[0]: world // others})
 
     @property
     def sizes(self) -> tuple[int, ...]:

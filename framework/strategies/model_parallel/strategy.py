@@ -17,12 +17,11 @@ import torch.distributed.config as dist_config
 from torch import nn
 
 from framework.common.errors import ConfigError
-from framework.config.strategy_options import MULTI_STAGE, ZERO_BUBBLE, MeshOptions
+from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first
 from framework.session.environment import Ranks
-from framework.strategies.ddp import ElasticStrategy
-from framework.strategies.fsdp import DCP
+from framework.strategies.dcp_checkpoints import DCP
 from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.fsdp_traffic import counted_reduce_scatters
 from framework.strategies.fsdp_units import without_tied
@@ -37,6 +36,7 @@ from framework.strategies.model_parallel.precision import MeshPrecision
 from framework.strategies.model_parallel.shape import MeshShape
 from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
 from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
+from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
@@ -62,7 +62,9 @@ class MeshStrategy(ElasticStrategy):
     _describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
-        if options.nproc_per_node is None and not trainer.cuda and ranks is None:
+        # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
+        unfilled = REST_OF_THE_WORLD in self._shape(options).sizes
+        if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
             workers = self._shape(options).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
@@ -74,10 +76,15 @@ class MeshStrategy(ElasticStrategy):
 
     @property
     def shape(self) -> MeshShape:
-        return self._shape(self.options)
+        """The degrees, a -1 among them made the rest of the world (the workers the starter starts or was given)."""
+        return self._shape(self.options).filled(self.starter.processes())
 
     def batch_shares(self) -> int:
         return self.shape.dp_size
+
+    @property
+    def muon_steps(self) -> str:
+        return "shards" if self.shape.tp > 1 or self.shape.dp_shard > 1 else "unproven"
 
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
