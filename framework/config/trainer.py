@@ -48,6 +48,9 @@ class TrainerConfig(Checked):
     channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
     checkpoint_every_n_steps: Optional[int] = rule(500, at_least(1))  # also at every epoch end; null: epoch ends only
     keep_checkpoints: int = rule(2, at_least(0))  # the newest N in <run folder>/checkpoints; 0: none written
+    # write each checkpoint behind the loop: staged to CPU memory, then written while training goes on (at most one
+    # in flight; file and DCP formats, not deepspeed): framework/training/async_save.py, docs/checkpoints.md
+    async_checkpoint: bool = False
     # auto: the newest valid checkpoint of this run folder; none: start fresh; or a checkpoint .pt, a checkpoints
     # folder or a run folder
     resume: Optional[str] = "auto"
