@@ -73,6 +73,7 @@ class Outcome:
     step: int
     path: Path | None = None
     problem: str | None = None
+    explained: bool = False  # the problem names the newest complete checkpoint already (CheckpointNotWritten)
 
 
 class CheckpointWrites:
@@ -96,7 +97,7 @@ class CheckpointWrites:
             try:
                 self._outcome = Outcome(step, write())
             except CheckpointNotWritten as exc:
-                self._outcome = Outcome(step, problem=str(exc))
+                self._outcome = Outcome(step, problem=str(exc), explained=True)
             return
         self._thread = threading.Thread(target=self._write, args=(step, write), name=f"checkpoint-step-{step}",
                                         daemon=True)  # a process that ends without waiting leaves no commit
@@ -105,6 +106,8 @@ class CheckpointWrites:
     def _write(self, step: int, write: Callable[[], Path | None]) -> None:
         try:
             self._outcome = Outcome(step, write())
+        except CheckpointNotWritten as exc:  # disk full: what it needed, and the newest complete checkpoint
+            self._outcome = Outcome(step, problem=str(exc), explained=True)
         except BaseException as exc:  # said by the loop's thread at the next wait, on every rank
             first = str(exc).splitlines()[0] if str(exc) else ""
             self._outcome = Outcome(step, problem=f"{type(exc).__name__}: {first}" if first else type(exc).__name__)

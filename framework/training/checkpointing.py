@@ -103,16 +103,17 @@ class Checkpointer:
         outcome = self.writes.wait()
         if outcome is None:  # every rank started the same saves: none is in flight anywhere
             return
-        answers = self.group.gather_objects((outcome.problem, outcome.path))
-        failed = [(rank, problem) for rank, (problem, _) in enumerate(answers) if problem]
+        answers = self.group.gather_objects((outcome.problem, outcome.explained, outcome.path))
+        failed = [(rank, problem, explained) for rank, (problem, explained, _) in enumerate(answers) if problem]
         if failed:
-            rank, problem = failed[0]
+            rank, problem, explained = failed[0]
             if not self.writes.behind:
                 raise CheckpointNotWritten(problem)
-            kept = f"{self.last} stays the newest" if self.last else "no checkpoint of this run was committed"
-            raise CheckpointNotWritten(f"checkpoint of step {outcome.step} (written behind the loop) failed on rank "
-                                       f"{rank}: {problem}; it was not committed and {kept}")
-        self.last = answers[0][1]
+            kept = "" if explained else f"; it was not committed, and {self.last} stays the newest checkpoint" \
+                if self.last else "; it was not committed, and no checkpoint of this run was"
+            raise CheckpointNotWritten(f"rank {rank}, step {outcome.step} (written behind the loop, "
+                                       f"trainer.async_checkpoint): {problem}{kept}")
+        self.last = answers[0][2]
         self._committed.append((outcome.step, self.last))
 
     def committed(self) -> list[tuple[int, Path]]:
