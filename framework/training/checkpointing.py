@@ -15,7 +15,7 @@ from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, c
                                          keep_apart, load_checkpoint, load_engine_piece, save_checkpoint,
                                          save_sharded_checkpoint, write_engine_piece)
 from framework.config.trainer import TrainerConfig
-from framework.training.async_save import CheckpointWrites, pinned, staged
+from framework.training.async_save import CheckpointWrites, dcp_stager, pinned, staged
 from framework.training.dcp import DcpWrites
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
@@ -94,7 +94,7 @@ class Checkpointer:
     def _dcp(self):
         """async_save's gloo group and stager, made once, by every rank together, at the first save."""
         if self._dcp_writer is None:
-            self._dcp_writer = DcpWrites(bool(self.group.cuda_devices))
+            self._dcp_writer = DcpWrites(dcp_stager(bool(self.group.cuda_devices)))
         return self._dcp_writer
 
     def _settle(self) -> None:

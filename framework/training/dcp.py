@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import torch.distributed as dist
 from torch import nn
 
 Rename = Callable[[dict], dict]  # a state dict's keys as a checkpoint holds them (and back)
@@ -34,13 +35,9 @@ class DcpWrites:
     writes it on DCP's own thread, whose planning and commit are collectives: they run over a gloo group of their own
     (made here, by every rank together), never the training's group, whose collectives go on meanwhile."""
 
-    def __init__(self, cuda: bool):
-        import torch.distributed as dist
-
-        from framework.training.async_save import dcp_stager
-
+    def __init__(self, stager):
         self.group = dist.new_group(backend="gloo")
-        self.stager = dcp_stager(cuda)
+        self.stager = stager  # async_save.dcp_stager's: staged on the caller's thread
 
     def async_save(self, state: dict, path: Path):
         """A future that completes once this rank's shards (and, on rank 0, DCP's metadata, so every rank's) are
