@@ -87,6 +87,10 @@ class TrainerConfig(Checked):
     def check(self) -> None:
         if self.resume is not None and not self.resume.strip():
             raise SettingError("resume", self.resume, "auto, none, or a path to a checkpoint or run folder")
+        if self.async_checkpoint and self.keep_checkpoints == 0:
+            raise SettingError("async_checkpoint", True, message="{key}.async_checkpoint=true is not allowed with "
+                               "{key}.keep_checkpoints=0 (no checkpoint is written); allowed: false, or "
+                               "keep_checkpoints >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,8 @@ from framework.training.checkpoint_io import CheckpointIO
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import LocalGroup, Wrapped
 from framework.training.precision import Precision
+from support.driver import driver_says
+from support.processes import TINY
 
 
 class HeldWrites:
@@ -183,3 +185,12 @@ def test_only_formats_written_behind_the_loop_take_async_checkpoint():
         async_refusal(True, "deepspeed", "deepspeed")
     line = str(refused.value)
     assert line.startswith("trainer.async_checkpoint=true is not allowed with strategy=deepspeed") and "false" in line
+
+
+def test_the_driver_refuses_async_checkpoint_where_nothing_can_be_written_behind_the_loop(tmp_path):
+    none_kept = driver_says(["trainer.async_checkpoint=true", "trainer.keep_checkpoints=0", *TINY], tmp_path)
+    assert none_kept.startswith("trainer.async_checkpoint=true is not allowed with trainer.keep_checkpoints=0"), \
+        none_kept
+    deepspeed = driver_says(["trainer.async_checkpoint=true", "strategy=deepspeed", *TINY], tmp_path)
+    assert deepspeed.startswith("trainer.async_checkpoint=true is not allowed with strategy=deepspeed"), deepspeed
+    assert driver_says(["trainer.async_checkpoint=true", "strategy=fsdp", *TINY], tmp_path) == ""
