@@ -1,5 +1,5 @@
 """Training time lost per checkpoint, blocking (trainer.async_checkpoint=false) against written behind the loop
-(true): train.py experiment=char_lm under ddp (single-file checkpoints) and fsdp (DCP shards), 2 workers, a
+(true): train.py experiment=char_lm (block 64) under ddp (single-file checkpoints) and fsdp (DCP shards), 2 workers, a
 checkpoint every --every steps, and the same run without checkpoints, alternating (none, sync, async, none, ...).
 
 The window is the time between the progress lines of step --warmup-steps and of the last step (startup, warm-up and
@@ -19,7 +19,7 @@ from pathlib import Path
 from benchkit import commands
 from benchkit.alternation import alternate, median_of, ratio
 from benchkit.arguments import names, progress_window
-from benchkit.progress_lines import steps_per_second
+from benchkit.progress_lines import step_times, steps_per_second
 from benchkit.report import print_table, write_results
 from benchkit.timed_process import run_timed
 
@@ -34,6 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--every", type=int, default=20, help="trainer.checkpoint_every_n_steps")
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--steps", type=int, default=60, help="timed steps (a multiple of --every)")
+    p.add_argument("--block-size", type=int, default=64,
+                   help="dataset.block_size (64: the text's first epoch holds 84 steps, so no epoch end, with its "
+                        "evaluation and checkpoint, falls inside the window)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=int, default=900)
     args = p.parse_args(argv)
@@ -47,9 +50,14 @@ def window_seconds(strategy: str, variant: str, args, scratch: Path) -> dict:
     train = commands.train_py(
         "experiment=char_lm", f"strategy={strategy}", "strategy.nproc_per_node=2", "trainer.accelerator=cpu",
         f"trainer.max_steps={total}", f"trainer.log_every_n_steps={args.every}",
-        f"trainer.checkpoint_every_n_steps={args.every}", "trainer.progress_bar=false", *VARIANTS[variant])
+        f"trainer.checkpoint_every_n_steps={args.every}", f"dataset.block_size={args.block_size}",
+        "trainer.progress_bar=false", *VARIANTS[variant])
     cwd = Path(tempfile.mkdtemp(dir=scratch))
     out = run_timed(train, cwd, commands.environment(max(1, commands.cpu_cores() // 2)), args.timeout).check()
+    last = step_times(out.lines)[total]
+    if any(t < last for t, line in out.lines if "test loss" in line):
+        raise RuntimeError(f"an evaluation (an epoch end) fell inside the timed window of {' '.join(train[2:])}: "
+                           "lower --warmup-steps/--steps or --block-size")
     return {"window_s": args.steps / steps_per_second(out.lines, args.warmup_steps, total)}
 
 
