@@ -135,6 +135,24 @@ def test_the_next_save_starts_writing_only_once_the_one_in_flight_is_committed(t
     assert [step for step, _ in checkpointer.committed()] == [1, 2]
 
 
+def test_a_stop_waits_for_the_write_in_flight_and_keeps_its_commit(tmp_path, monkeypatch):
+    """What Trainer.fit does when a signal (or an error) ends the loop: Checkpointer.abandon on this rank alone."""
+    writes = HeldWrites(monkeypatch, tmp_path / "checkpoints", hold=1)
+    checkpointer, wrapped = _checkpointer(tmp_path), _wrapped()
+    _save(checkpointer, wrapped, 1)
+    assert writes.waiting.wait(30)
+    said = []
+    stopping = threading.Thread(target=lambda: said.append(checkpointer.abandon()), daemon=True)
+    stopping.start()
+    while not _waiting_in(sys._current_frames().get(stopping.ident), CheckpointWrites.wait.__code__):
+        assert stopping.is_alive(), "abandon() returned while the write was held"
+        time.sleep(0.01)
+    writes.released.set()
+    stopping.join(30)
+    assert said == [None] and newest_valid(tmp_path / "checkpoints").step == 1
+    assert checkpointer.last_saved() == tmp_path / "checkpoints" / "step-00000001.pt"
+
+
 def _waiting_in(frame, code) -> bool:
     while frame is not None:
         if frame.f_code is code:
