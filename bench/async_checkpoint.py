@@ -2,17 +2,21 @@
 (true): train.py experiment=char_lm (block 64) under ddp (single-file checkpoints) and fsdp (DCP shards), 2 workers, a
 checkpoint every --every steps, and the same run without checkpoints, alternating (none, sync, async, none, ...).
 
-The window is the time between the progress lines of step --warmup-steps and of the last step (startup, warm-up and
-the final evaluation excluded). A checkpoint step's progress line comes before its save, so the window holds the
-saves of its first step and of every --every steps up to, not including, the last: (window - window without
-checkpoints) / those saves is the training time each one costs. Behind the loop that is the staging copy and the
-wait for the one before; the write itself overlaps the steps that follow.
+Two measures, each run logging every step. The stall: how much longer the step after each checkpoint takes than
+the median step of the same run's window (its progress line comes before its save, the next one after the save and
+one step), the training time the loop itself spends on a checkpoint: the whole save when blocking; the staging copy
+and the wait for the write before when behind it. The window: the time between the progress lines of step
+--warmup-steps and of the last step (startup, warm-up and the final evaluation excluded), which holds the saves of
+its first step and every --every steps up to, not including, the last; (window - window without checkpoints) / those
+saves counts what a write behind the loop takes from the steps it overlaps too, but on a loaded machine its noise
+is as large as a checkpoint.
 
     .venv/bin/python bench/async_checkpoint.py --repeats 3
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -49,16 +53,20 @@ def window_seconds(strategy: str, variant: str, args, scratch: Path) -> dict:
     total = args.warmup_steps + args.steps
     train = commands.train_py(
         "experiment=char_lm", f"strategy={strategy}", "strategy.nproc_per_node=2", "trainer.accelerator=cpu",
-        f"trainer.max_steps={total}", f"trainer.log_every_n_steps={args.every}",
+        f"trainer.max_steps={total}", "trainer.log_every_n_steps=1",
         f"trainer.checkpoint_every_n_steps={args.every}", f"dataset.block_size={args.block_size}",
         "trainer.progress_bar=false", *VARIANTS[variant])
     cwd = Path(tempfile.mkdtemp(dir=scratch))
     out = run_timed(train, cwd, commands.environment(max(1, commands.cpu_cores() // 2)), args.timeout).check()
-    last = step_times(out.lines)[total]
-    if any(t < last for t, line in out.lines if "test loss" in line):
+    times = step_times(out.lines)
+    if any(t < times[total] for t, line in out.lines if "test loss" in line):
         raise RuntimeError(f"an evaluation (an epoch end) fell inside the timed window of {' '.join(train[2:])}: "
                            "lower --warmup-steps/--steps or --block-size")
-    return {"window_s": args.steps / steps_per_second(out.lines, args.warmup_steps, total)}
+    gaps = {step: times[step] - times[step - 1] for step in range(args.warmup_steps + 1, total + 1)}
+    after_saves = [step + 1 for step in range(args.warmup_steps, total, args.every)]
+    typical = statistics.median(gap for step, gap in gaps.items() if step not in after_saves)
+    return {"window_s": args.steps / steps_per_second(out.lines, args.warmup_steps, total),
+            "stall_s": statistics.mean(gaps[step] - typical for step in after_saves)}
 
 
 def main() -> None:
@@ -72,15 +80,18 @@ def main() -> None:
             samples = alternate({variant: (lambda v=variant, s=strategy: window_seconds(s, v, args, Path(tmp)))
                                  for variant in VARIANTS}, args.repeats)
             none, sync, behind = (median_of(samples[v], "window_s") for v in VARIANTS)
+            stall_none, stall_sync, stall_async = (median_of(samples[v], "stall_s") for v in VARIANTS)
             lost_sync, lost_async = (sync - none) / saves, (behind - none) / saves
             results[strategy] = {"window_s": {"none": none, "sync": sync, "async": behind},
-                                 "lost_per_checkpoint_s": {"sync": lost_sync, "async": lost_async},
-                                 "async_over_sync": ratio(lost_async, lost_sync), "samples": samples}
-            rows.append([strategy, f"{none:.2f} s", f"{sync:.2f} s", f"{behind:.2f} s", f"{lost_sync * 1000:.0f} ms",
-                         f"{lost_async * 1000:.0f} ms", ratio(lost_async, lost_sync)])
+                                 "stall_s": {"none": stall_none, "sync": stall_sync, "async": stall_async},
+                                 "window_lost_per_checkpoint_s": {"sync": lost_sync, "async": lost_async},
+                                 "stall_async_over_sync": ratio(stall_async, stall_sync), "samples": samples}
+            rows.append([strategy, f"{stall_sync * 1000:.0f} ms", f"{stall_async * 1000:.0f} ms",
+                         ratio(stall_async, stall_sync), f"{stall_none * 1000:.0f} ms", f"{none:.1f} s",
+                         f"{sync:.1f} s", f"{behind:.1f} s"])
     print()
-    print_table(["strategy", "window, no checkpoints", "window, sync", "window, async", "lost per checkpoint, sync",
-                 "lost per checkpoint, async", "async / sync"], rows)
+    print_table(["strategy", "stall per checkpoint, sync", "async", "async / sync", "same step, no checkpoints",
+                 "window, no checkpoints", "window, sync", "window, async"], rows)
     write_results("async_checkpoint", vars(args), results)
 
 
