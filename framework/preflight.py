@@ -22,6 +22,7 @@ from framework.data.streams import shards_itself, split_length
 from framework.strategies.base import Strategy
 from framework.strategies.muon_engines import muon_refusal
 from framework.telemetry.flops import silenced
+from framework.training.async_save import async_refusal
 from framework.training.determinism import environment_refusal
 from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
@@ -37,6 +38,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     if s.trainer.accelerator == "gpu" and not torch.cuda.is_available():
         raise ConfigError("trainer.accelerator=gpu is not allowed here: no CUDA GPU is visible; use auto or cpu")
     strategy.validate()
+    async_refusal(s.trainer.async_checkpoint, strategy.checkpoint_format.name, strategy.name)
     _machine(s, strategy)
     # builds both splits once (finding, or downloading, their files); class ids are checked where they are taken
     task = build_task(s, torch.device("cpu"), strategy.channels_last_refusal, check=True)

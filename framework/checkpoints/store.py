@@ -125,29 +125,39 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Che
 
 def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int, write_shards: Callable[[Path, str], None],
                             barrier: Callable[[], None], is_main: bool) -> Checkpoint:
-    """Every rank calls this. The engine writes each rank's shards into folder/step-XXXXXXXX/, rank 0 adds the
-    loop's own state (training_state.pt); after a barrier (every rank has finished its shard) rank 0 fsyncs
-    every file and commits the folder with the manifest (each file's size; training_state.pt's sha256)."""
-    stem = f"step-{manifest['step']:08d}"
-    shard_dir = folder / stem
+    """Every rank calls this. The engine writes each rank's shards into folder/step-XXXXXXXX/; after a barrier (every
+    rank has finished its shard) rank 0 adds the loop's own state and commits the folder (commit_shards)."""
+    stem = clear_shard_folder(folder, manifest["step"], is_main)
+    barrier()
+    write_shards(folder, stem)
+    barrier()
+    return commit_shards(folder, state, manifest, keep) if is_main else Checkpoint(folder / stem, {**manifest,
+                                                                                                  "file": stem})
+
+
+def clear_shard_folder(folder: Path, step: int, is_main: bool) -> str:
+    """Rank 0, before any rank writes the shards of `step`: a folder of that step left uncommitted (or about to be
+    replaced) is taken away, its manifest first. The folder's name (every rank)."""
+    stem = f"step-{step:08d}"
     if is_main:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{stem}.json").unlink(missing_ok=True)
-        if shard_dir.exists():  # never committed (or about to be replaced): not a checkpoint
-            shutil.rmtree(shard_dir)
-    barrier()
-    write_shards(folder, stem)
-    ours = {}
-    if is_main:
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getvalue()
-        write_atomically(shard_dir / TRAINING_STATE, data)
-        ours[TRAINING_STATE] = hashlib.sha256(data).hexdigest()
-    barrier()
+        if (folder / stem).exists():  # never committed (or about to be replaced): not a checkpoint
+            shutil.rmtree(folder / stem)
+    return stem
+
+
+def commit_shards(folder: Path, state: dict, manifest: dict, keep: int) -> Checkpoint:
+    """Rank 0, once every rank's shards are written: the loop's own state (training_state.pt), every file fsynced,
+    then the manifest (each file's size; training_state.pt's sha256) and the pruning."""
+    stem = f"step-{manifest['step']:08d}"
+    shard_dir = folder / stem
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    write_atomically(shard_dir / TRAINING_STATE, data)
+    ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
     committed = Checkpoint(shard_dir, {**manifest, "file": stem})
-    if not is_main:
-        return committed
     files = {}
     for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
         name = str(path.relative_to(shard_dir))

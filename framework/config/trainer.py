@@ -51,6 +51,9 @@ class TrainerConfig(Checked):
     channels_last: Union[bool, str] = rule("auto", one_of("auto", True, False, allowed="auto, true or false"))
     checkpoint_every_n_steps: Optional[int] = rule(500, at_least(1))  # also at every epoch end; null: epoch ends only
     keep_checkpoints: int = rule(2, at_least(0))  # the newest N in <run folder>/checkpoints; 0: none written
+    # write each checkpoint behind the loop: staged to CPU memory, then written while training goes on (at most one
+    # in flight; file and DCP formats, not deepspeed): framework/training/async_save.py, docs/checkpoints.md
+    async_checkpoint: bool = False
     # auto: the newest valid checkpoint of this run folder; none: start fresh; or a checkpoint .pt, a checkpoints
     # folder or a run folder
     resume: Optional[str] = "auto"
@@ -87,6 +90,10 @@ class TrainerConfig(Checked):
     def check(self) -> None:
         if self.resume is not None and not self.resume.strip():
             raise SettingError("resume", self.resume, "auto, none, or a path to a checkpoint or run folder")
+        if self.async_checkpoint and self.keep_checkpoints == 0:
+            raise SettingError("async_checkpoint", True, message="{key}.async_checkpoint=true is not allowed with "
+                               "{key}.keep_checkpoints=0 (no checkpoint is written); allowed: false, or "
+                               "keep_checkpoints >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,10 @@ class DcpCheckpoints(CheckpointIO):
         return state if self.is_main else None
 
     def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
-        save_sharded(sharded_state(model, optimizer), folder / tag)
+        save_sharded(self.shard_state(model, optimizer), folder / tag)
+
+    def shard_state(self, model: nn.Module, optimizer) -> dict:
+        return sharded_state(model, optimizer)
 
     def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
         """DCP reads the shards this rank needs under this run's sharding, whatever world size wrote them."""

@@ -13,7 +13,8 @@ the collectives as long as it does so on every rank):
                                           (framework/telemetry/per_gpu.py: IntervalReport) on rank 0, None elsewhere
   on_evaluation_start(state, step)        before an evaluation's first batch
   on_evaluation_end(state, step, result)  after an evaluation: result (EvalResult) on rank 0, None elsewhere
-  on_checkpoint_saved(state, step, path)  after a checkpoint was committed
+  on_checkpoint_saved(state, step, path)  after a checkpoint was committed (one written behind the loop: once the
+                                          run learns it, at the next save, best keeping or the end)
   on_fit_end(state)                       after the last evaluation (not when the loop raised)
   on_exception(state, exc)                the loop raised exc (it goes on after the hooks ran)
 

@@ -70,6 +70,11 @@ class CheckpointIO:
         """Every rank (sharded formats): write this rank's shards of model and optimizer into folder/tag."""
         raise NotImplementedError(f"{self.format.name} checkpoints are single files")
 
+    def shard_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """Every rank (the DCP formats): what save_shards writes, as the state dict DCP takes (written behind the
+        loop with trainer.async_checkpoint: framework/training/async_save.py)."""
+        raise NotImplementedError(f"{self.format.name} checkpoints are not written through DCP")
+
     def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Every rank: model and optimizer from a sharded (DCP) checkpoint folder/tag (framework/training/dcp.py; fsdp
         and the mesh engines write them); here each rank loads every parameter whole, into the module inside its

@@ -4,16 +4,19 @@ files, their commit and the choice of which to resume are framework/checkpoints/
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
-from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, keep_apart, load_checkpoint,
-                                         load_engine_piece, save_checkpoint, save_sharded_checkpoint,
-                                         write_engine_piece)
+from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, clear_shard_folder, commit_shards,
+                                         keep_apart, load_checkpoint, load_engine_piece, save_checkpoint,
+                                         save_sharded_checkpoint, write_engine_piece)
 from framework.config.trainer import TrainerConfig
+from framework.training.async_save import CheckpointWrites, dcp_stager, pinned, staged
+from framework.training.dcp import DcpWrites
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
 
@@ -32,6 +35,9 @@ class Checkpointer:
         self.batch_size = options.batch_size
         self.signature = signature
         self.last: Path | None = None
+        self.writes = CheckpointWrites(behind=options.async_checkpoint)
+        self._committed: list[tuple[int, Path]] = []
+        self._dcp_writer: DcpWrites | None = None
 
     def due(self, step: int, epoch_end: bool, wanted: bool = False) -> bool:
         """Whether the loop commits a checkpoint after `step`: every_n_steps, epoch ends and where the loop wants one
@@ -39,7 +45,12 @@ class Checkpointer:
         return self.keep > 0 and (wanted or epoch_end or bool(self.every and step % self.every == 0))
 
     def save(self, wrapped: Wrapped, position: Position, totals: dict, callbacks: dict,
-             lr_schedule: dict | None = None) -> Path:
+             lr_schedule: dict | None = None) -> Path | None:
+        """Every rank: the checkpoint of position.step, once the one before it is committed (at most one write in
+        flight). Its path once committed here (a blocking save), None while it is written behind the loop
+        (trainer.async_checkpoint): committed() says when it was. Raises CheckpointNotWritten, on every rank, when
+        this one, or the one written behind before it, could not be written."""
+        self._settle()
         group, io = self.group, wrapped.checkpoint_io
         rngs = group.gather_objects(rng_state(group.cuda_devices))
         engines, pieces = self._engine_state(wrapped, position.step)
@@ -49,27 +60,86 @@ class Checkpointer:
                     "param_groups": group_settings(wrapped.optimizer),  # names and settings, for people and tests
                     **({"engine": pieces} if pieces else {})}
         state = loop_state(position, totals, rngs, wrapped.precision.scaler, callbacks, lr_schedule, engines)
-        if io.format.sharded:  # the engine writes shards on every rank
-            saved = save_sharded_checkpoint(
+        self.writes.start(position.step, self._write(wrapped, state, manifest))
+        if not self.writes.behind:
+            self._settle()
+            return self.last
+        return None
+
+    def _write(self, wrapped: Wrapped, state: dict, manifest: dict) -> Callable[[], Path | None]:
+        """This rank's part of the checkpoint, as a call that writes and commits it (the state staged first where it
+        is written behind the loop: framework/training/async_save.py)."""
+        io, is_main, pin = wrapped.checkpoint_io, self.group.is_main, pinned(bool(self.group.cuda_devices))
+        if io.format.sharded and self.writes.behind:  # DCP: staged and sent by async_save, committed by rank 0
+            stem = clear_shard_folder(self.folder, manifest["step"], is_main)
+            self.barrier()
+            shards = self._dcp().async_save(io.shard_state(wrapped.model, wrapped.optimizer), self.folder / stem)
+            state = staged(state, pin) if is_main else None
+
+            def sharded() -> Path | None:
+                shards.result()  # rank 0's returns once every rank's shards and DCP's metadata are written
+                return commit_shards(self.folder, state, manifest, self.keep).path if is_main else None
+            return sharded
+        if io.format.sharded:
+            return lambda: save_sharded_checkpoint(
                 self.folder, state, manifest, self.keep,
                 lambda folder, tag: io.save_shards(folder, tag, wrapped.model, wrapped.optimizer),
-                self.barrier, group.is_main)
-            self.last = saved.path
-            return saved.path
-        problem, path = None, None
-        if group.is_main:
-            try:
-                path = save_checkpoint(self.folder, {**io.model_and_optimizer(wrapped.module, wrapped.optimizer),
-                                                     **state}, manifest, self.keep).path
-            except CheckpointNotWritten as exc:
-                problem = str(exc)
-        # every rank learns whether rank 0 could write it, so all stop together (not one in a collective)
-        answers = group.gather_objects((problem, path))
-        problems = [p for p, _ in answers if p]
-        if problems:
-            raise CheckpointNotWritten(problems[0])
-        self.last = answers[0][1]
-        return self.last
+                self.barrier, is_main).path
+        if not is_main:
+            return lambda: None
+        whole = {**io.model_and_optimizer(wrapped.module, wrapped.optimizer), **state}
+        whole = staged(whole, pin) if self.writes.behind else whole
+        return lambda: save_checkpoint(self.folder, whole, manifest, self.keep).path
+
+    def _dcp(self):
+        """async_save's gloo group and stager, made once, by every rank together, at the first save."""
+        if self._dcp_writer is None:
+            self._dcp_writer = DcpWrites(dcp_stager(bool(self.group.cuda_devices)))
+        return self._dcp_writer
+
+    def _settle(self) -> None:
+        """Every rank: waits for this rank's write in flight, then every rank learns whether every rank's was
+        written; its commit is remembered (committed()), a failure raised, in one line, on every rank."""
+        outcome = self.writes.wait()
+        if outcome is None:  # every rank started the same saves: none is in flight anywhere
+            return
+        answers = self.group.gather_objects((outcome.problem, outcome.explained, outcome.path))
+        failed = [(rank, problem, explained) for rank, (problem, explained, _) in enumerate(answers) if problem]
+        if failed:
+            rank, problem, explained = failed[0]
+            if not self.writes.behind:
+                raise CheckpointNotWritten(problem)
+            kept = "" if explained else f"; it was not committed, and {self.last} stays the newest checkpoint" \
+                if self.last else "; it was not committed, and no checkpoint of this run was"
+            raise CheckpointNotWritten(f"rank {rank}, step {outcome.step} (written behind the loop, "
+                                       f"trainer.async_checkpoint): {problem}{kept}")
+        self.last = answers[0][2]
+        self._committed.append((outcome.step, self.last))
+
+    def committed(self) -> list[tuple[int, Path]]:
+        """The (step, path) of each checkpoint committed since the last call, oldest first."""
+        done, self._committed = self._committed, []
+        return done
+
+    def finish(self) -> None:
+        """Every rank, at the end of the run: the write in flight committed (or its failure raised)."""
+        self._settle()
+        self.close()
+
+    def abandon(self) -> str | None:
+        """This rank alone, when the run ends with an error or a stop: waits for its write in flight to end (its
+        commit stays, or its temporary files are gone), no collective. What became of it, in one line, or None."""
+        outcome = self.writes.wait()
+        self.close()
+        if outcome is None or outcome.problem is None:
+            self.last = outcome.path if outcome and outcome.path else self.last
+            return None
+        return f"the checkpoint of step {outcome.step} was not committed: {outcome.problem}"
+
+    def close(self) -> None:
+        if self._dcp_writer is not None:
+            self._dcp_writer.close()
+            self._dcp_writer = None
 
     def _engine_state(self, wrapped: Wrapped, step: int) -> tuple[list | None, dict | None]:
         """An engine's own state (ddp's PowerSGD): with tensors in it (error feedback as large as the gradients),
@@ -97,7 +167,9 @@ class Checkpointer:
 
     def keep_best(self, step: int) -> None:
         """Every rank: the checkpoint just committed for `step` becomes checkpoints/best/ (hard links: no second
-        write), replacing the one kept before. Rank 0 moves the files; every rank waits for it."""
+        write), replacing the one kept before. Rank 0 moves the files; every rank waits for it (and first for the
+        checkpoint, where it is written behind the loop)."""
+        self._settle()
         if self.group.is_main and self.last is not None:
             try:
                 keep_apart(self.last, self.folder / BEST_DIR)

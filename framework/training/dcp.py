@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import torch.distributed as dist
 from torch import nn
 
 Rename = Callable[[dict], dict]  # a state dict's keys as a checkpoint holds them (and back)
@@ -26,6 +27,27 @@ def save_sharded(state: dict, path: Path) -> None:
     import torch.distributed.checkpoint as dcp  # slow: see _flat()
 
     dcp.save(state, checkpoint_id=str(path))
+
+
+class DcpWrites:
+    """Sharded checkpoints written behind the loop (trainer.async_checkpoint, framework/training/async_save.py):
+    torch.distributed.checkpoint.async_save stages this rank's state into CPU memory on the caller's thread, then
+    writes it on DCP's own thread, whose planning and commit are collectives: they run over a gloo group of their own
+    (made here, by every rank together), never the training's group, whose collectives go on meanwhile."""
+
+    def __init__(self, stager):
+        self.group = dist.new_group(backend="gloo")
+        self.stager = stager  # async_save.dcp_stager's: staged on the caller's thread
+
+    def async_save(self, state: dict, path: Path):
+        """A future that completes once this rank's shards (and, on rank 0, DCP's metadata, so every rank's) are
+        written."""
+        import torch.distributed.checkpoint as dcp  # slow: see _flat()
+
+        return dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager)
+
+    def close(self) -> None:
+        self.stager.close()
 
 
 def load_sharded(model: nn.Module, optimizer, path: Path, to_saved: Rename = dict, from_saved: Rename = dict) -> None:

@@ -2,7 +2,8 @@
 
 In-process strategies (single, dp): the first signal asks the loop to stop at the next step boundary,
 after writing a checkpoint; a second signal stops at once. Elastic workers (ddp) are stopped by the
-agent, and the last complete checkpoint is what survives."""
+agent, and the last complete checkpoint is what survives. Either way a checkpoint written behind the loop
+(trainer.async_checkpoint) is waited for before the run ends (Trainer.fit: Checkpointer.abandon)."""
 from __future__ import annotations
 
 import signal

@@ -130,8 +130,13 @@ class Trainer:
         try:
             self.callbacks.on_fit_start(self.state)
             self._fit(start)
+            self.checkpointer.finish()  # the checkpoint written behind the loop (trainer.async_checkpoint) committed
+            self._checkpoints_committed()
             self.callbacks.on_fit_end(self.state)
         except BaseException as exc:
+            left = self.checkpointer.abandon()  # a stop or an error waits for the write in flight, too
+            if left:
+                self.say(left)
             self.callbacks.on_exception(self.state, exc)
             reason = explained(exc, self.options.deterministic)
             if reason is exc:
@@ -180,13 +185,14 @@ class Trainer:
                     self.telemetry.heartbeat.beat(step, "checkpoint")
                     at = source.state()
                     position = Position(step, epoch, at.samples, batch, at.records)
-                    path = self.checkpointer.save(self.wrapped, position, asdict(state.totals),
-                                                  self.callbacks.state_dict(), self.lr_schedule.state_dict())
-                    self.callbacks.on_checkpoint_saved(state, step, path)
+                    self.checkpointer.save(self.wrapped, position, asdict(state.totals), self.callbacks.state_dict(),
+                                           self.lr_schedule.state_dict())
+                    self._checkpoints_committed()
                 if stopping:
                     raise Interrupted(self.run.stop.signum)
                 if evaluating:
                     self._evaluate(step)
+                    self._checkpoints_committed()  # the best checkpoint's keeping waits for the one of this step
                     evaluated_at = step
                     meter.reset()  # evaluation time is not training time
                     self.wrapped.model.train()
@@ -206,6 +212,12 @@ class Trainer:
                 break
             if step == self.total_steps:  # trainer.max_steps came before the epochs did
                 break
+
+    def _checkpoints_committed(self) -> None:
+        """on_checkpoint_saved for each checkpoint committed since the last call: at its save, or (written behind
+        the loop) at the next save, the best checkpoint's keeping or the end of the run."""
+        for step, path in self.checkpointer.committed():
+            self.callbacks.on_checkpoint_saved(self.state, step, path)
 
     def _evaluation_step(self, step: int) -> bool:
         """trainer.eval_every_n_steps: the clock is the global step, the same on every rank and across a resume."""

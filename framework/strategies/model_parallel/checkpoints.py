@@ -31,8 +31,11 @@ class MeshCheckpoints(DcpCheckpoints):
         self.gathers = gathers  # this rank's stage slice sends the whole stage to rank 0 (dp and tp coordinate 0)
 
     def save_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
+        save_sharded(self.shard_state(model, optimizer), folder / tag)
+
+    def shard_state(self, model: nn.Module, optimizer) -> dict:
         state = sharded_state(self.module, optimizer)
-        save_sharded({"model": state["model"], "optimizer": self._to_saved(state["optimizer"])}, folder / tag)
+        return {"model": state["model"], "optimizer": self._to_saved(state["optimizer"])}
 
     def load_shards(self, folder: Path, tag: str, model: nn.Module, optimizer) -> None:
         load_sharded(self.module, optimizer, folder / tag, self._to_saved, self._from_saved)
