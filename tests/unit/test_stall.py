@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from framework.telemetry import stall
-from framework.telemetry.activity import IN_FLIGHT, ActivityWindow, BatchSpeed
+from framework.telemetry.activity import IN_FLIGHT, ActivityWindow, BatchSpeed, a_thread_runnable
 
 
 @pytest.mark.parametrize("args,message", [
@@ -205,7 +205,19 @@ def test_past_the_timeout_a_loop_that_computes_is_slow_and_goes_on(tmp_path):
     assert not (tmp_path / "stall").exists()
 
 
+def _quiet_process() -> None:
+    """Returns once no other thread of this process is runnable at 10 looks in a row: in a batch the watchdog
+    counts the whole process, and torch's OpenMP threads from an earlier test's kernels spin a while (longer on a
+    loaded machine, where a spinning thread waits for a core) before they sleep."""
+    deadline, quiet = time.monotonic() + 30, 0
+    while quiet < 10:
+        assert time.monotonic() < deadline, "a thread of this process never stopped running"
+        quiet = 0 if a_thread_runnable() else quiet + 1
+        time.sleep(0.02)
+
+
 def test_past_the_timeout_a_loop_that_waits_is_stalled(tmp_path):
+    _quiet_process()
     said, exits = _watched_loop(tmp_path, _block, seconds=30)
     assert exits == [stall.EXIT_STALLED] and not said
     summary = (tmp_path / "stall" / "summary.txt").read_text()
