@@ -59,3 +59,20 @@ def register() -> None:
 
 
 register()
+
+
+NO_DEFAULT = object()
+
+
+def schema_default(config: dict, dotted: str):
+    """The default the schemas give `dotted`, a key of a resolved config (its strategy's schema by the config's
+    strategy.name), or NO_DEFAULT where no built-in schema declares one: what a config written before the key existed
+    meant by leaving it out."""
+    section, _, key = dotted.partition(".")
+    if section == "strategy":
+        schema = STRATEGIES.get((config.get("strategy") or {}).get("name"))
+    else:
+        schema = _CLOSED.get(section) or _OPEN.get(section)
+    if schema is None or not key:
+        return NO_DEFAULT
+    return OmegaConf.select(OmegaConf.structured(schema), key, default=NO_DEFAULT)

@@ -2,7 +2,9 @@
 job folders are named by job number and what varies (framework/results/job_names.py), so each job finds its own
 folder again. A job whose folder holds result.json and the same resolved config is not trained again: its result
 is reported; a job that had started resumes from its last checkpoint (trainer.resume=auto, the default); the others
-run. A finished job of another config is refused in one line (its folder is not overwritten)."""
+run. A finished job of another config is refused in one line (its folder is not overwritten). A key that a newer
+hydra-dist added, which the job's saved config lacks, is not a difference while it keeps its schema's default: a
+sweep started before an upgrade resumes after it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,18 +12,23 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from framework.common.errors import ConfigError
+from framework.config.schemas import NO_DEFAULT, schema_default
 from framework.results.result_file import read_result
 
 RESOLVED_CONFIG = "resolved_config.yaml"
 
 
-def changed_keys(before: dict, now: dict, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two resolved configs."""
+def changed_keys(before: dict, now: dict, prefix: str = "", default_of=lambda key: NO_DEFAULT) -> list[str]:
+    """The dotted keys whose values differ between two resolved configs; a key only one of them has is the same when
+    its value there is `default_of(key)`."""
     keys = []
     for key in dict.fromkeys([*before, *now]):
         a, b, name = before.get(key), now.get(key), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
-            keys += changed_keys(a, b, f"{name}.")
+            keys += changed_keys(a, b, f"{name}.", default_of)
+        elif (key in before) != (key in now):
+            if (a if key in before else b) != default_of(name):
+                keys.append(name)
         elif a != b:
             keys.append(name)
     return keys
@@ -38,7 +45,7 @@ def finished_before(run_dir: Path, cfg: DictConfig) -> dict | None:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / RESOLVED_CONFIG))
     except (OSError, ValueError):
         saved = None
-    changed = changed_keys(saved, resolved) if isinstance(saved, dict) else ["(no resolved_config.yaml)"]
+    changed = changed_keys(saved, resolved, default_of=lambda key: schema_default(resolved, key)) if isinstance(saved, dict) else ["(no resolved_config.yaml)"]
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(f"hydra.sweep.dir={run_dir.parent} is not allowed for this job: {run_dir.name} finished "

@@ -45,5 +45,7 @@ def _window_over_a_thread_in_a_barrier(rank: int, world_size: int, looked: str):
 def test_a_thread_waiting_in_a_gloo_barrier_is_waiting_inside_torch_distributed(world2, tmp_path):
     _, (computing, collective, runnable, said) = world2.run(_window_over_a_thread_in_a_barrier,
                                                             str(tmp_path / "looked"))
-    assert not computing and collective == "barrier" and runnable == (0, 4), said
+    # parked in a collective is waiting whatever else runs: the world's own threads may be runnable at a look on a
+    # loaded machine (1 of 4 seen in a make test-all), and that must not make it computing
+    assert not computing and collective == "barrier" and runnable[1] == 4, said
     assert said.endswith("inside torch.distributed's barrier"), said

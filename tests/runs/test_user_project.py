@@ -96,7 +96,7 @@ def test_under_torchrun_the_refusal_lists_the_strategies_of_every_config_dir(pro
                      launcher=torchrun(1))
     assert proc.returncode != 0
     assert "strategy=dp is not allowed under torchrun" in proc.stderr, proc.stderr
-    fits = "use strategy=announcing_ddp, ddp, deepspeed, fsdp, pp, tp, tp_function, tp_plan or auto"
+    fits = "use strategy=announcing_ddp, ddp, deepspeed, fsdp, hsdp, pp, tp, tp_function, tp_plan or auto"
     assert fits in proc.stderr, proc.stderr
 
 

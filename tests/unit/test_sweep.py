@@ -62,6 +62,21 @@ def test_a_finished_job_of_another_config_is_refused_not_overwritten(tmp_path):
         finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "max_steps": 20}}))
 
 
+def test_a_key_added_after_the_job_finished_differs_only_when_it_leaves_its_default(tmp_path):
+    """A sweep started before an upgrade that added trainer keys (deterministic, async_checkpoint) resumes after it;
+    the same key set otherwise is a change. tests/runs/test_compat_fixtures.py: a sweep written by an older commit."""
+    job = tmp_path / "0_seed=1"
+    job.mkdir()
+    (job / "resolved_config.yaml").write_text("trainer:\n  seed: 1\n")
+    write_result(job, {"objective": "acc", "test_acc": 0.5})
+    now = {"trainer": {"seed": 1, "deterministic": False, "async_checkpoint": False}}
+    assert finished_before(job, OmegaConf.create(now))["test_acc"] == 0.5
+    with pytest.raises(ConfigError, match=r"\(trainer.deterministic differ\)"):
+        finished_before(job, OmegaConf.create({"trainer": {**now["trainer"], "deterministic": True}}))
+    with pytest.raises(ConfigError, match=r"\(trainer.no_such_key differ\)"):  # no schema says what leaving it out meant
+        finished_before(job, OmegaConf.create({"trainer": {"seed": 1, "no_such_key": 1}}))
+
+
 def test_a_failed_jobs_row_says_why_from_its_train_log(tmp_path):
     """The reason the run noted in its folder (framework/results/failure_note.py); a job that noted none says where
     to look. The markdown cell keeps a '|' of the reason from ending it."""
