@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from framework.telemetry import stall
-from framework.telemetry.activity import IN_FLIGHT, ActivityWindow, BatchSpeed, a_thread_runnable
+from framework.telemetry.activity import CPU_BUSY, IN_FLIGHT, ActivityWindow, BatchSpeed, a_thread_runnable
 
 
 @pytest.mark.parametrize("args,message", [
@@ -221,8 +221,11 @@ def test_past_the_timeout_a_loop_that_waits_is_stalled(tmp_path):
     said, exits = _watched_loop(tmp_path, _block, seconds=30)
     assert exits == [stall.EXIT_STALLED] and not said
     summary = (tmp_path / "stall" / "summary.txt").read_text()
-    assert re.search(r"rank 0 \(.*\) at step 1, forward/backward: .*; waiting: 0% CPU, runnable at 0 of \d+ looks",
-                     summary), summary
+    # the process's other threads (pytest's, xdist's) may use a little CPU and run at a look on a loaded machine:
+    # below the busy bound it is waiting, which the stall verdict above already says
+    found = re.search(r"rank 0 \(.*\) at step 1, forward/backward: .*; waiting: (\d+)% CPU, "
+                      r"runnable at \d+ of \d+ looks", summary)
+    assert found and int(found[1]) < 100 * CPU_BUSY, summary
 
 
 def test_a_waiting_loop_whose_gpu_has_work_in_flight_is_slow(tmp_path, monkeypatch):
