@@ -26,7 +26,7 @@ test: setup
 	$(PY) -m pytest $(XDIST) -m "not slow or core" --durations=15 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
 
-# Everything (what CI runs): every process test too. About 36 minutes on 2 cores.
+# Everything (what CI runs): every process test too. About 50 minutes on 2 cores.
 test-all: setup
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) test-hydra14
