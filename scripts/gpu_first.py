@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import torch
 
+from framework.checkpoints.digest import state_digest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_smoke  # noqa: E402  (this folder's other script: its cells, runs and fault injection)
 
@@ -169,28 +171,6 @@ def verify_tf32(check: Check, work: Path, timeout: float) -> str:
     last = said[-1] if said else gpu_smoke.last_error(proc)
     said = first[8:] if first == last else f"{first[8:]} || {last[8:]}"
     return f"{'ok' if proc.returncode in (0, 1) else 'failed'} (exit {proc.returncode}): {said}"
-
-
-def state_digest(checkpoint: Path) -> str:
-    """sha256 over a checkpoint's model and optimizer tensors, in key order."""
-    import hashlib
-
-    digest = hashlib.sha256()
-
-    def add(value, path):
-        if torch.is_tensor(value):
-            raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            digest.update(path.encode() + raw.numpy().tobytes())
-        elif isinstance(value, dict):
-            for key in sorted(value, key=str):
-                add(value[key], f"{path}.{key}")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                add(item, f"{path}.{i}")
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    add({"model": state["model"], "optimizer": state["optimizer"]}, "")
-    return digest.hexdigest()
 
 
 def deterministic_twice(check: Check, work: Path, timeout: float) -> str:

@@ -3,11 +3,9 @@ draw): the same command twice, with 2 DataLoader workers per rank whose per-samp
 (tests/support/user_code/jittered_data.py), gives bitwise equal losses at every step and bitwise equal weights and
 optimizer state in the last checkpoint, under single and under ddp with 2 gloo workers. In-process (the switch's
 flags, refusals, an op without a deterministic kernel, warn): tests/unit/test_determinism.py."""
-import hashlib
-
 import pytest
-import torch
 
+from framework.checkpoints.digest import state_digest
 from support.processes import user_code_env
 from support.run_files import losses_by_step
 
@@ -20,26 +18,6 @@ JITTERED = [
     "trainer.deterministic=true",
 ]
 STRATEGIES = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "strategy.nproc_per_node=2"]}
-
-
-def state_digest(checkpoint) -> str:
-    """sha256 over the model's and the optimizer's tensors of a checkpoint, in key order."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    digest = hashlib.sha256()
-
-    def add(value, path):
-        if torch.is_tensor(value):
-            digest.update(path.encode())
-            digest.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(value, dict):
-            for key in sorted(value, key=str):
-                add(value[key], f"{path}.{key}")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                add(item, f"{path}.{i}")
-
-    add({"model": state["model"], "optimizer": state["optimizer"]}, "")
-    return digest.hexdigest()
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
