@@ -78,11 +78,16 @@ def one_of(*choices, allowed: str = "") -> Rule:
 def compile_backend() -> Rule:
     """A backend torch.compile knows, its debugging ones included (torch.compiler.list_backends(exclude_tags=()))."""
     return Rule("a backend of torch.compiler.list_backends(exclude_tags=()): inductor, aot_eager, eager, cudagraphs, ...",
-                lambda v: v in _compile_backends(), lambda v: isinstance(v, str))
+                lambda v: v == _DEFAULT_BACKEND or v in _compile_backends(), lambda v: isinstance(v, str))
+
+
+# torch.compile's own default needs no lookup: listing the backends imports torch._dynamo (about 2 s here), which
+# the driver's typing of the config would pay before the workers' template starts (framework/run.py: plan_run)
+_DEFAULT_BACKEND = "inductor"
 
 
 def _compile_backends() -> list[str]:
-    import torch  # asked only when a backend is checked: torch.compiler's registry imports torch._dynamo
+    import torch  # asked only when another backend is checked: torch.compiler's registry imports torch._dynamo
 
     return torch.compiler.list_backends(exclude_tags=())
 

@@ -10,6 +10,7 @@ import pytest
 
 from framework.common.errors import ConfigError
 from framework.config.rules import Checked, at_least, between, int_list, non_empty_text, require, rule
+from framework.config.trainer import TrainerConfig
 from framework.config.typed import typed
 from support.driver import composition_says, driver_says
 
@@ -73,3 +74,9 @@ def test_dead_code_is_gone():
 
     assert not hasattr(typed_module, "options_of")
     assert rules.ConfigError is ConfigError  # imported at the top, not inside require()
+
+
+def test_another_compile_backend_is_still_checked_against_torch():
+    assert typed(TrainerConfig, {"compile_backend": "aot_eager"}, "trainer").compile_backend == "aot_eager"
+    with pytest.raises(ConfigError, match=r"^trainer.compile_backend='inductr' is not allowed: .*list_backends"):
+        typed(TrainerConfig, {"compile_backend": "inductr"}, "trainer")
