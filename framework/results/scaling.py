@@ -173,11 +173,9 @@ def verdict(base: Row, top: Row) -> str:
 def _advice(part: str, row: Row) -> str:
     config = _config(row)
     strategy, trainer, dataset = config.get("strategy", {}), config.get("trainer", {}), config.get("dataset", {})
-    per_worker = row.global_batch // max(1, row.workers)
     if part == "compute":
-        return (f"each worker computes less efficiently on its {per_worker} samples a step (small batches keep a "
-                "GPU half idle; CPU workers share the cores): try a larger per-GPU batch (trainer.batch_size) or "
-                "trainer.grad_accum")
+        return f"each worker computes less efficiently {_work_of_a_worker(row, strategy)}: " + (
+            "try a larger per-GPU batch (trainer.batch_size) or trainer.grad_accum")
     if part == "waiting for data":
         workers = trainer.get("num_workers", 0)
         memory = "" if dataset.get("in_memory", True) else ", or dataset.in_memory=true where the split is tensors"
@@ -192,6 +190,22 @@ def _advice(part: str, row: Row) -> str:
     if "compression" in strategy:
         tries.append(f"strategy.compression (now {strategy['compression']})")
     return "try " + ", ".join(tries)
+
+
+def _work_of_a_worker(row: Row, strategy: dict) -> str:
+    """What one worker computes of a step: its share of the batch where every degree splits the batch (ddp, fsdp,
+    hsdp, deepspeed, horovod); where tp or pp split the model instead, its piece of the model on all the samples its
+    data-parallel group sees (each tp and pp peer sees the same batch)."""
+    tp, pp = int(strategy.get("tp") or 1), int(strategy.get("pp") or 1)
+    samples = row.global_batch // max(1, row.workers // (tp * pp))
+    if tp * pp == 1:
+        return (f"on its {samples} samples a step (small batches keep a GPU half idle; CPU workers share the "
+                "cores)")
+    pieces = [f"1/{tp} of each split layer (tp={tp})" if tp > 1 else "",
+              f"one of {pp} stages (pp={pp})" if pp > 1 else ""]
+    return (f"on {' and '.join(filter(None, pieces))} for all {samples} samples of its data-parallel group a step "
+            "(tp and pp split the model, not the batch: smaller matrices keep a GPU half idle; CPU workers share the "
+            "cores)")
 
 
 def scaling_report(found: list[tuple[Path, Job]]) -> str | None:

@@ -75,6 +75,25 @@ def test_the_slowest_rank_is_named_and_a_strategy_without_waits_says_so(tmp_path
     assert "(strategy=fsdp does not measure its waits: communication is in compute)" in report
 
 
+
+def test_the_compute_verdict_knows_that_tp_and_pp_split_the_model_not_the_batch(tmp_path):
+    # tp=2 on 2 workers: each rank sees all 64 samples of the step (the data-parallel degree is 1), not 32
+    for number, tp in enumerate([1, 2]):
+        job(tmp_path, number, [f"strategy.tp={tp}"], tp, {4: (1.0, 9.0, 0.0, [9.0] * tp, None),
+                                                          8: (640.0, 100.0, 0.0, [100.0] * tp, None)},
+            strategy="tp", config=f"strategy:\n  tp: {tp}\n  pp: 1\n")
+    report = scaling_report(jobs_of(tmp_path))
+    assert ("the largest loss is compute: 50.0 ms of each 100.0 ms step (strategy=tp does not measure its waits: "
+            "communication is in compute): each worker computes less efficiently on 1/2 of each split layer (tp=2) "
+            "for all 64 samples of its data-parallel group a step (tp and pp split the model") in report
+    # ddp on 2 workers: each computes its own 32 samples
+    ddp = tmp_path / "ddp"
+    for number, workers in enumerate([1, 2]):
+        job(ddp, number, [f"strategy.nproc_per_node={workers}"], workers,
+            {4: (1.0, 9.0, 0.0, [9.0] * workers, None), 8: (640.0, 100.0, 0.0, [100.0] * workers, None)},
+            strategy="fsdp")
+    assert "each worker computes less efficiently on its 32 samples a step" in scaling_report(jobs_of(ddp))
+
 def test_one_table_per_other_setting_and_failed_jobs_listed(tmp_path):
     for number, (workers, lr) in enumerate([(1, "0.1"), (2, "0.1"), (1, "0.2"), (2, "0.2")]):
         job(tmp_path, number, [f"strategy.nproc_per_node={workers}", f"optimizer.lr={lr}"], workers,
