@@ -32,7 +32,7 @@ from framework.session.detect import detect
 from framework.session.environment import Ranks
 from framework.session.situations import refuse
 from framework.strategies import build_strategy, choose_strategy
-from framework.training.determinism import deterministic_environment
+from framework.training.determinism import NoDeterministicKernel, deterministic_environment, explained
 from framework.training.loop_state import EvalResult
 from framework.training.interrupts import NoStop
 from framework.training.trainer import evaluate
@@ -58,6 +58,8 @@ def evaluate_command(cfg: DictConfig) -> float | None:
         return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task), session.ranks)
     except (ConfigError, WorkersFailed) as exc:
         refuse(exc)
+    except NoDeterministicKernel as exc:  # raised in this process (single, dp): one failure line, as a worker's is
+        refuse(WorkersFailed(str(exc)))
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str], ranks: Ranks | None) -> float:
@@ -172,6 +174,11 @@ def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | 
             wrapped.checkpoint_io.load_shards(source.parent, source.name, wrapped.model, wrapped.optimizer)
         result = evaluate(group, wrapped, loop_data(ctx, task))
         return result if group.is_main else None
+    except RuntimeError as exc:  # an op without a deterministic kernel: torch's message and the key's line
+        reason = explained(exc, settings.trainer.deterministic)
+        if reason is exc:
+            raise
+        raise reason from exc
     finally:
         if wrapped is not None:
             wrapped.close()

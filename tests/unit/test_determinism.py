@@ -68,6 +68,20 @@ def test_an_op_without_a_deterministic_kernel_fails_the_run_with_torchs_message_
                                  "or false"), err
 
 
+
+def test_eval_py_says_the_key_too_when_an_op_has_no_deterministic_kernel(
+        user_code, torch_defaults_after, tmp_path, monkeypatch, capsys):
+    code, out, err = command_in_process("main", [*UNPOOLING[:-1], f"hydra.run.dir={tmp_path / 'run'}"], tmp_path,
+                                        monkeypatch, capsys)
+    assert code == 0, out + err
+    code, out, err = command_in_process("eval_main", ["eval.py", f"ckpt_path={tmp_path / 'run'}",
+                                                      "trainer.deterministic=true", "allowed_targets=[unpooling_model.*]"],
+                                        tmp_path, monkeypatch, capsys)
+    assert code == 1, out + err
+    assert TORCH_SAYS in err and "Traceback" not in err
+    assert err.rstrip().endswith("raised by trainer.deterministic=true; set trainer.deterministic=warn to only warn, "
+                                 "or false"), err
+
 def test_warn_only_warns_and_the_run_finishes(user_code, torch_defaults_after, tmp_path, monkeypatch, capsys):
     with pytest.warns(UserWarning, match=TORCH_SAYS):
         code, out, err = command_in_process("main", [*UNPOOLING, "trainer.deterministic=warn"], tmp_path,
