@@ -27,6 +27,7 @@ class TensorBoardLog(Callback):
         self.writer.log_interval(step, report.summary, state.lrs())
         self.writer.log_per_gpu(step, report.summary, report.tflops, report.mfu,
                                 [(g.rank, g.ratio, g.line(step, report.straggler_threshold)) for g in report.stragglers])
+        self.writer.log_scalars(report.logged, step)
         if state.checkpoint_due:
             self.writer.flush()
 

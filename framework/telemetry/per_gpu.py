@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import socket
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -79,9 +79,9 @@ class PerGpu:
         return (f"model FLOPs: {model_flops / 1e6:,.2f} MFLOP per training sample (forward + backward, counted once); "
                 f"{_mfu_note(self.slots, precision_key(precision, convolutions))}")
 
-    def report(self, s: IntervalSummary) -> "IntervalReport":
+    def report(self, s: IntervalSummary, logged: dict[str, float]) -> "IntervalReport":
         tflops = self.tflops(s)
-        return IntervalReport(s, tflops, self.mfu(tflops), self.stragglers(s), self.threshold)
+        return IntervalReport(s, tflops, self.mfu(tflops), self.stragglers(s), self.threshold, logged)
 
     def tflops(self, s: IntervalSummary) -> list[float]:
         """FLOP/s each device did over the interval's wall time (the standard MFU numerator), in TFLOP/s."""
@@ -118,6 +118,8 @@ class IntervalReport:
     mfu: list[float | None]  # per slot; None where the GPU's peak is unknown
     stragglers: list[Straggler]
     straggler_threshold: float
+    # what callbacks logged since the last boundary (LoopState.log_scalar): tag -> value, written by every logger
+    logged: dict[str, float] = field(default_factory=dict)
 
 
 def has_convolutions(model: nn.Module) -> bool:

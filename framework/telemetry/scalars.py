@@ -78,4 +78,5 @@ def report_scalars(report, lr: float | dict[str, float], cuda: bool) -> dict[str
     plain values (CSV, MLflow)."""
     return {**interval_scalars(report.summary, lr, cuda),
             **per_gpu_scalars(report.summary, report.tflops, report.mfu,
-                              [(g.rank, g.ratio, "") for g in report.stragglers])}
+                              [(g.rank, g.ratio, "") for g in report.stragglers]),
+            **report.logged}

@@ -89,6 +89,9 @@ class TensorBoardLogger:
         for _, _, line in stragglers:
             self.writer.add_text("stragglers", line, step)
 
+    def log_scalars(self, scalars: dict[str, float], step: int) -> None:
+        self._add(scalars, step)
+
     def log_text(self, tag: str, text: str, step: int = 0) -> None:
         self.writer.add_text(tag, text, step)
 

@@ -109,7 +109,7 @@ class LoopState:
     """What every hook gets. Read: where the loop is (step, epoch, epochs, total_steps, checkpoint_due, totals), who
     this process is (rank, world_size, is_main, device, devices), what it trains (model, optimizer, lr(), lrs()), the run
     (run_dir, options, hparams(), model_record, objective, higher_is_better, stop_signalled). Call: say(), the collectives (on
-    every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside()."""
+    every rank alike), full_model_state(), keep_checkpoint_as_best(), request_stop(), evaluate_inside(), log_scalar()."""
 
     def __init__(self, options: TrainerConfig, group: ProcessGroup, wrapped: Wrapped, run: RunInfo,
                  total_steps: int | None, epochs: int, *, higher_is_better: bool):
@@ -128,6 +128,7 @@ class LoopState:
         self.evaluation_contexts: list = []  # what evaluate_inside() added; the loop enters each per evaluation
         self._group, self._wrapped, self._checkpointer, self._hparams = group, wrapped, run.checkpointer, run.hparams
         self._stop = run.stop
+        self._logged: dict[str, float] = {}  # log_scalar()'s, until the next log boundary takes them
 
     # ---- who this process is, and the collectives (every rank must call a collective, or the others wait) ----
     @property
@@ -210,6 +211,19 @@ class LoopState:
     def request_stop(self, reason: str) -> None:
         """End the run after the current evaluation (call it on every rank, with the same decision)."""
         self.stop_reason = reason
+
+    def log_scalar(self, tag: str, value: float) -> None:
+        """A number of the callback's own, written by every logger of the run (TensorBoard, CSV, MLflow, W&B) at the
+        next log boundary, under `tag` at that boundary's step; logged again before then, the last value. Rank 0's
+        are written: the loggers are rank 0's (gather_objects first for every rank's)."""
+        if not isinstance(tag, str) or not tag:
+            raise ValueError(f"log_scalar: the tag must be a non-empty string, not {tag!r}")
+        self._logged[tag] = float(value)
+
+    def take_logged(self) -> dict[str, float]:
+        """The loop, at a log boundary: what log_scalar() gathered since the last one, and a fresh start."""
+        logged, self._logged = self._logged, {}
+        return logged
 
     def evaluate_inside(self, context) -> None:
         """Every later evaluation runs inside `context()`, a context-manager factory (the EMA swaps its average in)."""

@@ -269,11 +269,11 @@ class Trainer:
         rows = self.group.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
         meter.reset()
         self._stop_if_nonfinite(rows)
-        report = None
+        report, logged = None, self.state.take_logged()
         if self.group.is_main:
             summary = IntervalSummary.from_rows(rows)
             self.state.totals.add(summary)
-            report = self.telemetry.per_gpu.report(summary)
+            report = self.telemetry.per_gpu.report(summary, logged)
         self.callbacks.on_log(self.state, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:

@@ -1,13 +1,16 @@
 """The logger group in this process: logger=mlflow and logger=wandb without their extras are one line each; the
 logger list composes; W&B's run id and sweep group kept in the folders; a bad W&B mode refused by the driver. The
 loggers' real stores and files: tests/runs/test_loggers.py."""
+import csv
 import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from framework.common.errors import ConfigError
-from support.driver import composed, driver_says
+from framework.results.run_scalars import run_scalars
+from support.driver import command_in_process, composed, driver_says
+from support.processes import USER_CODE
 
 
 @pytest.mark.parametrize("logger", ["mlflow", "wandb"])
@@ -53,3 +56,20 @@ def test_a_bad_wandb_mode_is_refused_by_the_driver(tmp_path):
     assert driver_says(["dataset=synthetic", "logger=wandb", "callbacks.wandb.mode=cloud"], tmp_path) == (
         "callbacks.wandb.mode='cloud' is not allowed: expected null (W&B's own: WANDB_MODE, else online), online, "
         "offline or disabled")
+
+
+def test_a_callbacks_own_scalar_reaches_every_logger_at_the_next_log_boundary(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(USER_CODE))
+    run = tmp_path / "run"
+    code, out, err = command_in_process("main", [
+        "train.py", "logger=[tensorboard,csv]", "+callbacks.square._target_=scalar_logging.StepSquared",
+        "allowed_targets=[scalar_logging.*]", "dataset=synthetic", "dataset.train_size=256", "dataset.test_size=64",
+        "strategy=single", "trainer.max_steps=6", "trainer.batch_size=32", "trainer.log_every_n_steps=2",
+        "trainer.progress_bar=false", "trainer.keep_checkpoints=0", f"hydra.run.dir={run}"], tmp_path, monkeypatch,
+        capsys)
+    assert code == 0, out + err
+    assert run_scalars(run)["custom/step_squared"] == {2: 4.0, 4: 16.0, 6: 36.0}  # TensorBoard's own reader
+    with open(run / "metrics.csv", newline="") as f:
+        written = {int(row["step"]): float(row["value"]) for row in csv.DictReader(f)
+                   if row["metric"] == "custom/step_squared"}
+    assert written == {2: 4.0, 4: 16.0, 6: 36.0}
