@@ -1,0 +1,53 @@
+"""The K shards' gradients summed as integers: exact, so the order (and the world size) cannot change the result.
+
+Per tensor, the largest |g| of any shard, m < 2^e, sets the scale 2^s with s = B - e, B = 52 - ceil(log2 K): every
+shard's gradient times 2^s, in float64 (exact: a power of two), is at most 2^B and is rounded to an integer; the
+ranks' integers are added in int64 (K of them stay within 2^52, so float64 holds the total exactly), and the total
+times 2^-s is rounded once to the gradient's dtype. So the result is each shard rounded to a multiple of 2^-s (about
+m x 2^-(B-1)), summed exactly, rounded once: not what float addition in some order gives, but the same for every
+world size, and never further from the exact sum than K x 2^-(s+1) plus half a unit of the result's last place.
+
+A tensor whose largest |g| is not finite (a NaN or inf in some shard) comes back all NaN, so the loop's
+trainer.on_nonfinite (stop or skip) sees it; it is never summed at a scale it does not fit."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from framework.training.engine import ProcessGroup
+from framework.training.invariant.shards import check_owned
+
+MANTISSA_BITS = 52  # float64 holds every integer up to 2^53 exactly
+
+
+class FixedPointSum:
+    def __init__(self, shards: int):
+        self.shards = shards
+        self.bits = MANTISSA_BITS - math.ceil(math.log2(shards))
+
+    def reduce(self, owned: list[list[torch.Tensor]], group: ProcessGroup) -> list[torch.Tensor]:
+        """owned[i]: shard (group.rank + i * W)'s gradient, a tensor per parameter. Returns the sum over all K
+        shards, a tensor per parameter, bitwise the same for every W that divides K."""
+        check_owned(owned, group.world_size, self.shards)
+        largest = torch.stack([torch.stack([g.detach().abs().max() for g in grads]).double() for grads in owned])
+        largest = group.all_gather(largest.amax(0)).amax(0)  # one number per tensor; a max is exact in any order
+        scales = [self.bits - math.frexp(m)[1] if math.isfinite(m) else None for m in largest.tolist()]
+        mine = torch.cat([self._integers([grads[j] for grads in owned], s) for j, s in enumerate(scales)])
+        total = group.all_reduce_sum(mine)
+        parts = total.split([t.numel() for t in owned[0]])
+        return [self._back(part, t, s) for part, t, s in zip(parts, owned[0], scales)]
+
+    @staticmethod
+    def _integers(shards: list[torch.Tensor], scale: int | None) -> torch.Tensor:
+        """This rank's shards of one tensor as integers at 2^scale, summed (exact), flat."""
+        if scale is None:
+            return torch.zeros(shards[0].numel(), dtype=torch.int64, device=shards[0].device)
+        factor = 2.0 ** scale
+        return sum(torch.round(g.detach().reshape(-1).double() * factor).long() for g in shards)
+
+    @staticmethod
+    def _back(total: torch.Tensor, like: torch.Tensor, scale: int | None) -> torch.Tensor:
+        if scale is None:
+            return torch.full_like(like, math.nan)
+        return (total.double() * 2.0 ** -scale).to(like.dtype).view_as(like)
