@@ -1,0 +1,53 @@
+"""The world-size-invariant mode's refusals (framework/config/invariant.py), each one line naming the key, its value
+and what is allowed, on the real schemas: the driver takes them when the mode's keys are wired (issue 58)."""
+import pytest
+
+from framework.common.errors import ConfigError
+from framework.config.invariant import check_invariant
+from framework.config.strategy_options import DDPOptions, FSDPOptions, HorovodOptions, SingleOptions
+from framework.config.trainer import TrainerConfig
+
+
+def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
+    with pytest.raises(ConfigError) as refused:
+        check_invariant(micro_shards, TrainerConfig(**trainer), options or DDPOptions(), dp_ranks)
+    line = str(refused.value)
+    assert "\n" not in line
+    return line
+
+
+@pytest.mark.parametrize("options", [SingleOptions(), DDPOptions()])
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+def test_single_and_ddp_pass_with_shards_every_worker_count_divides(options, ranks):
+    check_invariant(8, TrainerConfig(batch_size=64), options, ranks)
+
+
+@pytest.mark.parametrize("options", [FSDPOptions(), HorovodOptions()])
+def test_an_engine_with_its_own_reduction_order_is_refused(options):
+    assert _refusal(options=options).startswith(f"strategy={options.name} is not allowed with trainer.invariant=true:"
+                                                " the world-size-invariant mode runs under strategy=single or ")
+
+
+def test_a_user_engine_named_ddp_is_not_taken_for_ddp():
+    assert _refusal(options=DDPOptions(_target_="my_project.engines.MyDDP")).startswith("strategy=ddp is not allowed")
+
+
+def test_shards_that_a_worker_count_does_not_divide_are_refused():
+    assert _refusal(micro_shards=6, dp_ranks=4).startswith(
+        "trainer.micro_shards=6 is not allowed with 4 data-parallel ranks: it must be a multiple of every worker count")
+
+
+@pytest.mark.parametrize("trainer, starts", [
+    ({"batch_size": 100}, "trainer.batch_size=100 is not allowed with trainer.micro_shards=8: each micro-shard is"),
+    ({"grad_accum": 2}, "trainer.grad_accum=2 is not allowed with trainer.invariant=true: each rank accumulates"),
+    ({"deal_as_ranks": 2}, "trainer.deal_as_ranks=2 is not allowed with trainer.invariant=true"),
+])
+def test_trainer_keys_the_shards_replace_are_refused(trainer, starts):
+    assert _refusal(**trainer).startswith(starts)
+
+
+def test_sync_batchnorm_and_compression_are_refused():
+    assert _refusal(options=DDPOptions(sync_batchnorm=True)).startswith(
+        "strategy.sync_batchnorm=true is not allowed with trainer.invariant=true")
+    assert _refusal(options=DDPOptions(compression="fp16")).startswith(
+        "strategy.compression=fp16 is not allowed with trainer.invariant=true")
