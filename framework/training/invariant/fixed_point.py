@@ -30,24 +30,17 @@ class FixedPointSum:
         """owned[i]: shard (group.rank + i * W)'s gradient, a tensor per parameter. Returns the sum over all K
         shards, a tensor per parameter, bitwise the same for every W that divides K."""
         check_owned(owned, group.world_size, self.shards)
-        largest = torch.stack([torch.stack([g.detach().abs().max() for g in grads]).double() for grads in owned])
-        largest = group.all_gather(largest.amax(0)).amax(0)  # one number per tensor; a max is exact in any order
-        scales = [self.bits - math.frexp(m)[1] if math.isfinite(m) else None for m in largest.tolist()]
-        mine = torch.cat([self._integers([grads[j] for grads in owned], s) for j, s in enumerate(scales)])
-        total = group.all_reduce_sum(mine)
-        parts = total.split([t.numel() for t in owned[0]])
-        return [self._back(part, t, s) for part, t, s in zip(parts, owned[0], scales)]
-
-    @staticmethod
-    def _integers(shards: list[torch.Tensor], scale: int | None) -> torch.Tensor:
-        """This rank's shards of one tensor as integers at 2^scale, summed (exact), flat."""
-        if scale is None:
-            return torch.zeros(shards[0].numel(), dtype=torch.int64, device=shards[0].device)
-        factor = 2.0 ** scale
-        return sum(torch.round(g.detach().reshape(-1).double() * factor).long() for g in shards)
-
-    @staticmethod
-    def _back(total: torch.Tensor, like: torch.Tensor, scale: int | None) -> torch.Tensor:
-        if scale is None:
-            return torch.full_like(like, math.nan)
-        return (total.double() * 2.0 ** -scale).to(like.dtype).view_as(like)
+        sizes = [t.numel() for t in owned[0]]
+        mine = torch.stack([torch.cat([t.detach().reshape(-1) for t in grads]) for grads in owned])  # [K/W, P]
+        largest = torch.stack([part.max() for part in mine.abs().amax(0).split(sizes)]).double()  # NaN stays NaN
+        largest = group.all_gather(largest).amax(0)  # one number per tensor; a max is exact in any order
+        finite = largest.isfinite()
+        exponents = torch.frexp(torch.where(finite, largest, 0.0)).exponent
+        factor = torch.repeat_interleave(torch.ldexp(torch.ones_like(largest), self.bits - exponents),
+                                         torch.tensor(sizes, device=largest.device))
+        nan = torch.repeat_interleave(~finite, torch.tensor(sizes, device=largest.device))
+        integers = torch.where(nan, 0.0, torch.round(mine.double() * factor)).long()  # an inf is no integer
+        total = group.all_reduce_sum(integers.sum(0))  # exact in any order
+        summed = (total.double() / factor).to(mine.dtype)  # exact division (a power of two), one rounding
+        summed = torch.where(nan, torch.full_like(summed, math.nan), summed)
+        return [part.view_as(t) for part, t in zip(summed.split(sizes), owned[0])]
