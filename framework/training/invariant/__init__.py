@@ -9,10 +9,14 @@ whatever W is, and a reducer combines the K shards' gradients into a sum that do
 - `FixedPointSum`: per tensor, the largest |g| of any shard (gathered, exact) sets a power-of-two scale, each shard
   is rounded to an integer at that scale, the integers are summed exactly (int64, any order), and the sum is rounded
   once back to float: one int64 all-reduce (twice fp32's bytes). Not equal to plain float summation: equal across
-  world sizes, and at least as close to the exact sum."""
+  world sizes, and at least as close to the exact sum.
+
+A rank's micro-batch is cut into its shards by `rank_shards` (no change to how the sampler deals), and each shard's
+forward and backward draw their dropout masks from generators keyed by (seed, step, shard): `shard_draws`."""
+from framework.training.invariant.draws import shard_draws, shard_key
 from framework.training.invariant.fixed_point import FixedPointSum
 from framework.training.invariant.gathered import GatheredTreeSum
-from framework.training.invariant.shards import owned_shards
+from framework.training.invariant.shards import owned_shards, rank_shards
 from framework.training.invariant.tree_sum import tree_sum
 
-__all__ = ["FixedPointSum", "GatheredTreeSum", "owned_shards", "tree_sum"]
+__all__ = ["FixedPointSum", "GatheredTreeSum", "owned_shards", "rank_shards", "shard_draws", "shard_key", "tree_sum"]
