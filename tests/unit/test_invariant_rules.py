@@ -1,11 +1,15 @@
 """The world-size-invariant mode's refusals (framework/config/invariant.py), each one line naming the key, its value
-and what is allowed, on the real schemas: the driver takes them when the mode's keys are wired (issue 58)."""
+and what is allowed, on the real schemas, and a model keeping BatchNorm's running statistics: the driver takes them
+when the mode's keys are wired (issue 58)."""
 import pytest
+from torch import nn
 
 from framework.common.errors import ConfigError
 from framework.config.invariant import check_invariant
 from framework.config.strategy_options import DDPOptions, FSDPOptions, HorovodOptions, SingleOptions
 from framework.config.trainer import TrainerConfig
+from framework.models.lenet import LeNet
+from framework.training.invariant.batch_norm import refuse_running_statistics
 
 
 def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
@@ -51,3 +55,11 @@ def test_sync_batchnorm_and_compression_are_refused():
         "strategy.sync_batchnorm=true is not allowed with trainer.invariant=true")
     assert _refusal(options=DDPOptions(compression="fp16")).startswith(
         "strategy.compression=fp16 is not allowed with trainer.invariant=true")
+
+
+def test_a_model_keeping_batchnorm_running_statistics_is_refused_naming_the_layer():
+    refuse_running_statistics(LeNet((1, 28, 28), 10), "lenet")
+    refuse_running_statistics(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, track_running_stats=False)), "x")
+    with pytest.raises(ConfigError, match=r"^model=cnn is not allowed with trainer.invariant=true: its BatchNorm2d "
+                                          r"'1' keeps running statistics, which each rank updates"):
+        refuse_running_statistics(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)), "cnn")
