@@ -97,3 +97,12 @@ def test_a_rank_handing_the_wrong_number_of_shards_or_shapes_is_an_error():
     shards[1][0] = torch.zeros(5, 6)
     with pytest.raises(ValueError, match="same tensors"):
         FixedPointSum(2).reduce(shards, ONE)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_other_gradient_dtypes_come_back_in_their_dtype_as_the_exact_sum_rounded_once(dtype):
+    g = torch.Generator().manual_seed(2)
+    shards = [[(torch.randn(50, generator=g) * 2.0 ** -3).to(dtype)] for _ in range(8)]
+    summed = FixedPointSum(8).reduce(shards, ONE)[0]
+    assert summed.dtype == dtype
+    assert torch.equal(summed, sum(s[0].double() for s in shards).to(dtype))

@@ -7,6 +7,9 @@ the total exactly), and the total times 2^-s is rounded once to the gradient's d
 m x 2^-(B-1)), summed exactly, rounded once: not what float addition in some order gives, but the same for every
 world size, and never further from the exact sum than K x 2^-(s+1) plus half a unit of the result's last place.
 
+Gradients in bf16 or fp16 are scaled in float32 (which holds them exactly); float64 gradients are rounded at the same
+2^-s, coarser than float64's own precision for all but the largest elements.
+
 A tensor whose largest |g| is not finite (a NaN or inf in some shard) comes back all NaN, so the loop's
 trainer.on_nonfinite (stop or skip) sees it; it is never summed at a scale it does not fit."""
 from __future__ import annotations
