@@ -1,8 +1,9 @@
-"""Probe of issue 58: what each exact reduction costs on gloo with W ranks (processes of this script), per step, for
-LeNet's and the char LM's gradient sizes, against ddp's plain fp32 all-reduce of the same gradients: median ms over
---repeats calls and the bytes each rank sends (ring all-reduce: 2 (W-1)/W x the buffer; gather: (W-1) x its part
-to every peer... counted as what a ring sends: (W-1) x the rank's part). Also: whether gloo sums int64 (the
-fixed-point sum's all-reduce), and both sums bitwise equal to one process's. One JSON line from rank 0.
+"""Probe of issue 58: what each exact reduction costs on gloo with W ranks (processes of this script, one thread
+each), per step, for LeNet's and the char LM's gradient sizes, against ddp's plain fp32 all-reduce of one gradient:
+median ms over --repeats calls (the reducers' arithmetic included: flattening, the tree sum, the integers), and the
+bytes each rank sends (ring all-reduce: 2 (W-1)/W x the buffer; ring all-gather: (W-1) x the rank's part). Also:
+whether gloo sums int64 exactly (the fixed-point sum's all-reduce), and both sums bitwise equal to one process's.
+One JSON line from rank 0.
 
     PYTHONPATH=. .venv/bin/python bench/invariant_probes/reduce_cost.py --world 2"""
 from __future__ import annotations
