@@ -1,6 +1,5 @@
 """The world-size-invariant mode's refusals (issue 58: trainer.invariant, trainer.micro_shards), each one line naming
-the key, its value and what is allowed, made in the driver before any worker starts. Not yet called: the driver's
-checks (framework/preflight.py) take it when the mode's keys join the trainer's schema."""
+the key, its value and what is allowed, made in the driver before any worker starts (framework/preflight.py)."""
 from __future__ import annotations
 
 from framework.common.errors import ConfigError
@@ -11,10 +10,10 @@ from framework.config.strategy_options import DDPOptions, SingleOptions, Strateg
 ENGINES = {SingleOptions._target_: "single", DDPOptions._target_: "ddp"}
 
 
-def check_invariant(micro_shards: int, trainer, options: StrategyOptions, dp_ranks: int) -> None:
-    """trainer: the trainer's settings (batch_size, grad_accum, deal_as_ranks); options: the strategy's; dp_ranks:
-    the data-parallel ranks this run starts."""
-    mode = "trainer.invariant=true"
+def check_invariant(trainer, options: StrategyOptions, dp_ranks: int, cuda: bool = False) -> None:
+    """trainer: the trainer's settings (micro_shards, batch_size, grad_accum, deal_as_ranks, precision); options: the
+    strategy's; dp_ranks: the data-parallel ranks this run starts; cuda: whether it trains on GPUs."""
+    mode, micro_shards = "trainer.invariant=true", trainer.micro_shards
     if options._target_ not in ENGINES:
         raise ConfigError(f"strategy={options.name} is not allowed with {mode}: the world-size-invariant mode runs "
                           "under strategy=single or strategy=ddp (this engine reduces gradients in an order of its "
@@ -34,6 +33,13 @@ def check_invariant(micro_shards: int, trainer, options: StrategyOptions, dp_ran
     if trainer.deal_as_ranks is not None:
         raise ConfigError(f"trainer.deal_as_ranks={trainer.deal_as_ranks} is not allowed with {mode}: one process "
                           "trains every micro-shard in turn already; leave trainer.deal_as_ranks out")
+    if trainer.precision == "fp16":
+        raise ConfigError(f"trainer.precision=fp16 is not allowed with {mode}: GradScaler's unscaling and skipped "
+                          "steps come before the exact sum; allowed: fp32 or bf16")
+    if cuda and trainer.deterministic is not True:
+        raise ConfigError(f"trainer.deterministic={str(trainer.deterministic).lower()} is not allowed with {mode} on GPUs: a "
+                          "kernel without a deterministic algorithm changes a shard's gradient run to run; set "
+                          "trainer.deterministic=true")
     if getattr(options, "sync_batchnorm", False):
         raise ConfigError(f"strategy.sync_batchnorm=true is not allowed with {mode}: it normalizes over the ranks, "
                           "whose number changes; leave it out")

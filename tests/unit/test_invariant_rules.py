@@ -1,6 +1,6 @@
 """The world-size-invariant mode's refusals (framework/config/invariant.py), each one line naming the key, its value
-and what is allowed, on the real schemas, and a model keeping BatchNorm's running statistics: the driver takes them
-when the mode's keys are wired (issue 58)."""
+and what is allowed, on the real schemas, and a model keeping BatchNorm's running statistics (the driver's own
+composition of them: tests/unit/test_bad_inputs.py)."""
 import pytest
 from torch import nn
 
@@ -14,7 +14,7 @@ from framework.training.invariant.batch_norm import refuse_running_statistics
 
 def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
     with pytest.raises(ConfigError) as refused:
-        check_invariant(micro_shards, TrainerConfig(**trainer), options or DDPOptions(), dp_ranks)
+        check_invariant(TrainerConfig(micro_shards=micro_shards, **trainer), options or DDPOptions(), dp_ranks)
     line = str(refused.value)
     assert "\n" not in line
     return line
@@ -23,7 +23,7 @@ def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
 @pytest.mark.parametrize("options", [SingleOptions(), DDPOptions()])
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 def test_single_and_ddp_pass_with_shards_every_worker_count_divides(options, ranks):
-    check_invariant(8, TrainerConfig(batch_size=64), options, ranks)
+    check_invariant(TrainerConfig(batch_size=64), options, ranks)
 
 
 @pytest.mark.parametrize("options", [FSDPOptions(), HorovodOptions()])
@@ -48,6 +48,14 @@ def test_shards_that_a_worker_count_does_not_divide_are_refused():
 ])
 def test_trainer_keys_the_shards_replace_are_refused(trainer, starts):
     assert _refusal(**trainer).startswith(starts)
+
+
+def test_fp16_and_nondeterministic_gpu_kernels_are_refused():
+    assert _refusal(precision="fp16").startswith("trainer.precision=fp16 is not allowed with trainer.invariant=true")
+    with pytest.raises(ConfigError, match=r"^trainer.deterministic=false is not allowed with trainer.invariant=true "
+                                          "on GPUs"):
+        check_invariant(TrainerConfig(batch_size=64), DDPOptions(), 2, cuda=True)
+    check_invariant(TrainerConfig(batch_size=64, deterministic=True), DDPOptions(), 2, cuda=True)
 
 
 def test_sync_batchnorm_and_compression_are_refused():
