@@ -1,4 +1,4 @@
-"""The world-size-invariant mode's pieces (issue 58; not yet wired into the loop).
+"""The world-size-invariant mode's pieces (trainer.invariant; the loop runs InvariantStep: step.py).
 
 A global batch is K fixed micro-shards: shard k holds the batch positions congruent to k mod K, so rank r of W owns
 the shards k = r mod W (`owned_shards`). Each rank computes one gradient per owned shard, with the same shapes
@@ -17,6 +17,7 @@ from framework.training.invariant.draws import shard_draws, shard_key
 from framework.training.invariant.fixed_point import FixedPointSum
 from framework.training.invariant.gathered import GatheredTreeSum
 from framework.training.invariant.shards import owned_shards, rank_shards
+from framework.training.invariant.step import InvariantStep
 from framework.training.invariant.tree_sum import tree_sum
 
-__all__ = ["FixedPointSum", "GatheredTreeSum", "owned_shards", "rank_shards", "shard_draws", "shard_key", "tree_sum"]
+__all__ = ["FixedPointSum", "GatheredTreeSum", "InvariantStep", "owned_shards", "rank_shards", "shard_draws", "shard_key", "tree_sum"]

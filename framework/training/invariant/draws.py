@@ -20,3 +20,11 @@ def shard_draws(seed: int, step: int, shard: int, devices: list[torch.device]):
     with torch.random.fork_rng(devices=cuda, device_type="cuda"):
         torch.manual_seed(shard_key(seed, step, shard))
         yield
+
+
+AUGMENT_SALT = 0x2545F4914F6CDD1D  # keeps a shard's augmentation draws apart from its dropout draws (same key)
+
+
+def augment_key(seed: int, epoch: int, step: int, shard: int) -> int:
+    """The seed of a micro-shard's augmentation generator: where the shard is, not which rank trains it."""
+    return (shard_key(seed, step, shard) ^ AUGMENT_SALT ^ (epoch * 0x9E3779B1)) % 2**63
