@@ -68,9 +68,16 @@ def provenance(r: dict, settings: dict) -> list[list[str]]:
              ""] for name, m in r.items()]
 
 
+def invariant(r: dict, settings: dict) -> list[list[str]]:
+    return [[f"trainer.invariant, {name} (issue 58)", f"{_f(v['step_ms'], 1)} ms/step, {v['bytes_per_step']:,} bytes/step/rank",
+             f"{_f(v['step_time_over_plain'])}x plain's time" + (f", {_f(v['bytes_over_plain'], 1)}x its bytes"
+                                                                 if v["bytes_over_plain"] else ""), ""]
+            for name, v in r.items() if not name.endswith("plain")]
+
+
 TABLES = {"overhead": overhead, "time_to_accuracy": time_to_accuracy, "strategies": strategies,
           "startup": startup, "speedups": speedups, "replica_timing": replica_timing,
-          "provenance": provenance}
+          "provenance": provenance, "invariant": invariant}
 
 
 def parse_args(argv=None):

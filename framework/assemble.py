@@ -22,8 +22,9 @@ from framework.checkpoints.state import signature
 from framework.config.components import build_component
 from framework.config.settings import Settings
 from framework.data.augment import build_augment
+from framework.data.batches import tree_map
 from framework.data.build import Data, build_data
-from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches
+from framework.data.loaders import BatchPipeline, build_train_loader, eval_batches, prepare
 from framework.data.ranks_in_turn import RanksInTurn
 from framework.data.source import DataShare, Peers
 from framework.data.streams import is_stream
@@ -39,6 +40,7 @@ from framework.training.checkpointing import Checkpointer
 from framework.training.determinism import apply_determinism
 from framework.training.engine import ProcessGroup, Wrapped, slot_sizes
 from framework.training.instrument import gradient_traffic, per_gpu, timed_barrier, wait_clock
+from framework.training.invariant import FixedPointSum, GatheredTreeSum, InvariantStep
 from framework.training.loop_state import RunInfo
 from framework.training.metrics import build_loss, build_metrics, check_metrics, class_ids_of
 from framework.training.optim import build_optimizer
@@ -115,6 +117,8 @@ def assemble_run(ctx: RunContext, callbacks: Callbacks) -> Trainer:
     """What a worker trains: its task parallelized by the strategy, the loop's telemetry, data and checkpoints, in
     one Trainer (its wrapped model closed here where assembly fails after parallelize)."""
     t, group = ctx.settings.trainer, ctx.group
+    if t.invariant:  # a kernel's sums can depend on its thread count (docs/invariant.md)
+        torch.set_num_threads(t.invariant_threads)
     task = assemble_task(ctx)
     micro_batch = t.batch_size // (group.dp_size * t.grad_accum)
     # before any wrapper: FLOPs are counted on the plain module (ZeRO-3 would partition its weights in place)
@@ -123,6 +127,7 @@ def assemble_run(ctx: RunContext, callbacks: Callbacks) -> Trainer:
     try:
         telemetry = loop_telemetry(ctx, wrapped, task, micro_batch, flops)
         data = loop_data(ctx, task, train_source(ctx, task, micro_batch), micro_batch)
+        data.invariant = invariant_step(ctx, task)
         checkpointer = Checkpointer(group, ctx.run_dir, t, run_signature(ctx.settings, task.data), ctx.say,
                                     timed_barrier(group, telemetry.clock))
         run = RunInfo(run_dir=ctx.run_dir, say=ctx.say, hparams=hparams_of(ctx.settings, ctx.strategy.name),
@@ -145,7 +150,8 @@ def train_source(ctx: RunContext, task: Task, micro_batch: int):
     turn (framework/data/ranks_in_turn.py; a stream one process reads is dealt so already)."""
     s, group, say = ctx.settings, ctx.group, ctx.say
     t, data = s.trainer, task.data
-    pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, task.augment)
+    augment = None if t.invariant else task.augment  # the mode augments each micro-shard (invariant_step)
+    pipeline = BatchPipeline(data.normalization, data.in_shape, group.device, task.channels_last, augment)
     share = data_share(group, micro_batch, t.grad_accum, t.num_workers)
     n = t.deal_as_ranks
     if n and not is_stream(data.train):
@@ -153,6 +159,27 @@ def train_source(ctx: RunContext, task: Task, micro_batch: int):
         return RanksInTurn([build_train_loader(data, each, pipeline, s.dataset.in_memory, t.seed,
                                                say if each.rank == 0 else _unsaid) for each in played], share)
     return build_train_loader(data, share, pipeline, s.dataset.in_memory, t.seed, say)
+
+
+def invariant_step(ctx: RunContext, task: Task) -> InvariantStep | None:
+    """trainer.invariant: each step's micro-batch run as this rank's micro-shards, augmented each by where it is,
+    their gradients summed exactly (framework/training/invariant/step.py); None otherwise."""
+    t, group = ctx.settings.trainer, ctx.group
+    if not t.invariant:
+        return None
+    reducer = {"fixed_point": FixedPointSum, "gathered": GatheredTreeSum}[t.invariant_reduce](t.micro_shards)
+    # the loader normalized the micro-batch; each shard is copied out of it (the same memory layout whatever the
+    # stride it was cut with), augmented, and laid out as the model wants
+    pipeline = BatchPipeline(None, task.data.in_shape, group.device, task.channels_last, task.augment)
+
+    def prepare_shard(shard, generator):
+        return prepare(tree_map(torch.Tensor.contiguous, shard), pipeline, task.data.pairs, generator)
+
+    ctx.say(f"invariant mode: {t.micro_shards} micro-shards of {t.batch_size // t.micro_shards} samples a step "
+            f"({t.micro_shards // group.dp_size} per rank), {torch.get_num_threads()} CPU thread(s) per process, "
+            f"gradients summed by {t.invariant_reduce}: the same bits on any number of workers dividing "
+            f"{t.micro_shards}")
+    return InvariantStep(t.micro_shards, reducer, group, t.seed, prepare_shard)
 
 
 def _unsaid(line: str) -> None:

@@ -13,6 +13,7 @@ from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position, PositionDoesNotFit, resume_point
 from framework.checkpoints.state import signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
+from framework.config.invariant import check_invariant
 from framework.config.settings import Settings
 from framework.data.batches import describe, take
 from framework.data.build import Data, first_samples, is_class_ids
@@ -24,6 +25,7 @@ from framework.strategies.muon_engines import muon_refusal
 from framework.telemetry.flops import silenced
 from framework.training.async_save import async_refusal
 from framework.training.determinism import environment_refusal
+from framework.training.invariant.batch_norm import refuse_running_statistics
 from framework.training.lr_schedule import build_lr_schedule
 from framework.training.metrics import higher_is_better, is_torchmetric, per_sample_losses
 from framework.training.optim import build_optimizer
@@ -49,6 +51,7 @@ def validate(s: Settings, strategy: Strategy, run_dir: Path) -> Checkpoint | Non
     _optimizer_and_schedule(s, task)
     _batch_split(s, strategy, split_length(task.data.train))
     _dealt_as_ranks(s, strategy, task.data.train)
+    _invariant(s, strategy, task)
     _schedule_length(s, task.data.train)
     dry_run(s, task)
     strategy.check_task(task.model, example_input(task.data), task.data.train)
@@ -71,6 +74,18 @@ def _machine(s: Settings, strategy: Strategy) -> None:
     if t.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise ConfigError(f"trainer.precision=bf16 is not allowed on {torch.cuda.get_device_name()}: it has no bf16 "
                           "support; use fp16 or fp32")
+
+
+def _invariant(s: Settings, strategy: Strategy, task: Task) -> None:
+    """trainer.invariant=true: what the world-size-invariant mode cannot make equal on every world size."""
+    if not s.trainer.invariant:
+        return
+    check_invariant(s.trainer, strategy.options, strategy.batch_shares(), strategy.trainer.cuda)
+    refuse_running_statistics(task.model, s.model_name)
+    if split_length(task.data.train) is None:
+        raise ConfigError("trainer.invariant=true is not allowed with a dataset.train that is a stream (an "
+                          "IterableDataset): its ranks agree on each step's samples, which change with their number; "
+                          "use a map-style dataset, or leave trainer.invariant out")
 
 
 def _blocks(s: Settings, strategy: Strategy, model) -> None:

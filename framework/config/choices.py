@@ -73,3 +73,11 @@ class ReduceOp(Choice):
     average = "average"
     sum = "sum"
     adasum = "adasum"
+
+
+class InvariantReduce(Choice):
+    """trainer.invariant_reduce: how the world-size-invariant mode sums the K micro-shards' gradients
+    (framework/training/invariant/)."""
+
+    fixed_point = "fixed_point"  # integers at a per-tensor power-of-two scale, one int64 all-reduce: 2x fp32's bytes
+    gathered = "gathered"  # every shard's gradient gathered, one fixed tree of float additions: K/2 x fp32's bytes

@@ -7,7 +7,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from framework.config.choices import Accelerator, OnNonfinite, PrecisionChoice
+from framework.config.choices import Accelerator, InvariantReduce, OnNonfinite, PrecisionChoice
 from framework.config.rules import (Checked, SettingError, above, at_least, at_least_number, compile_backend, one_of, rule,
                                     step_range)
 
@@ -73,6 +73,13 @@ class TrainerConfig(Checked):
     # [first, last]: torch.profiler traces of these steps on every rank, in <run folder>/profile/ (null: none)
     profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
+    # the same run, bit for bit, on any number of workers (single, ddp): each global batch is micro_shards fixed
+    # shards, their gradients summed exactly (invariant_reduce) with invariant_threads CPU threads per process;
+    # micro_shards must be a multiple of every worker count the run may use (docs/invariant.md)
+    invariant: bool = False
+    micro_shards: int = rule(8, at_least(1))
+    invariant_reduce: InvariantReduce = InvariantReduce.fixed_point
+    invariant_threads: int = rule(1, at_least(1))
 
     @property
     def cuda_wanted(self) -> bool:

@@ -24,10 +24,10 @@ import torch
 
 COLUMNS = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
            "optimizer_state_mib", "max_reserved_gib", "wait_seconds", "forward_seconds", "backward_seconds", "tokens",
-           "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps", "skipped_steps")
+           "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps", "skipped_steps", "global_loss_sum")
 (SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE,
  MAX_RESERVED, WAIT_SECONDS, FORWARD_SECONDS, BACKWARD_SECONDS, TOKENS, COMM_SECONDS, BYTES_SENT, BYTES_UNCOMPRESSED,
- COMPRESSED_STEPS, SKIPPED_STEPS) = range(len(COLUMNS))
+ COMPRESSED_STEPS, SKIPPED_STEPS, GLOBAL_LOSS_SUM) = range(len(COLUMNS))
 
 
 class IntervalMeter:
@@ -47,12 +47,16 @@ class IntervalMeter:
         self.token_shares = torch.tensor(slot_sizes, device=device, dtype=torch.float64) / max(1, sum(slot_sizes))
         self.counts_tokens = False  # whether the step says what a token is (StepOutput.tokens)
         self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
+        # the loss summed over every rank's samples, the same on every rank (trainer.invariant: add_global_loss)
+        self.global_loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        self.counts_global_loss = False
         self.reset()
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.tokens.zero_()
         self.first_nonfinite.zero_()
+        self.global_loss_sum.zero_()
         self.samples = 0
         self.steps = 0
         self.skipped_steps = 0  # trainer.on_nonfinite=skip: steps whose optimizer step was skipped (no loss, no samples)
@@ -75,6 +79,13 @@ class IntervalMeter:
             sums = [c.sum() for c in chunks] + [loss.new_zeros(())] * (len(self.slot_sizes) - len(chunks))
             self.loss_sum += torch.stack(sums)
         self.samples += per_sample_loss.numel() * self.share
+
+    def add_global_loss(self, loss_sum: torch.Tensor) -> None:
+        """A step's loss summed over every rank's samples in an order that does not depend on the ranks
+        (trainer.invariant): the interval's loss is taken from it, so it is bitwise the same on any world size; each
+        rank's own (add_micro_batch) still makes loss/train/rank{r}."""
+        self.counts_global_loss = True
+        self.global_loss_sum += loss_sum
 
     def add_tokens(self, count) -> None:
         """A micro-batch's tokens (a number or a tensor on the device: no sync), shared by its slots by their size
@@ -130,6 +141,7 @@ class IntervalMeter:
         rows[:, LOSS_SUM] = self.loss_sum
         rows[:, TOKENS] = self.tokens if self.counts_tokens else math.nan
         rows[:, FIRST_NONFINITE] = self.first_nonfinite
+        rows[:, GLOBAL_LOSS_SUM] = self.global_loss_sum if self.counts_global_loss else math.nan
         return rows
 
 
@@ -203,7 +215,8 @@ class IntervalSummary:
             steps=steps,
             samples=float(samples.sum()),
             seconds=float(interval),
-            loss=float(rows[:, LOSS_SUM].sum() / samples.sum().clamp_min(1)),
+            loss=float((rows[:, LOSS_SUM].sum() if rows[0, GLOBAL_LOSS_SUM].isnan() else rows[0, GLOBAL_LOSS_SUM])
+                       / samples.sum().clamp_min(1)),
             per_slot_samples_per_sec=(samples / interval).tolist(),
             per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
             per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),

@@ -7,7 +7,7 @@ import itertools
 import math
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import KW_ONLY, asdict, dataclass
 
 import torch
 
@@ -38,6 +38,9 @@ class LoopData:
     step: object  # framework/training/step.py: step(model, batch, loss) -> StepOutput
     loss: object  # loss(outputs, targets) -> per-sample losses (or per element of a sample), or their mean
     metrics: dict  # name -> a torchmetrics.Metric, or metric(outputs, targets) -> the batch's sum of a per-sample score
+    _: KW_ONLY
+    # trainer.invariant: how a step's micro-batch runs as micro-shards (framework/training/invariant/step.py)
+    invariant: object = None
 
 
 @dataclass
@@ -225,11 +228,28 @@ class Trainer:
         return bool(every) and step % every == 0
 
     def _train_step(self, share: StepShare, step: int) -> None:
-        k, w = self.options.grad_accum, self.wrapped
+        w = self.wrapped
         # Gradients are dropped here, while the forward pass is about to allocate: dropping them right after
         # optimizer.step() left the heap top free, glibc returned it to the OS and every step paid for page
         # faults again (zero_grad took 2.7 ms instead of 0.1 ms, 15% of a LeNet step on CPU).
         w.optimizer.zero_grad(set_to_none=True)
+        if self.data.invariant is not None:  # the step's one micro-batch, run as its micro-shards
+            batch = next(self.telemetry.batches(share.batches, step))
+            ran = self.data.invariant.run(w, self.data, batch, step, self.state.epoch)
+            losses, tokens, global_loss = ran.per_shard, ran.tokens, ran.global_sum
+        else:
+            (losses, tokens), global_loss = self._accumulate(share, step), None
+        self.telemetry.backward_done()
+        self.lr_schedule.apply(w.optimizer, step)
+        stepped = w.precision.optimizer_step(w.model, w.optimizer, self.options.grad_clip,
+                                             self.options.on_nonfinite == "skip")
+        self._step_done(step, losses if stepped else [], tokens if stepped else [], stepped,
+                        global_loss if stepped else None)
+
+    def _accumulate(self, share: StepShare, step: int) -> tuple[list, list]:
+        """The step's grad_accum micro-batches, forward and backward, the engine reducing in the last one's
+        backward; their per-sample losses and tokens."""
+        k, w = self.options.grad_accum, self.wrapped
         losses, tokens = [], []
         for micro, batch in zip(range(k), self.telemetry.batches(share.batches, step)):
             real = micro < share.real  # else a repeat with weight 0: a rank out of data (StepShare)
@@ -238,21 +258,21 @@ class Trainer:
             if real:
                 losses.append(out.loss.detach())
                 tokens.append(out.tokens)
-        self.telemetry.backward_done()
-        self.lr_schedule.apply(w.optimizer, step)
-        stepped = w.precision.optimizer_step(w.model, w.optimizer, self.options.grad_clip,
-                                             self.options.on_nonfinite == "skip")
-        self._step_done(step, losses if stepped else [], tokens if stepped else [], stepped)
+        return losses, tokens
 
-    def _step_done(self, step: int, losses: list[torch.Tensor], tokens: list = (), stepped: bool = True) -> None:
+    def _step_done(self, step: int, losses: list[torch.Tensor], tokens: list = (), stepped: bool = True,
+                   global_loss: torch.Tensor | None = None) -> None:
         """The step's per-sample losses (and tokens, where the step counts them) into the meters; none when its
-        optimizer step was skipped."""
+        optimizer step was skipped. global_loss: the step's loss over every rank, summed in an order of its own
+        (trainer.invariant)."""
         self.telemetry.heartbeat.beat(step, "step_end")
         if not stepped:
             self.state.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
         for per_sample in losses:
             self.telemetry.meter.add_micro_batch(per_sample)
+        if global_loss is not None:
+            self.telemetry.meter.add_global_loss(global_loss)
         for count in tokens:
             if count is not None:
                 self.telemetry.meter.add_tokens(count)

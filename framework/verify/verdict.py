@@ -146,6 +146,9 @@ class Comparison:
     def verdict_text(self) -> str:
         """The verdict in words, with its numbers."""
         steps = len(self.steps)
+        if self.verdict == EQUAL and self.loss_gap == 0 and self.weight_gap == 0:  # trainer.invariant's promise
+            return (f"equal to one process over {steps} steps, bitwise: 0 difference in every step's loss and every "
+                    "weight")
         if self.verdict == EQUAL:
             return f"equal to one process over {steps} steps ({self.gaps_text()})"
         if self.verdict == NOT_EQUAL:

@@ -1,10 +1,11 @@
 """verify.py as users run it: a real command that trains real train.py runs under the strategy and one process and
 compares them. Equal (exit 0) for ddp on LeNet, fsdp on issue 53's LeNet command (a layout auto resolves per
-strategy) and tp=2 on the char LM; not equal (exit 1) with the cause found by experiment for a user's BatchNorm CNN
-(strategy.sync_batchnorm=true: equal then) and a net with dropout (dropout 0: equal then); a step that scales its
-loss by the world size is none of the candidates: the table and the first step's ratio are shown. The rounding floor
-is one process training the ranks' micro-batches: its losses and weights are the ddp run's. A SIGKILLed verify.py
-takes its runs with it. Each command is run once per session (support/run_cache.py), but the one verify.py killed."""
+strategy) and tp=2 on the char LM; equal bitwise, and said so, for ddp with trainer.invariant; not equal (exit 1)
+with the cause found by experiment for a user's BatchNorm CNN (strategy.sync_batchnorm=true: equal then) and a net
+with dropout (dropout 0: equal then); a step that scales its loss by the world size is none of the candidates: the
+table and the first step's ratio are shown. The rounding floor is one process training the ranks' micro-batches: its
+losses and weights are the ddp run's. A SIGKILLed verify.py takes its runs with it. Each command is run once per
+session (support/run_cache.py), but the one verify.py killed."""
 import contextlib
 import json
 import os
@@ -82,6 +83,16 @@ def assert_equal(done: Verified, strategy: str, steps: int, workers: int = 2) ->
 @pytest.mark.core
 def test_ddp_lenet_is_equal_to_one_process(runs):
     assert_equal(verify(runs, "strategy=ddp", *LENET), "ddp", 10)
+
+
+def test_an_invariant_ddp_run_is_bitwise_equal_to_one_process_and_said_so(runs):
+    """trainer.invariant (issue 58): 0 difference, where the plain ddp run above is equal within rounding."""
+    done = verify(runs, "strategy=ddp", "trainer.invariant=true", *LENET)
+    assert done.code == 0, done.stdout + done.stderr
+    assert done.last_line == ("verify: equal to one process over 10 steps, bitwise: 0 difference in every step's "
+                              "loss and every weight"), done.last_line
+    compared = done.record["comparisons"]["as_configured"]
+    assert compared["loss_gap"] == 0 and compared["weight_gap"] == 0 and done.record["workers"] == 2
 
 
 @pytest.mark.parametrize("args, strategy, steps", [

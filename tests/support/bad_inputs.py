@@ -53,6 +53,17 @@ CASES = {
                                  "trainer.on_nonfinite='ignore' is not allowed: expected one of stop, skip"),
     "batch_larger_than_data": (["dataset.max_train_samples=100", "trainer.batch_size=128"],
                                "trainer.batch_size=128 is not allowed: the training split has only 100 samples"),
+    "invariant_shards_not_multiple_of_workers": (
+        ["trainer.invariant=true", "strategy=ddp", "strategy.nproc_per_node=3", "trainer.batch_size=48"],
+        "trainer.micro_shards=8 is not allowed with 3 data-parallel ranks: it must be a multiple of every worker count"),
+    "invariant_batchnorm": (["trainer.invariant=true", "model=resnet18"],
+                            "model=resnet18 is not allowed with trainer.invariant=true: its BatchNorm2d 'bn1' keeps "
+                            "running statistics"),
+    "invariant_engine": (["trainer.invariant=true", "strategy=fsdp", "strategy.nproc_per_node=2"],
+                         "strategy=fsdp is not allowed with trainer.invariant=true: the world-size-invariant mode runs "
+                         "under strategy=single or strategy=ddp"),
+    "invariant_reduce_unknown": (["trainer.invariant=true", "trainer.invariant_reduce=ring"],
+                                 "trainer.invariant_reduce='ring' is not allowed: expected one of fixed_point, gathered"),
     "checkpoint_interval_zero": (["trainer.checkpoint_every_n_steps=0"],
                                  "trainer.checkpoint_every_n_steps=0 is not allowed: expected an integer >= 1 or null"),
 }

@@ -176,6 +176,14 @@ def test_equal_within_the_tolerances_or_within_ten_times_the_rounding_floor():
     assert blind_at_once.verdict == NOT_EQUAL and blind_at_once.blind_from == 1, "not even by a floor past the tolerance"
 
 
+def test_zero_difference_in_every_loss_and_weight_is_said_to_be_bitwise():
+    """trainer.invariant's runs: verify.py reports 0 and says so; a gap anywhere, however small, is not bitwise."""
+    assert _comparison([2.0, 1.0], [2.0, 1.0]).verdict_text() == (
+        "equal to one process over 2 steps, bitwise: 0 difference in every step's loss and every weight")
+    assert "bitwise" not in _comparison([2.0, 1.0], [2.0, 1.0], weight_gap=1e-9).verdict_text()
+    assert "bitwise" not in _comparison([2.0, 1.0], [2.0, 1.0 + 1e-9]).verdict_text()
+
+
 def test_the_floor_excuses_a_step_by_how_far_rounding_has_carried_so_far():
     """Rounding drift wanders: a step where the floor happens to read 0 still carries the drift of the steps before."""
     wandering = _comparison([2.0, 1.0, 0.5], [2.0, 1.0 * (1 + 4e-5), 0.5 * (1 + 4e-5)], floor=[0.0, 8e-6, 0.0])
