@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from framework.common.errors import ConfigError
 from framework.training.engine import LocalGroup
@@ -140,13 +140,13 @@ def test_the_fixed_point_sum_gives_torch_every_output_length_it_would_read_back_
     synchronization of the device on every call (three a step); the sum passes the length it knows."""
     seen = []
 
-    class Calls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             seen.append((func, kwargs or {}))
             return func(*args, **(kwargs or {}))
 
     with Calls():
         FixedPointSum(4).reduce(_shards(4), ONE)
-    repeats = [kwargs for func, kwargs in seen if func is torch.ops.aten.repeat_interleave.Tensor]
+    repeats = [kwargs for func, kwargs in seen if func is torch.repeat_interleave]
     assert len(repeats) == 3 and all(kwargs.get("output_size") == 6 * 5 + 9 for kwargs in repeats)
-    assert torch.ops.aten._local_scalar_dense.default not in [func for func, _ in seen]
+    assert torch.Tensor.item not in [func for func, _ in seen]
