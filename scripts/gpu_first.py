@@ -14,6 +14,10 @@ started and says so. Exit 1 when a check failed.
     deterministic twice       ResNet-18 on one GPU with trainer.deterministic=true (cuDNN deterministic and untimed,
                               CUBLAS_WORKSPACE_CONFIG, torch's deterministic mode), trained twice: the same train
                               loss and the same bits in the last checkpoint's model and optimizer tensors
+    invariant twice           the char LM with dropout under trainer.invariant (8 micro-shards, dropout keyed per
+                              shard on the GPU's generator, the fixed-point sum) on one GPU twice, and with 2 GPUs or
+                              more also under ddp on 2: every step's loss and the last checkpoint's tensors bitwise
+                              equal (docs/invariant.md)
     gpu_smoke <row> <prec>    make test-gpu's cells on one GPU (scripts/gpu_smoke.py), killed and resumed, while
                               time is left
 """
@@ -55,6 +59,11 @@ VERIFY = ["model=simple_cnn", *RESNET[1:], "strategy=ddp", "strategy.nproc_per_n
 # 10 steps of 128: convolutions (cuDNN), the head's matmul (cuBLAS) and BatchNorm, twice
 DETERMINISTIC = ["strategy=single", "trainer.deterministic=true", "dataset.train_size=1280",
                  *[o for o in RESNET if not o.startswith("dataset.train_size=")]]
+# 10 steps of 64 as 8 micro-shards of 8, on the text gpu_smoke writes (invariant_runs adds its dataset.path)
+INVARIANT = ["experiment=char_lm", "model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.dropout=0.1",
+             "dataset.block_size=64", "dataset.max_test_samples=64", "trainer.invariant=true", "trainer.micro_shards=8",
+             "trainer.deterministic=true", "trainer.batch_size=64", "trainer.epochs=1", "trainer.max_steps=10",
+             "trainer.log_every_n_steps=1", "trainer.progress_bar=false", "trainer.accelerator=gpu"]
 
 
 class Check(NamedTuple):
@@ -63,10 +72,13 @@ class Check(NamedTuple):
     commands: list[tuple[str, list[str]]] = []  # (train.py | verify.py, overrides) it starts
 
 
-def checks() -> list[Check]:
-    """The checks before gpu_smoke's cells, in order, with the command lines they start (tested on CPU:
-    tests/unit/test_gpu_first.py)."""
+def checks(gpus: int = 1) -> list[Check]:
+    """The checks before gpu_smoke's cells, in order, with the command lines they start on a machine of `gpus` GPUs
+    (tested on CPU: tests/unit/test_gpu_first.py)."""
     compressed = [("none", []), ("fp16", []), ("powersgd", ["strategy.powersgd.start_step=3"])]
+    invariant = [("train.py", [*INVARIANT, "strategy=single"])] * 2
+    if gpus >= 2:
+        invariant.append(("train.py", [*INVARIANT, "strategy=ddp", "strategy.nproc_per_node=2"]))
     return [
         Check("powersgd fp16 overflow", 40, [("train.py", OVERFLOW)]),
         Check("resnet18 compression", 90, [("train.py", [*ONE_GPU_DDP, *RESNET, *PROBED, f"strategy.compression={c}",
@@ -74,6 +86,7 @@ def checks() -> list[Check]:
         Check("fsdp bf16 accumulation", 20),
         Check("verify tf32", 120, [("verify.py", VERIFY)]),
         Check("deterministic twice", 50, [("train.py", DETERMINISTIC)] * 2),
+        Check("invariant twice", 35 if gpus < 2 else 55, invariant),
     ]
 
 
@@ -173,23 +186,58 @@ def verify_tf32(check: Check, work: Path, timeout: float) -> str:
     return f"{'ok' if proc.returncode in (0, 1) else 'failed'} (exit {proc.returncode}): {said}"
 
 
+def _last(run_dir: Path) -> Path:
+    """The run's last checkpoint."""
+    return sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+
+
 def deterministic_twice(check: Check, work: Path, timeout: float) -> str:
     seen = []
     for i, (tool, overrides) in enumerate(check.commands):
         proc, run_dir = start(tool, overrides, work / f"run{i}", timeout)
         if proc.returncode != 0:
             return f"failed: {gpu_smoke.last_error(proc)}"
-        last = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-        seen.append((json.loads((run_dir / "result.json").read_text())["train_loss"], state_digest(last)))
+        seen.append((json.loads((run_dir / "result.json").read_text())["train_loss"], state_digest(_last(run_dir))))
     (loss, digest), (other_loss, other_digest) = seen
     same = loss == other_loss and digest == other_digest
     return (f"{'ok' if same else 'failed'}: train loss {loss!r} and {other_loss!r}, last checkpoint's tensors "
             f"{'bitwise equal' if digest == other_digest else 'different'}")
 
 
+def invariant_runs(check: Check, work: Path, timeout: float) -> str:
+    work.mkdir(parents=True, exist_ok=True)
+    text = gpu_smoke.write_text(work / "text.txt")
+    seen = {}
+    for i, (tool, overrides) in enumerate(check.commands):
+        label = f"run {i + 1} ({'ddp x2' if 'strategy=ddp' in overrides else 'single'})"
+        proc, run_dir = start(tool, [*overrides, f"dataset.path={text}"], work / f"run{i}", timeout)
+        if proc.returncode != 0:
+            return f"failed: {label}: {gpu_smoke.last_error(proc)}"
+        seen[label] = (gpu_smoke.losses(run_dir), state_digest(_last(run_dir)))
+    return invariant_verdict(seen)
+
+
+def invariant_verdict(seen: dict[str, tuple[dict[int, float], str]]) -> str:
+    """seen: each run's logged loss by step and its last checkpoint's digest, the first run the reference."""
+    (first, (losses, digest)), *others = seen.items()
+    if not losses:
+        return f"failed: {first} logged no loss"
+    problems = []
+    for label, (other_losses, other_digest) in others:
+        steps = [s for s in sorted(set(losses) | set(other_losses)) if losses.get(s) != other_losses.get(s)]
+        if steps:
+            problems.append(f"{label}'s loss differs from {first}'s from step {steps[0]}")
+        if other_digest != digest:
+            problems.append(f"{label}'s last checkpoint's tensors differ from {first}'s")
+    if problems:
+        return "failed: " + "; ".join(problems)
+    return (f"ok: {', '.join(seen)}: {len(losses)} steps' losses and the last checkpoint's model and optimizer "
+            "tensors bitwise equal")
+
+
 RUNNERS = {"powersgd fp16 overflow": powersgd_overflow, "resnet18 compression": resnet_compression,
            "fsdp bf16 accumulation": fsdp_accumulation, "verify tf32": verify_tf32,
-           "deterministic twice": deterministic_twice}
+           "deterministic twice": deterministic_twice, "invariant twice": invariant_runs}
 
 
 def main(deadline: float) -> int:
@@ -201,7 +249,7 @@ def main(deadline: float) -> int:
           f"bf16 {'yes' if bf16 else 'no'}; {deadline - time.time():.0f} s left", flush=True)
     failed = False
     with tempfile.TemporaryDirectory(prefix="hydra-dist-gpu-first-") as tmp:
-        for check in checks():
+        for check in checks(torch.cuda.device_count()):
             left = deadline - time.time()
             if left < check.seconds:
                 print(f"{check.name}: not run ({left:.0f} s left, it takes about {check.seconds:.0f})", flush=True)

@@ -1,15 +1,18 @@
 """The world-size-invariant mode's reducers in this process, on one rank (framework/training/invariant/): the fixed
 tree order, what the fixed-point sum promises (each shard rounded at one scale, summed exactly, rounded once), a
-non-finite shard, and the shard bookkeeping. 1, 2 and 4 real gloo ranks giving the same bits:
+non-finite shard, float64 gradients, what the sum holds in memory and reads back from the device, and the shard
+bookkeeping. 1, 2 and 4 real gloo ranks giving the same bits:
 tests/dist/test_invariant_reducers.py."""
 import math
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from framework.common.errors import ConfigError
 from framework.training.engine import LocalGroup
 from framework.training.invariant import FixedPointSum, GatheredTreeSum, owned_shards, tree_sum
+from support.live_bytes import LiveBytes
 
 ONE = LocalGroup(torch.device("cpu"))
 
@@ -106,3 +109,44 @@ def test_other_gradient_dtypes_come_back_in_their_dtype_as_the_exact_sum_rounded
     summed = FixedPointSum(8).reduce(shards, ONE)[0]
     assert summed.dtype == dtype
     assert torch.equal(summed, sum(s[0].double() for s in shards).to(dtype))
+
+
+# far past float32's range both ways, on the grid the scale holds (so the sum is exact); float64's least
+@pytest.mark.parametrize("magnitude", [3 * 2.0 ** 700, 3 * 2.0 ** -700, 2.0 ** -1074])
+def test_float64_gradients_far_outside_float32s_range_are_summed_not_lost(magnitude):
+    """The scale 2^s is made in float64: made in float32 it overflowed (small gradients: every one summed to 0) or
+    vanished (large ones: NaN, a skipped or stopped step) for float64 gradients."""
+    shards = [[torch.full((4,), magnitude, dtype=torch.float64)] for _ in range(8)]
+    assert torch.equal(FixedPointSum(8).reduce(shards, ONE)[0], torch.full((4,), 8 * magnitude, dtype=torch.float64))
+
+
+def test_the_fixed_point_sums_memory_does_not_grow_with_the_shards_a_rank_owns():
+    """The stash (K/W gradients) is the only copy of a rank's shards: the sum takes one shard's flat row at a time.
+    A flat copy of every owned shard at once doubled it (on a GPU, the first thing to run out of memory with one
+    rank owning all 8 shards): 6 rows more at 8 shards than at 2."""
+    row = 4 * 100_000
+
+    def peak(k: int) -> int:
+        shards = [[torch.randn(99_000), torch.randn(1_000)] for _ in range(k)]
+        with LiveBytes() as memory:
+            FixedPointSum(k).reduce(shards, ONE)
+        return memory.peak
+
+    assert peak(8) - peak(2) < row
+
+
+def test_the_fixed_point_sum_gives_torch_every_output_length_it_would_read_back_from_the_device():
+    """repeat_interleave with tensor repeats and no output_size reads the repeats' sum back to the host: on a GPU a
+    synchronization of the device on every call (three a step); the sum passes the length it knows."""
+    seen = []
+
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append((func, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    with Calls():
+        FixedPointSum(4).reduce(_shards(4), ONE)
+    repeats = [kwargs for func, kwargs in seen if func is torch.repeat_interleave]
+    assert len(repeats) == 3 and all(kwargs.get("output_size") == 6 * 5 + 9 for kwargs in repeats)
+    assert torch.Tensor.item not in [func for func, _ in seen]

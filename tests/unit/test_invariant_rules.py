@@ -1,6 +1,6 @@
 """The world-size-invariant mode's refusals (framework/config/invariant.py), each one line naming the key, its value
 and what is allowed, on the real schemas, and a model keeping BatchNorm's running statistics (the driver's own
-composition of them: tests/unit/test_bad_inputs.py)."""
+composition of them: tests/unit/test_bad_inputs.py), and the driver's GPU-only refusal with CUDA reported."""
 import pytest
 from torch import nn
 
@@ -10,6 +10,8 @@ from framework.config.strategy_options import DDPOptions, FSDPOptions, HorovodOp
 from framework.config.trainer import TrainerConfig
 from framework.models.lenet import LeNet
 from framework.training.invariant.batch_norm import refuse_running_statistics
+from support.driver import driver_says
+from support.fake_cuda import cuda_reported
 
 
 def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
@@ -71,3 +73,18 @@ def test_a_model_keeping_batchnorm_running_statistics_is_refused_naming_the_laye
     with pytest.raises(ConfigError, match=r"^model=cnn is not allowed with trainer.invariant=true: its BatchNorm2d "
                                           r"'1' keeps running statistics, which each rank updates"):
         refuse_running_statistics(nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)), "cnn")
+
+
+@pytest.mark.parametrize("strategy", [["strategy=single"], ["strategy=ddp", "strategy.nproc_per_node=2"]])
+@pytest.mark.parametrize("deterministic", ["false", "warn"])
+def test_the_driver_on_a_gpu_machine_refuses_the_mode_without_deterministic_kernels(tmp_path, monkeypatch, strategy,
+                                                                                   deterministic):
+    """The driver's CUDA branch (CUDA reported, 2 GPUs): the refusal comes before any worker starts, for the GPU run
+    the accelerator chose (auto) as for one that named it; with CPU workers the kernels need no switch."""
+    cuda_reported(monkeypatch, 2, True)
+    args = ["trainer.invariant=true", "dataset=synthetic", "trainer.batch_size=64", *strategy,
+            f"trainer.deterministic={deterministic}"]
+    for accelerator in ("auto", "gpu"):
+        assert driver_says([*args, f"trainer.accelerator={accelerator}"], tmp_path / accelerator).startswith(
+            f"trainer.deterministic={deterministic} is not allowed with trainer.invariant=true on GPUs")
+    assert driver_says([*args, "trainer.accelerator=cpu"], tmp_path / "cpu") == ""

@@ -2,6 +2,8 @@
 is the global batch's mean gradient (each micro-shard weighted 1/K), each shard's dropout and augmentation keyed by
 where the shard is, and the meters' interval loss taken from the step's global loss sum. Across world sizes, as real
 runs: tests/runs/test_invariant.py; the reducers on 1, 2 and 4 ranks: tests/dist/test_invariant_reducers.py."""
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -90,3 +92,27 @@ def test_the_interval_loss_is_the_global_sum_over_the_samples_and_each_slot_keep
     plain = IntervalMeter([4], torch.device("cpu"), [])
     plain.add_micro_batch(torch.tensor([1.0, 1.0, 1.0, 3.0]))
     assert IntervalSummary.from_rows(plain.rows()).loss == 1.5, "without a global sum: the ranks' own sums"
+
+
+@pytest.mark.parametrize("reducer", [FixedPointSum, GatheredTreeSum])
+def test_a_channels_last_weights_summed_gradient_keeps_its_layout_and_a_fused_optimizer_steps_it_right(reducer):
+    """trainer.channels_last (auto on the CPU for LeNet, asked for on GPUs): backward leaves a channels_last weight a
+    channels_last gradient, and fused optimizers read parameter and gradient in memory order. The sum came back
+    contiguous: CUDA's fused Adam refuses it ("must have same dtype, device, and layout") and the CPU's stepped the
+    wrong elements."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).to(
+        memory_format=torch.channels_last)
+    x = torch.randn(BATCH, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 3, (BATCH,))
+    stepped = {}
+    for fused in (False, True):
+        twin = copy.deepcopy(model)
+        optimizer = torch.optim.Adam(twin.parameters(), lr=0.1, fused=fused, foreach=None if fused else False)
+        wrapped = Wrapped(twin, optimizer, Precision("fp32", torch.device("cpu")), None, twin)
+        InvariantStep(K, reducer(K), LocalGroup(torch.device("cpu")), 42, _keep).run(wrapped, _Data, (x, y), 1, 0)
+        assert all(p.grad.stride() == p.stride() for p in twin.parameters())
+        optimizer.step()
+        stepped[fused] = [p.detach().clone() for p in twin.parameters()]
+    for plain, fused in zip(stepped[False], stepped[True]):  # fused Adam rounds its own way; a misread element is
+        torch.testing.assert_close(fused, plain, rtol=0, atol=1e-6)  # off by about 2 x lr

@@ -34,26 +34,39 @@ class FixedPointSum:
         shards, a tensor per parameter, bitwise the same for every W that divides K."""
         check_owned(owned, group.world_size, self.shards)
         sizes = [t.numel() for t in owned[0]]
-        rows = [torch.cat([t.detach().reshape(-1) for t in grads]) for grads in owned]  # a flat row per shard
-        work = torch.float64 if rows[0].dtype == torch.float64 else torch.float32  # holds bf16 and fp16 exactly
-        largest = rows[0].abs()
-        for row in rows[1:]:
-            largest = torch.maximum(largest, row.abs())  # NaN stays NaN
+        # one shard's flat row at a time: all K/W of them at once would be a second copy of the stash (on a GPU,
+        # what runs out of memory first)
+        largest = flat_row(owned[0]).abs_()
+        dtype, device, numel = largest.dtype, largest.device, largest.numel()
+        work = torch.float64 if dtype == torch.float64 else torch.float32  # holds bf16 and fp16 exactly
+        for grads in owned[1:]:
+            torch.maximum(largest, flat_row(grads).abs_(), out=largest)  # NaN stays NaN
         largest = torch.stack([part.max() for part in largest.split(sizes)]).double()
         largest = group.all_gather(largest).amax(0)  # one number per tensor; a max is exact in any order
         finite = largest.isfinite()
         scale = self.bits - torch.frexp(torch.where(finite, largest, 0.0)).exponent  # largest < 2^(bits - scale)
-        low, high = (self._per_element(2.0 ** part, sizes, work) for part in (scale // 2, scale - scale // 2))
-        nan = self._per_element(~finite, sizes, torch.bool)
-        integers = torch.zeros(rows[0].numel(), dtype=torch.int64, device=rows[0].device)
-        for row in rows:  # row x 2^scale in two exact steps (2^scale alone can pass float32's range), then rounded
-            x = row.to(work) * low
-            integers += torch.where(nan, 0.0, x.mul_(high).round_()).long()  # an inf is no integer
+        # the sizes on the device once, and the output's length given: without it torch reads the repeats' sum
+        # back to the host (on a GPU a synchronization per call)
+        repeats = torch.tensor(sizes, device=device)
+        # 2^part in float64: float64 gradients' scales pass float32's range
+        low, high = (spread(torch.exp2(part.double()), repeats, numel, work)
+                     for part in (scale // 2, scale - scale // 2))
+        nan = spread(~finite, repeats, numel, torch.bool)
+        integers = torch.zeros(numel, dtype=torch.int64, device=device)
+        for grads in owned:  # row x 2^scale in two exact steps (2^scale alone can pass float32's range), then rounded
+            x = flat_row(grads).to(work).mul_(low).mul_(high).round_()
+            integers += x.masked_fill_(nan, 0.0).long()  # an inf is no integer
         total = group.all_reduce_sum(integers)  # exact in any order
-        summed = (total.double() / low.double() / high.double()).to(rows[0].dtype)  # exact division, one rounding
-        summed = torch.where(nan, torch.full_like(summed, math.nan), summed)
+        summed = total.double().div_(low).div_(high).to(dtype)  # exact division (in float64), one rounding
+        summed = summed.masked_fill_(nan, math.nan)
         return [part.view_as(t) for part, t in zip(summed.split(sizes), owned[0])]
 
-    @staticmethod
-    def _per_element(per_tensor: torch.Tensor, sizes: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.repeat_interleave(per_tensor.to(dtype), torch.tensor(sizes, device=per_tensor.device))
+
+def flat_row(grads: list[torch.Tensor]) -> torch.Tensor:
+    """One shard's gradient as a new flat tensor (parameter after parameter)."""
+    return torch.cat([t.detach().reshape(-1) for t in grads])
+
+
+def spread(per_tensor: torch.Tensor, repeats: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A value per tensor as a value per element."""
+    return torch.repeat_interleave(per_tensor.to(dtype), repeats, output_size=numel)

@@ -2,7 +2,9 @@
 assembly hands it an InvariantStep. The rank's micro-batch is cut into its K/W micro-shards; each shard is augmented
 with a generator keyed by (seed, epoch, step, shard) and runs forward and backward under the engine's no_sync (its own
 reduction off) and shard_draws (dropout keyed by the shard); its gradients are stashed; after the last shard the
-reducer's exact sum over all K shards is written into p.grad, and the loop clips and steps as always."""
+reducer's exact sum over all K shards is written into p.grad, in the parameter's memory layout as backward would
+leave it (a channels_last weight's gradient channels_last: fused optimizers take both in memory order, CUDA's refuse
+other strides and the CPU's read the wrong elements), and the loop clips and steps as always."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,7 +50,7 @@ class InvariantStep:
             losses.append(out.loss.detach())
             tokens.append(out.tokens)
         for p, summed in zip(params, self.reducer.reduce(stash, group)):
-            p.grad = summed
+            p.grad = summed if summed.stride() == p.stride() else torch.empty_like(p).copy_(summed)
         return StepLosses(losses, tokens, self._global_loss(losses))
 
     def _global_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
