@@ -73,7 +73,9 @@ class MeshStrategy(ElasticStrategy):
             # a pipeline rank puts only its own stages on its device; fully_shard one unit at a time (and with
             # cpu_offload only its shard): a model larger than one GPU never sits there whole
             self.moves_model_itself = True
-            self._describe_note = "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)"
+            self._describe_note = ("; parameters, gradients and optimizer state sharded by fully_shard"
+                                   if options.tp == options.pp == 1 else
+                                   "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)")
         # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
         unfilled = REST_OF_THE_WORLD in self._shape(options).sizes
         if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
