@@ -31,9 +31,9 @@ from framework.config.verify import VerifyConfig
 
 GROUP = "schema"
 OPEN = "open"  # schema/open/strategy/<name>: the open copies, for a user's strategy to extend
-STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "ddp": so.DDPOptions, "fsdp": so.FSDPOptions,
-              "deepspeed": so.DeepSpeedOptions, "horovod": so.HorovodOptions, "tp": so.MeshOptions,
-              "pp": so.MeshOptions, "hsdp": so.MeshOptions}
+# the mesh's presets are MeshOptions with their degrees as defaults: what a config that leaves one out means
+STRATEGIES = {"single": so.SingleOptions, "dp": so.DPOptions, "deepspeed": so.DeepSpeedOptions,
+              "horovod": so.HorovodOptions, **{name: so.preset(name) for name in so.PRESETS}}
 _CLOSED = {"trainer": TrainerConfig, "lr_schedule": LrScheduleConfig, "sample": SampleConfig, "verify": VerifyConfig,
            **{f"strategy/{name}": schema for name, schema in STRATEGIES.items()}}
 _OPEN = {

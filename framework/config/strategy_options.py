@@ -7,6 +7,7 @@ subclassing these (examples/my_project/mypkg/strategies.py), and its YAML starts
 extends (examples/my_project/conf/strategy/announcing_ddp.yaml)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -91,83 +92,26 @@ class PowerSGDOptions:
     warm_start: bool = True  # each step's low-rank factors start from the previous step's
 
 
-@dataclass(kw_only=True)
-class DDPOptions(ElasticOptions):
-    _target_: str = "framework.strategies.ddp.DDPStrategy"
-    name: str = "ddp"
-    sync_batchnorm: bool = False
-    find_unused_parameters: bool = False
-    bucket_cap_mb: float = rule(25.0, above(0))
-    gradient_as_bucket_view: bool = True
-    static_graph: bool = False
-    # what gradients travel as: none | fp16 | bf16 (cast for the all-reduce, averaged, cast back) | powersgd
-    # (low-rank, with error feedback: strategy.powersgd.*); torch's DDP communication hooks
-    compression: Compression = Compression.none
-    powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
-
-    def check(self) -> None:
-        super().check()
-        p = self.powersgd
-        if self.compression != "powersgd":
-            changed = [f"{k}={v}" for k, v in vars(p).items() if v != getattr(PowerSGDOptions(), k)]
-            if changed:
-                raise SettingError("powersgd", p, message=f"{{key}}.powersgd.{changed[0]} is not allowed with "
-                                   f"{{key}}.compression={self.compression}: it sets PowerSGD, which runs with "
-                                   "{key}.compression=powersgd")
-            return
-        if not isinstance(p.rank, int) or p.rank < 1:
-            raise SettingError("powersgd", p.rank, message=f"{{key}}.powersgd.rank={p.rank!r} is not allowed: "
-                               "expected an integer >= 1 (the rank of each gradient's low-rank approximation)")
-        # torch's PowerSGDState: DDP rebuilds its gradient buckets after the first step, and error feedback and warm
-        # start keep their state per bucket, so compression starts after the second step at the earliest
-        first = 3 if p.error_feedback or p.warm_start else 1
-        if not isinstance(p.start_step, int) or p.start_step < first:
-            raise SettingError("powersgd", p.start_step, message=(
-                f"{{key}}.powersgd.start_step={p.start_step!r} is not allowed: expected an integer >= {first}" +
-                (" with error feedback or warm start (DDP rebuilds its gradient buckets after step 1, and PowerSGD "
-                 "keeps their state from step 3 on)" if first == 3 else "")))
-
-
-@dataclass(kw_only=True)
-class FSDPOptions(ElasticOptions):
-    _target_: str = "framework.strategies.fsdp.FSDPStrategy"
-    name: str = "fsdp"
-    # auto: each child holding parameters (containers descended into, tied modules left to the root), then the root
-    # | a list of module class names
-    shard_modules: Any = "auto"
-    reshard_after_forward: bool = True  # true: free gathered parameters after forward (less memory)
-    cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)
-    # none | bf16: gradients reduce-scattered in bf16 (FSDP2's reduce dtype); parameters and optimizer stay fp32
-    compression: Compression = Compression.none
-
-    def check(self) -> None:
-        super().check()
-        allow_compression(self, ("none", "bf16"), "FSDP2 reduce-scatters gradients in its reduce dtype, and bf16 is "
-                                                  "the one that needs no loss scaler (PowerSGD is a DDP hook)")
-        names = self.shard_modules
-        if names != "auto" and not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
-            raise SettingError("shard_modules", names, "auto (each direct child block that holds parameters) or a "
-                               "non-empty list of module class names, e.g. [Sequential]")
-
-    @property
-    def shard_class_names(self) -> list[str] | None:
-        """None for auto, else the class names listed."""
-        return None if self.shard_modules == "auto" else list(self.shard_modules)
-
-
 # torch.distributed.pipelining's schedules, by their names there (ScheduleGPipe, ...)
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")  # several stages per rank
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into input and weight gradients
 
 
+MESH_TARGET = "framework.strategies.model_parallel.strategy.MeshStrategy"
+DDP_KEYS = ("sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+            "powersgd")  # DDP's own, on the 1-D replicate mesh only
+FSDP_KEYS = ("shard_modules", "reshard_after_forward", "cpu_offload")  # FSDP2's, wherever it runs
+
+
 @dataclass(kw_only=True)
 class MeshOptions(ElasticOptions):
-    """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/model_parallel/): the presets tp and pp
-    differ only in their defaults. The degrees' product is the number of workers (with nproc_per_node=null on the CPU,
-    that many gloo workers start)."""
+    """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/model_parallel/): the presets ddp, fsdp,
+    hsdp, tp and pp differ only in their defaults. dp_replicate alone (the 1-D replicate mesh) trains with DDP itself;
+    any other mesh with FSDP2 over its data-parallel axes. The degrees' product is the number of workers (with
+    nproc_per_node=null on the CPU, that many gloo workers start)."""
 
-    _target_: str = "framework.strategies.model_parallel.strategy.MeshStrategy"
+    _target_: str = MESH_TARGET
     name: str = "mesh"
     # data-parallel replicas, each holding the whole (sharded) model; -1: the rest of the world
     dp_replicate: int = rule(1, Rule("an integer >= 1, or -1 (the rest of the world)",
@@ -191,14 +135,24 @@ class MeshOptions(ElasticOptions):
     # virtual stages; null: 2 for the schedules that run several per rank (Interleaved*, ZBV), else 1
     stages_per_rank: Optional[int] = rule(None, at_least(1))
     split_points: Optional[List[str]] = None  # module names where a stage begins; null: the blocks cut evenly
-    reshard_after_forward: bool = True  # FSDP2 over the dp axes: free gathered parameters after forward
-    compression: Compression = Compression.none  # none only: nothing here proves a compressed mesh trains alike
+    # FSDP2 over the data-parallel axes. shard_modules: auto (each child holding parameters, containers descended
+    # into, tied modules left to the root) | a list of module class names
+    shard_modules: Any = "auto"
+    reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
+    cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)
+    # DDP (the 1-D replicate mesh)
+    sync_batchnorm: bool = False
+    find_unused_parameters: bool = False
+    bucket_cap_mb: float = rule(25.0, above(0))
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    # what gradients travel as: none | bf16 (DDP: cast for the all-reduce; FSDP2: reduce-scattered in bf16) | fp16 and
+    # powersgd (DDP's communication hooks; powersgd: low rank with error feedback, strategy.powersgd.*)
+    compression: Compression = Compression.none
+    powersgd: PowerSGDOptions = field(default_factory=PowerSGDOptions)
 
     def check(self) -> None:
         super().check()
-        allow_compression(self, ("none",), "the mesh's gradient reductions (FSDP2 over the data-parallel axes, "
-                                           "tensor-parallel partial sums) have no compression proven equal here; "
-                                           "strategy=fsdp reduces in bf16, strategy=ddp compresses")
         if self.dp_replicate == self.dp_shard == REST_OF_THE_WORLD:
             raise SettingError("dp_shard", self.dp_shard, message="{key}.dp_replicate=-1 and {key}.dp_shard=-1 are "
                                "not allowed together: -1 is the rest of the world, which one degree can take; set "
@@ -208,6 +162,80 @@ class MeshOptions(ElasticOptions):
                                "give a plan (module-name pattern -> style) or a parallelize function, not both")
         if self.parallelize and "_target_" not in self.parallelize:
             raise SettingError("parallelize", self.parallelize, "{_target_: a function (model, mesh)}, or none ({})")
+        self._check_compression()
+        self._check_powersgd()
+        self._check_engine_keys()
+        names = self.shard_modules
+        if names != "auto" and not (isinstance(names, list) and names and all(isinstance(n, str) and n for n in names)):
+            raise SettingError("shard_modules", names, "auto (each direct child block that holds parameters) or a "
+                               "non-empty list of module class names, e.g. [Sequential]")
+
+    def _check_engine_keys(self) -> None:
+        """DDP's keys off the 1-D replicate mesh, FSDP2's where it does not run: refused, never ignored."""
+        if self.runs_ddp:
+            foreign, where = FSDP_KEYS, "where FSDP2 runs (strategy.dp_shard > 1: strategy=fsdp, hsdp)"
+        elif self.runs_fsdp:
+            foreign, where = DDP_KEYS, "on the 1-D replicate mesh, where DDP itself trains (dp_replicate alone: " \
+                                       "strategy=ddp)"
+        else:
+            foreign, where = DDP_KEYS + FSDP_KEYS, "with a data-parallel degree: DDP's on the 1-D replicate mesh " \
+                                                   "(strategy=ddp), FSDP2's where dp_shard > 1 (strategy=fsdp, hsdp)"
+        for key in foreign:
+            value = getattr(self, key)
+            if value != _default(key):
+                raise SettingError(key, value, message=f"{{key}}.{key}={_shown(value)} is not allowed with "
+                                   f"{self._describe_degrees()}: it acts {where}")
+
+    def _check_compression(self) -> None:
+        if self.runs_ddp:
+            return  # DDP's hooks: none, fp16, bf16, powersgd
+        if self.runs_fsdp:
+            allow_compression(self, ("none", "bf16"), "FSDP2 reduce-scatters gradients in its reduce dtype, and bf16 "
+                                                      "is the one that needs no loss scaler (PowerSGD is a DDP hook)")
+        else:
+            allow_compression(self, ("none",), "the mesh's gradient reductions (FSDP2 over the data-parallel axes, "
+                                               "tensor-parallel partial sums) have no compression proven equal here; "
+                                               "strategy=fsdp reduces in bf16, strategy=ddp compresses")
+
+    def _check_powersgd(self) -> None:
+        p = self.powersgd
+        if self.compression != "powersgd":
+            changed = [f"{k}={v}" for k, v in vars(p).items() if v != getattr(PowerSGDOptions(), k)]
+            if changed:
+                raise SettingError("powersgd", p, message=f"{{key}}.powersgd.{changed[0]} is not allowed with "
+                                   f"{{key}}.compression={self.compression}: it sets PowerSGD, which runs with "
+                                   "{key}.compression=powersgd")
+            return
+        if not isinstance(p.rank, int) or p.rank < 1:
+            raise SettingError("powersgd", p.rank, message=f"{{key}}.powersgd.rank={p.rank!r} is not allowed: "
+                               "expected an integer >= 1 (the rank of each gradient's low-rank approximation)")
+        # torch's PowerSGDState: DDP rebuilds its gradient buckets after the first step, and error feedback and warm
+        # start keep their state per bucket, so compression starts after the second step at the earliest
+        first = 3 if p.error_feedback or p.warm_start else 1
+        if not isinstance(p.start_step, int) or p.start_step < first:
+            raise SettingError("powersgd", p.start_step, message=(
+                f"{{key}}.powersgd.start_step={p.start_step!r} is not allowed: expected an integer >= {first}" +
+                (" with error feedback or warm start (DDP rebuilds its gradient buckets after step 1, and PowerSGD "
+                 "keeps their state from step 3 on)" if first == 3 else "")))
+
+    def _describe_degrees(self) -> str:
+        shown = [f"{{key}}.{k}={v}" for k, v in self.degrees.items() if v != 1]
+        return " x ".join(shown) or "{key}.dp_replicate=1 (one worker)"
+
+    @property
+    def runs_ddp(self) -> bool:
+        """The 1-D replicate mesh (dp_replicate alone): DDP itself, with its buckets, hooks and no_sync."""
+        return self.dp_shard == self.tp == self.pp == 1
+
+    @property
+    def runs_fsdp(self) -> bool:
+        """FSDP2 over the data-parallel axes: any data-parallel degree beside another axis, or dp_shard."""
+        return not self.runs_ddp and (self.dp_shard != 1 or self.dp_replicate != 1)
+
+    @property
+    def shard_class_names(self) -> list[str] | None:
+        """None for auto, else the class names listed."""
+        return None if self.shard_modules == "auto" else list(self.shard_modules)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -222,6 +250,26 @@ class MeshOptions(ElasticOptions):
     @property
     def pipeline_microbatches(self) -> int:
         return self.microbatches if self.microbatches is not None else 2 * self.pp
+
+
+def _default(key: str):
+    f = MeshOptions.__dataclass_fields__[key]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _shown(value) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in vars(value).items()) + "}" if hasattr(value, "__dataclass_fields__") \
+        else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# the presets of the one mesh engine (conf/strategy/<name>.yaml): name -> the degrees it sets
+PRESETS = {"ddp": {"dp_replicate": REST_OF_THE_WORLD}, "fsdp": {"dp_shard": REST_OF_THE_WORLD},
+           "hsdp": {"dp_replicate": 2, "dp_shard": 2}, "tp": {"tp": 2}, "pp": {"pp": 2}}
+
+
+def preset(name: str, **changes) -> MeshOptions:
+    """The options conf/strategy/<name>.yaml composes to (its degrees), with `changes`."""
+    return MeshOptions(name=name, **{**PRESETS[name], **changes})
 
 
 @dataclass(kw_only=True)

@@ -185,7 +185,8 @@ def _advice(part: str, row: Row) -> str:
         return (f"rank {row.time.busiest_rank} is the slowest (busy {max(busy):.1f} ms a step, the median rank "
                 f"{statistics.median(busy):.1f} ms): see its time/busy_ms and the straggler lines (docs/telemetry.md)")
     tries = ["a larger per-GPU batch or trainer.grad_accum (fewer all-reduces per sample)"]
-    if "bucket_cap_mb" in strategy:
+    ddp = all(strategy.get(degree, 1) == 1 for degree in ("dp_shard", "tp", "pp"))  # DDP's keys act there only
+    if "bucket_cap_mb" in strategy and ddp:
         tries.append(f"strategy.bucket_cap_mb (now {strategy['bucket_cap_mb']:g})")
     if "compression" in strategy:
         tries.append(f"strategy.compression (now {strategy['compression']})")

@@ -3,8 +3,9 @@ job folders are named by job number and what varies (framework/results/job_names
 folder again. A job whose folder holds result.json and the same resolved config is not trained again: its result
 is reported; a job that had started resumes from its last checkpoint (trainer.resume=auto, the default); the others
 run. A finished job of another config is refused in one line (its folder is not overwritten). A key that a newer
-hydra-dist added, which the job's saved config lacks, is not a difference while it keeps its schema's default: a
-sweep started before an upgrade resumes after it."""
+hydra-dist added, which the job's saved config lacks, is not a difference while it keeps its schema's default, and
+an earlier version's strategy class is today's (framework/config/legacy_targets.py): a sweep started before an
+upgrade resumes after it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from framework.common.errors import ConfigError
+from framework.config.legacy_targets import current_target
 from framework.config.schemas import NO_DEFAULT, schema_default
 from framework.results.result_file import read_result
 
@@ -45,6 +47,9 @@ def finished_before(run_dir: Path, cfg: DictConfig) -> dict | None:
         saved = OmegaConf.to_container(OmegaConf.load(run_dir / RESOLVED_CONFIG))
     except (OSError, ValueError):
         saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("strategy"), dict) and "_target_" in saved["strategy"]:
+        # an earlier version's name of the same engine (ddp and fsdp before they became the mesh's presets)
+        saved["strategy"]["_target_"] = current_target(saved["strategy"]["_target_"])
     changed = changed_keys(saved, resolved, default_of=lambda key: schema_default(resolved, key)) if isinstance(saved, dict) else ["(no resolved_config.yaml)"]
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")

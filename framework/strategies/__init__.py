@@ -15,14 +15,14 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.config.hydra_versions import version_base
-from framework.config.strategy_options import DDPOptions
+from framework.config.legacy_targets import current_target, modernized
+from framework.config.strategy_options import MESH_TARGET, MeshOptions
 from framework.config.targets import TargetAllowlist, allowing, current
 from framework.config.typed import typed
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
 from framework.session.environment import HOROVOD, Ranks
 from framework.strategies.base import Strategy
-from framework.strategies.ddp import DDPStrategy
 from framework.strategies.single import SingleStrategy
 
 GROUP = "strategy"
@@ -45,7 +45,7 @@ def resolve_auto(cfg: DictConfig, outer_kind: str | None) -> str:
     several = outer_kind is not None or (cuda and torch.cuda.device_count() > 1)
     chosen = "ddp" if several else "single"
     if not several:  # auto's options are ddp's: a bad one is refused even where single runs without them
-        options = typed(DDPOptions, cfg.strategy, GROUP)
+        options = typed(MeshOptions, cfg.strategy, GROUP)
         if options.compression != "none":  # single would drop it
             raise ConfigError(f"strategy.compression={options.compression} is not allowed with strategy=auto here: "
                               "auto chose single (at most one GPU), and one process sends no gradients; use "
@@ -53,7 +53,7 @@ def resolve_auto(cfg: DictConfig, outer_kind: str | None) -> str:
     with open_dict(cfg):
         if several:
             cfg.strategy.name = chosen
-            cfg.strategy._target_ = class_path(DDPStrategy)
+            cfg.strategy._target_ = MESH_TARGET
         else:
             cfg.strategy = {"_target_": class_path(SingleStrategy), "name": chosen}
     reason = "several GPUs/workers" if several else "at most one GPU"
@@ -66,8 +66,9 @@ def strategy_class(options) -> type[Strategy]:
     target = options.get("_target_") if options is not None else None
     if not target:
         raise ConfigError(f"{GROUP}._target_ is missing: a strategy config names its class with _target_ "
-                          "(e.g. _target_: framework.strategies.ddp.DDPStrategy)")
-    current().check_name(str(target), GROUP)  # the allowlist in force (framework/config/targets.py), before import
+                          f"(e.g. _target_: {MESH_TARGET})")
+    target = current_target(str(target))  # an earlier version's name (framework/config/legacy_targets.py)
+    current().check_name(target, GROUP)  # the allowlist in force (framework/config/targets.py), before import
     try:
         cls = get_class(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
@@ -104,7 +105,7 @@ def choose_strategy(cfg: DictConfig, outer: Ranks | None) -> tuple[type[Strategy
     """Resolve strategy=auto and find the strategy class; where another program started the ranks (`outer`, the
     session's) only a strategy that can train with them (Strategy.outer_kinds) is allowed. Returns (class, note)."""
     kind = outer.kind if outer is not None else None
-    note = resolve_auto(cfg, kind)
+    note = resolve_auto(cfg, kind) or _modernize(cfg)
     cls = strategy_class(cfg.strategy)
     if kind is not None and kind not in cls.outer_kinds:
         fits = ", ".join(strategies_for_outer_kind(kind))
@@ -112,6 +113,19 @@ def choose_strategy(cfg: DictConfig, outer: Ranks | None) -> tuple[type[Strategy
             f"strategy={cfg.strategy.name} is not allowed under {outer.started_by}: the launcher already started "
             f"several workers; use strategy={fits}{' or auto' if kind != HOROVOD else ''}")
     return cls, note
+
+
+def _modernize(cfg: DictConfig) -> str:
+    """An earlier version's strategy class named by the config: today's, with the degrees it meant. Returns the
+    line saying what to write now ('' when the config names today's)."""
+    target = cfg.strategy.get("_target_")
+    node, note = modernized({key: None for key in cfg.strategy} | {"_target_": target})
+    if note:
+        with open_dict(cfg):
+            for key, value in node.items():
+                if key == "_target_" or key not in cfg.strategy:
+                    cfg.strategy[key] = value
+    return note
 
 
 @contextlib.contextmanager

@@ -49,14 +49,14 @@ class DcpCheckpoints(CheckpointIO):
             "state": {names[i]: s for i, s in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
-        with _buffers_in_cpu_memory(module, self.cpu_offload):
+        with buffers_in_cpu_memory(module, self.cpu_offload):
             set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=by_name,
                            options=StateDictOptions(full_state_dict=True))
         return self.progress(state)
 
 
 @contextlib.contextmanager
-def _buffers_in_cpu_memory(model: nn.Module, offloaded: bool):
+def buffers_in_cpu_memory(model: nn.Module, offloaded: bool):
     """With cpu_offload the parameters' shards live in CPU memory while buffers (BatchNorm's statistics) stay on the
     GPU, and loading a full state dict refuses a model on two devices ("Multiple devices found"): the buffers join
     the parameters in CPU memory for the load and go back afterwards."""

@@ -52,11 +52,13 @@ def candidates(model: nn.Module, options, strategy_name: str, precision: str, au
     whether the runs train on GPUs."""
     found = []
     norms = [(n, m) for n, m in model.named_modules() if isinstance(m, _BatchNorm)]
-    if norms and not getattr(options, "sync_batchnorm", False):
+    # the mesh's DDP has sync_batchnorm; its other meshes refuse it
+    offered = hasattr(options, "sync_batchnorm") and getattr(options, "runs_ddp", True)
+    if norms and not (offered and options.sync_batchnorm):
         where = f"BatchNorm with per-rank statistics ({_names(norms)})"
         each = ("each rank normalized with the mean and variance of its own micro-batch, one process with the whole "
                 "batch's")
-        if hasattr(options, "sync_batchnorm"):
+        if offered:
             found.append(Candidate(
                 "sync_batchnorm", where, "strategy.sync_batchnorm=true in the strategy's run (BatchNorm's statistics "
                 "over every rank)",

@@ -11,7 +11,7 @@ def _fsdp_step(rank: int, world: int, recompute: bool):
     """One forward and backward of a small GPT (dropout 0.1) sharded by strategy=fsdp over the world, the units
     recomputed in backward or not: this rank's loss, every gradient made whole, and the clipping norm."""
     from framework.models.gpt import GPT
-    from framework.strategies.groups import TorchGroup
+    from framework.strategies.model_parallel.group import MeshGroup
     from framework.training.speedups import apply_speedups
     from support.driver import strategy_for
 
@@ -20,8 +20,8 @@ def _fsdp_step(rank: int, world: int, recompute: bool):
     strategy = strategy_for("strategy=fsdp", "trainer.accelerator=cpu")
     if recompute:
         apply_speedups(model, False, CPU, checkpointed=strategy.speedup_modules(model).recomputed)
-    wrapped = strategy.parallelize(model, lambda params: torch.optim.SGD(params, lr=0.1),
-                                   TorchGroup(rank, rank, world, CPU))
+    wrapped = strategy.parallelize(model, lambda params, **_: torch.optim.SGD(params, lr=0.1),
+                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape))
     tokens = torch.randint(0, 20, (4, 16), generator=torch.Generator().manual_seed(rank))
     torch.manual_seed(1 + rank)  # this rank's dropout masks
     logits = wrapped.model(tokens)
@@ -52,15 +52,15 @@ def _accumulated_gradient(rank: int, world: int, compression: str, precision: st
     trainer.grad_accum=8 runs them): the first micro-batch's gradient is 1 in every element, each later one's 2^-9,
     below bf16's resolution at 1 (2^-7). Summed in fp32 and cast once for the wire: 1 + 7 x 2^-9 rounds to
     1 + 2^-6; summed in bf16 each 2^-9 is lost and the sum stays 1."""
-    from framework.strategies.groups import TorchGroup
+    from framework.strategies.model_parallel.group import MeshGroup
     from support.driver import strategy_for
 
     torch.manual_seed(0)
     strategy = strategy_for("strategy=fsdp", "trainer.accelerator=cpu", f"strategy.compression={compression}",
                             f"trainer.precision={precision}")
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
-    wrapped = strategy.parallelize(model, lambda params: torch.optim.SGD(params, lr=0.1),
-                                   TorchGroup(rank, rank, world, CPU))
+    wrapped = strategy.parallelize(model, lambda params, **_: torch.optim.SGD(params, lr=0.1),
+                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape))
     for micro_batch in range(8):
         wrapped.gradient_sync(micro_batch == 7)
         x = torch.full((1, 2), 1.0 if micro_batch == 0 else 2.0 ** -9)

@@ -17,7 +17,7 @@ from framework.config import choices
 from framework.config.choices import Accelerator, Choice, PrecisionChoice, ReduceOp
 from framework.config.rules import Checked
 from framework.config.settings import settings_of
-from framework.config.strategy_options import DDPOptions, DeepSpeedOptions
+from framework.config.strategy_options import DeepSpeedOptions, MeshOptions
 from framework.config.trainer import TrainerConfig
 from framework.config.typed import typed
 from support.driver import composed, composition_says
@@ -75,7 +75,7 @@ def test_every_choice_is_an_enum_and_each_member_is_its_plain_string():
 def test_typed_settings_hold_the_members_and_they_travel_and_print_as_strings():
     cfg = composed("strategy=ddp", "trainer.precision=bf16", "trainer.accelerator=cpu", "trainer.on_nonfinite=skip",
                    "optimizer.lr_scaling=linear", "lr_schedule=constant", "strategy.backend=gloo")
-    s = settings_of(cfg, DDPOptions)
+    s = settings_of(cfg, MeshOptions)
     assert s.trainer.precision is PrecisionChoice.bf16 and s.trainer.accelerator is Accelerator.cpu
     assert (s.trainer.precision, s.trainer.on_nonfinite, s.optimizer.lr_scaling, s.lr_schedule.name,
             s.strategy.backend, s.strategy.rdzv_backend) == ("bf16", "skip", "linear", "constant", "gloo", "c10d")

@@ -9,7 +9,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from framework.config.settings import settings_of
-from framework.config.strategy_options import DDPOptions, SingleOptions
+from framework.config.strategy_options import MeshOptions, SingleOptions
 from support.driver import composed, composition_says, driver_says, strategy_for
 from support.processes import EXAMPLE
 
@@ -29,7 +29,7 @@ def test_strategy_auto_still_resolves_to_single_or_ddp_with_its_options():
     assert type(strategy_for("strategy=auto", "trainer.accelerator=cpu").options) is SingleOptions
     cfg = composed("strategy=auto", "strategy.nproc_per_node=3", "strategy.backend=gloo")
     assert resolve_auto(cfg, outer_kind="torch").startswith("strategy=auto chose ddp")
-    options = settings_of(cfg, DDPOptions).strategy
+    options = settings_of(cfg, MeshOptions).strategy
     assert (options.name, options.nproc_per_node, options.backend) == ("ddp", 3, "gloo")
 
 
@@ -64,3 +64,47 @@ def test_a_strategy_of_the_elastic_options_starts_from_their_open_copy(tmp_path)
     assert (node.banner, node.nproc_per_node, node.backend) == ("hi", 3, "auto") and "bucket_cap_mb" not in node
     assert composition_says("strategy=mine", "strategy.backend=mpi", config_dir_override(str(tmp_path))) == \
         "strategy.backend='mpi' is not allowed: expected one of auto, nccl, gloo"
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["strategy=fsdp", "strategy.bucket_cap_mb=50"],
+     "strategy.bucket_cap_mb=50.0 is not allowed with strategy.dp_shard=-1: it acts on the 1-D replicate mesh, where "
+     "DDP itself trains (dp_replicate alone: strategy=ddp)"),
+    (["strategy=hsdp", "strategy.sync_batchnorm=true"],
+     "strategy.sync_batchnorm=true is not allowed with strategy.dp_replicate=2 x strategy.dp_shard=2: it acts on the "
+     "1-D replicate mesh"),
+    (["strategy=ddp", "strategy.cpu_offload=true"],
+     "strategy.cpu_offload=true is not allowed with strategy.dp_replicate=-1: it acts where FSDP2 runs"),
+    (["strategy=tp", "strategy.shard_modules=[Block]", "experiment=char_lm"],
+     "strategy.shard_modules=['Block'] is not allowed with strategy.tp=2: it acts with a data-parallel degree"),
+    (["strategy=fsdp", "trainer.precision=fp16"], "trainer.precision=fp16 is not allowed with strategy=fsdp"),
+], ids=["ddp_key_on_fsdp", "ddp_key_on_hsdp", "fsdp_key_on_ddp", "fsdp_key_on_tp", "fp16_on_fsdp"])
+def test_a_key_of_another_mesh_is_one_line_naming_it(tmp_path, overrides, line):
+    said = driver_says(overrides, tmp_path)
+    assert said.startswith(line) and "\n" not in said, said
+
+
+def test_ddp_and_fsdp_are_presets_of_the_mesh_that_keep_their_names_and_checkpoints():
+    ddp, fsdp = strategy_for("strategy=ddp"), strategy_for("strategy=fsdp")
+    assert type(ddp) is type(fsdp) and type(ddp).__name__ == "MeshStrategy"
+    assert (ddp.name, ddp.checkpoint_format.name, fsdp.name, fsdp.checkpoint_format.name) == ("ddp", "file", "fsdp",
+                                                                                              "dcp")
+
+
+@pytest.mark.parametrize("old,preset,degree", [("framework.strategies.ddp.DDPStrategy", "ddp", "dp_replicate"),
+                                                ("framework.strategies.fsdp.FSDPStrategy", "fsdp", "dp_shard")])
+def test_a_yaml_naming_an_old_engine_class_trains_as_its_preset_and_says_what_to_write(tmp_path, old, preset, degree):
+    from framework.common.paths import config_dir_override
+    from framework.strategies import choose_strategy
+
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "old.yaml").write_text("defaults: [/schema/open/strategy/elastic@_here_, _self_]\n"
+                                                    f"_target_: {old}\nname: old_{preset}\n")
+    here = config_dir_override(str(tmp_path))
+    cfg = composed("strategy=old", here)
+    cls, note = choose_strategy(cfg, None)
+    assert cls.__name__ == "MeshStrategy" and cfg.strategy[degree] == -1
+    assert note == (f"strategy._target_={old} is the old name of the mesh engine's {preset} preset: write _target_: "
+                    f"framework.strategies.model_parallel.strategy.MeshStrategy with {degree}: -1 (or start from "
+                    f"conf/strategy/{preset}.yaml)")
+    assert driver_says(["strategy=old"], tmp_path / "run", config_dir=tmp_path) == ""

@@ -11,7 +11,7 @@ from torch import nn
 from framework.assemble import build_task
 from framework.callbacks.stop_after import StopAfter
 from framework.callbacks.switch_off import BATCHNORM_STATISTICS, TRAINING_MODE_DRAWS, SwitchOff
-from framework.config.strategy_options import DDPOptions, FSDPOptions
+from framework.config.strategy_options import preset
 from framework.run import plan_run
 from framework.session.environment import threads_per_worker
 from framework.session.situations import Job
@@ -67,9 +67,9 @@ def test_the_runs_overrides_compose_and_pass_train_pys_checks(tmp_path):
                   ["dataset.augment=null", "trainer.precision=fp32"]):
         for args in ([*user, *extra], one_process([*user, *extra])):
             assert driver_says([*args, *first_steps(5)], tmp_path) == "", args
-    both = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "fp32", None))
+    both = together(candidates(BatchNormCNN((1, 28, 28), 10), preset("fsdp"), "fsdp", "fp32", None))
     assert driver_says([*user, *both.both, *first_steps(5)], tmp_path) == ""
-    on_gpus = together(candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "bf16", None, cuda=True))
+    on_gpus = together(candidates(BatchNormCNN((1, 28, 28), 10), preset("fsdp"), "fsdp", "bf16", None, cuda=True))
     assert driver_says([*user, *on_gpus.both, *first_steps(5)], tmp_path) == ""
 
 
@@ -83,25 +83,25 @@ def test_the_one_process_run_keeps_everything_but_the_strategy():
 
 
 def test_candidates_are_what_the_model_and_settings_have():
-    bn = candidates(BatchNormCNN((1, 28, 28), 10), DDPOptions(), "ddp", "fp32", None)
+    bn = candidates(BatchNormCNN((1, 28, 28), 10), preset("ddp"), "ddp", "fp32", None)
     assert [c.key for c in bn] == ["sync_batchnorm", "training_mode_draws"]
     assert bn[0].strategy_only == ["strategy.sync_batchnorm=true"] and not bn[0].both
     assert "features.1" in bn[0].name and "strategy.sync_batchnorm=true" in bn[0].found
-    assert [c.key for c in candidates(BatchNormCNN((1, 28, 28), 10), DDPOptions(sync_batchnorm=True), "ddp", "fp32",
+    assert [c.key for c in candidates(BatchNormCNN((1, 28, 28), 10), preset("ddp", sync_batchnorm=True), "ddp", "fp32",
                                       None)] == ["training_mode_draws"], "synchronized already: no candidate"
-    frozen = candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "fp32", None)[0]
+    frozen = candidates(BatchNormCNN((1, 28, 28), 10), preset("fsdp"), "fsdp", "fp32", None)[0]
     assert frozen.key == "batchnorm_statistics" and frozen.both == switched_off(BATCHNORM_STATISTICS)
     assert "strategy=fsdp has no strategy.sync_batchnorm" in frozen.found
-    dropout = candidates(DropoutNet((1, 28, 28), 10, dropout=0.3), DDPOptions(), "ddp", "bf16", {"_target_": "x"})
+    dropout = candidates(DropoutNet((1, 28, 28), 10, dropout=0.3), preset("ddp"), "ddp", "bf16", {"_target_": "x"})
     assert [c.key for c in dropout] == ["training_mode_draws", "no_augment", "fp32"]
     assert dropout[0].name == "dropout (net.3: p=0.3)"
     assert dropout[2].both == ["trainer.precision=fp32"]
-    assert candidates(DropoutNet((1, 28, 28), 10, dropout=0.0), DDPOptions(), "ddp", "fp32", None)[0].name.startswith(
+    assert candidates(DropoutNet((1, 28, 28), 10, dropout=0.0), preset("ddp"), "ddp", "fp32", None)[0].name.startswith(
         "a random draw in training mode")
 
 
 def test_switched_off_together_is_one_callback_per_kind():
-    found = candidates(BatchNormCNN((1, 28, 28), 10), FSDPOptions(), "fsdp", "bf16", None)
+    found = candidates(BatchNormCNN((1, 28, 28), 10), preset("fsdp"), "fsdp", "bf16", None)
     both = together(found).both
     assert sorted(o for o in both if o.endswith("._target_=framework.callbacks.switch_off.SwitchOff")) == [
         f"+callbacks.verify_switch_off_{what}._target_=framework.callbacks.switch_off.SwitchOff"
@@ -314,8 +314,8 @@ def test_on_gpus_the_kernels_are_a_candidate_and_exact_kernels_switch_tf32_and_t
     from framework.verify.causes import EXACT_KERNELS
 
     model = BatchNormCNN((1, 28, 28), 10)
-    assert "exact_kernels" not in [c.key for c in candidates(model, DDPOptions(), "ddp", "bf16", None)]
-    on_gpus = candidates(model, DDPOptions(), "ddp", "bf16", None, cuda=True)
+    assert "exact_kernels" not in [c.key for c in candidates(model, preset("ddp"), "ddp", "bf16", None)]
+    on_gpus = candidates(model, preset("ddp"), "ddp", "bf16", None, cuda=True)
     assert [c.key for c in on_gpus] == ["sync_batchnorm", "training_mode_draws", "exact_kernels", "fp32"]
     assert on_gpus[2].both == EXACT_KERNELS and not on_gpus[2].strategy_only
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn

@@ -14,16 +14,17 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_
 from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
-from framework.strategies.dcp_checkpoints import DCP, DcpCheckpoints
+from framework.strategies.dcp_checkpoints import DCP, DcpCheckpoints, buffers_in_cpu_memory
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
+from framework.training.engine import ProcessGroup
 
 
 class MeshCheckpoints(DcpCheckpoints):
     format = DCP
 
-    def __init__(self, rank: int, world_size: int, cuda_devices: list[int], module: nn.Module, whole: "WholeModel",
-                 canonical: dict[str, str], *, gathers: bool):
-        super().__init__(rank, world_size, cuda_devices, cpu_offload=False)
+    def __init__(self, group: ProcessGroup, module: nn.Module, whole: "WholeModel", canonical: dict[str, str], *,
+                 gathers: bool, cpu_offload: bool):
+        super().__init__(group.rank, group.world_size, group.cuda_devices, cpu_offload)
         self.module = module  # the pieces this rank holds, under the whole model's names
         self.whole = whole
         # a name this rank holds a tied copy under -> the name checkpoints use for it (where they differ)
@@ -96,8 +97,9 @@ class MeshCheckpoints(DcpCheckpoints):
                                                      if back.get(names[i], names[i]) in held]}
                                     for g in saved["param_groups"]]}
         model_state = {key: value for key, value in state["model"].items() if key in held}
-        set_state_dict(self.module, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
-                       options=StateDictOptions(full_state_dict=True))
+        with buffers_in_cpu_memory(self.module, self.cpu_offload):
+            set_state_dict(self.module, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
+                           options=StateDictOptions(full_state_dict=True))
         return self.progress(state)
 
 
