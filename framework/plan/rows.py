@@ -1,0 +1,110 @@
+"""One row of the plan: one strategy on one number of workers, per rank. The run is built as a worker builds it
+(framework/assemble.py: build_task, parallelize) in a fake process group of the row's world size
+(torch.distributed's "fake" backend: collectives that move nothing), its parameters and batch made fake
+(framework/plan/fake.py), and two training steps counted by LiveBytes (framework/plan/tracer.py).
+
+ddp is traced as one process on its share of the batch (DistributedDataParallel cannot be built on fake tensors: it
+copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from framework.assemble import RunContext, build_task, parallelize, seed_everything
+from framework.common.errors import ConfigError
+from framework.config.settings import settings_of
+from framework.config.targets import TargetAllowlist, allowing
+from framework.plan.batch import first_batch
+from framework.plan.buckets import DDPBuckets
+from framework.plan.fake import fake_batch, fake_model
+from framework.plan.steps import counted_steps
+from framework.plan.tracer import LiveBytes
+from framework.session.environment import TORCH, Ranks
+from framework.strategies import choose_strategy
+from framework.config.strategy_options import SingleOptions
+from framework.strategies.single import SingleStrategy
+from framework.training.engine import LocalGroup
+
+PLANNED = ("single", "ddp", "fsdp")
+WHY_NOT = {
+    "dp": "nn.DataParallel copies the model onto each GPU of one process at every step; not traced yet",
+    "deepspeed": "ZeRO partitions and flattens the model state in its own engine, which fake tensors cannot build; "
+                 "its arithmetic is not written yet",
+    "horovod": "Horovod's allreduce buffers live outside torch; not counted yet",
+    "tp": "tensor parallel is traced (docs/plan.md has the probe's numbers) but not checked against a run yet",
+    "pp": "a pipeline holds the schedule's in-flight micro-batches, which are not counted yet",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """Bytes per rank, at the peak of a training step (the second: the optimizer's state is alive), by what they
+    hold; `buffers`: a strategy's own (ddp's gradient buckets); `peak` is their sum."""
+
+    strategy: str
+    workers: int
+    micro_batch: int
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporaries: int
+    buffers: int
+    batch: int
+    peak: int
+    seconds: float
+
+
+def plan_row(cfg: DictConfig) -> Row:
+    """The row for a composed config: its strategy on its strategy.nproc_per_node x nnodes workers."""
+    started = time.perf_counter()
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        name = s.strategy.name
+        if name not in PLANNED:
+            raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
+                              f"plannable: {', '.join(PLANNED)}")
+        starter = strategy_class(s.strategy, s.trainer.engine(), ranks=None).starter
+        workers = starter.processes() if hasattr(starter, "processes") else 1
+        live, micro_batch = _counted(s, strategy_class, workers)
+    at_peak = live.at_peak()
+    return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=live.peak,
+               seconds=time.perf_counter() - started, **at_peak)
+
+
+def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
+    """Rank 0 of `workers`, built and stepped on fake tensors: its LiveBytes and its micro-batch."""
+    ddp = s.strategy.name == "ddp"
+    dist.init_process_group("fake", rank=0, world_size=workers)
+    try:
+        engine = s.trainer.engine()
+        strategy = SingleStrategy(SingleOptions(), engine, None) if ddp else \
+            strategy_class(s.strategy, engine, ranks=Ranks(TORCH, 0, 0, workers, workers))
+        group = LocalGroup(torch.device("cpu")) if ddp else strategy.join()
+        seed_everything(s.trainer.seed)
+        task = build_task(s, torch.device("cpu"), "planned on fake tensors")  # the layout changes no byte
+        mode = FakeTensorMode()
+        fake_model(task.model, mode)
+        ctx = RunContext(settings=s, strategy=strategy, group=group, ranks=None, run_dir=None, say=_unsaid, stop=None)
+        # outside the fake mode: a device mesh reads its ranks' values, which fake tensors have not
+        wrapped = parallelize(ctx, task)
+        t = s.trainer
+        micro_batch = t.batch_size // (workers * t.grad_accum)
+        batch = fake_batch(first_batch(task.data, micro_batch), mode)
+        with mode, LiveBytes() as live:
+            if ddp:
+                DDPBuckets.of(s.strategy, wrapped.model).attach(live)
+            counted_steps(wrapped, task.step, task.loss, batch, t, live)
+        return live, micro_batch
+    finally:
+        dist.destroy_process_group()
+
+
+def _unsaid(line: str) -> None:
+    """What assembly would tell the run's console: nothing runs here."""
