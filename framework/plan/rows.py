@@ -60,16 +60,24 @@ class Row:
     seconds: float
 
 
+def check_plannable(cfg: DictConfig) -> None:
+    """ConfigError, one line, for a config whose strategy cannot be planned yet (or whose keys do not type)."""
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        name = settings_of(cfg, strategy_class.Options).strategy.name
+    if name not in PLANNED:
+        raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
+                          f"plannable: {', '.join(PLANNED)}")
+
+
 def plan_row(cfg: DictConfig) -> Row:
     """The row for a composed config: its strategy on its strategy.nproc_per_node x nnodes workers."""
+    check_plannable(cfg)
     started = time.perf_counter()
     with allowing(TargetAllowlist.of_command(cfg)):
         strategy_class, _ = choose_strategy(cfg, None)
         s = settings_of(cfg, strategy_class.Options)
         name = s.strategy.name
-        if name not in PLANNED:
-            raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
-                              f"plannable: {', '.join(PLANNED)}")
         starter = strategy_class(s.strategy, s.trainer.engine(), ranks=None).starter
         workers = starter.processes() if hasattr(starter, "processes") else 1
         live, micro_batch = _counted(s, strategy_class, workers)

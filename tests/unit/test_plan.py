@@ -1,0 +1,133 @@
+"""The plan (framework/plan/), in this process: its parameter, optimizer and buffer terms against their closed
+forms (AdamW: two fp32 moments and a step count per parameter tensor; fsdp: rank 0's padded shard, 1/N), LeNet's
+planned peak against the peak torch.profiler measures on a real step, and its refusals in one line."""
+import gzip
+import json
+import math
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from support.driver import composed
+
+from framework.assemble import RunContext, build_task, parallelize, seed_everything
+from framework.common.errors import ConfigError
+from framework.config.settings import settings_of
+from framework.config.targets import TargetAllowlist, allowing
+from framework.plan.batch import first_batch
+from framework.plan.command import plan_options
+from framework.plan.gpus import chosen_gpu
+from framework.plan.rows import plan_row
+from framework.strategies import choose_strategy
+from framework.training.engine import LocalGroup, Weighting, forward_backward
+
+LENET = ("model=lenet", "dataset=fashion_mnist")
+CHAR_LM = ("experiment=char_lm",)
+
+
+def planned(*overrides):
+    return plan_row(composed(*overrides, "trainer.accelerator=cpu"))
+
+
+def shapes(*overrides) -> list[torch.Size]:
+    """The model's parameter shapes, each tensor once (tied ones too), as the run builds it."""
+    cfg = composed(*overrides, "trainer.accelerator=cpu")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        task = build_task(settings_of(cfg, strategy_class.Options), torch.device("cpu"), "a unit test")
+    return [p.shape for p in task.model.parameters()]
+
+
+def adamw_bytes(shards: list[int], tensors: int) -> int:
+    return 2 * 4 * sum(shards) + 4 * tensors  # exp_avg, exp_avg_sq (fp32) and a float32 `step` per tensor
+
+
+@pytest.mark.parametrize("model", [LENET, CHAR_LM], ids=["lenet", "char_lm"])
+def test_single_holds_the_parameters_and_adamw_holds_two_moments_of_each(model):
+    row = planned(*model, "strategy=single", "optimizer=adamw")
+    numels = [s.numel() for s in shapes(*model, "optimizer=adamw")]
+    assert row.parameters == 4 * sum(numels)
+    assert row.optimizer == adamw_bytes(numels, len(numels))
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_fsdp_keeps_rank_0s_shard_of_parameters_and_moments(workers):
+    row = planned(*CHAR_LM, "strategy=fsdp", f"strategy.nproc_per_node={workers}")
+    # fully_shard cuts dim 0 in `workers` chunks, padded to the largest: rank 0's
+    shards = [math.ceil(s[0] / workers) * (s.numel() // s[0]) for s in shapes(*CHAR_LM)]
+    assert row.parameters == 4 * sum(shards)
+    assert row.optimizer == adamw_bytes(shards, len(shards))
+    whole = planned(*CHAR_LM, "strategy=fsdp", "strategy.nproc_per_node=1")
+    assert row.parameters == pytest.approx(whole.parameters / workers, rel=0.01)
+
+
+def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
+    row = planned(*LENET, "strategy=ddp", "strategy.nproc_per_node=2")
+    params = 4 * sum(s.numel() for s in shapes(*LENET))
+    assert row.buffers == params and row.gradients == 0
+    assert row.micro_batch == composed(*LENET).trainer.batch_size // 2
+
+
+def test_lenets_planned_peak_is_within_10_percent_of_the_peak_measured_on_a_real_step(tmp_path):
+    row = planned(*LENET, "strategy=single")
+    measured = profiled_peak(tmp_path, *LENET)
+    assert abs(row.peak - measured) <= 0.1 * measured, (row.peak, measured)
+
+
+def profiled_peak(tmp_path, *overrides) -> int:
+    """The most tensor bytes alive during a real second training step, by torch.profiler's memory timeline: the
+    CPU allocator's own allocation and free events, joined to ops by the profiler. Independent of the plan, which
+    counts storages in a dispatch mode on fake tensors and never runs under the profiler: only the assembly (the
+    model, the optimizer, the batch) is shared, the thing both measure."""
+    cfg = composed(*overrides, "trainer.accelerator=cpu")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        seed_everything(s.trainer.seed)
+        task = build_task(s, torch.device("cpu"), "measured as planned")
+        strategy = strategy_class(s.strategy, s.trainer.engine(), ranks=None)
+        ctx = RunContext(settings=s, strategy=strategy, group=LocalGroup(torch.device("cpu")), ranks=None,
+                         run_dir=tmp_path, say=print, stop=None)
+        wrapped = parallelize(ctx, task)
+    batch = first_batch(task.data, s.trainer.batch_size)
+
+    def step():
+        wrapped.optimizer.zero_grad(set_to_none=True)
+        forward_backward(wrapped, task.step, batch, task.loss, Weighting(1))
+        wrapped.precision.optimizer_step(wrapped.model, wrapped.optimizer, s.trainer.grad_clip, False)
+
+    step()  # the optimizer's state exists from here on, as in the plan's second step
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
+        step()
+    path = tmp_path / "memory.raw.json.gz"
+    p.export_memory_timeline(str(path), device="cpu")
+    alive = peak = 0
+    for _, action, nbytes, _ in sorted(json.loads(gzip.decompress(path.read_bytes())), key=lambda e: e[0]):
+        alive += -abs(nbytes) if action == 4 else nbytes  # (time, action, bytes, category); 4: destroyed
+        peak = max(peak, alive)
+    return peak
+
+
+def test_an_unknown_gpu_is_refused_in_one_line_naming_the_cards():
+    with pytest.raises(ConfigError) as refused:
+        chosen_gpu("K80")
+    line = str(refused.value)
+    assert line.startswith("plan.gpu=K80 is not allowed") and "H100-80GB" in line and "\n" not in line
+    assert chosen_gpu("h100-80gb").memory == 80 * 2 ** 30
+
+
+def test_a_plan_key_it_does_not_have_is_refused_and_plan_keys_leave_the_runs_overrides():
+    options, rest = plan_options(["plan.gpu=A100-80GB", "strategy=ddp"])
+    assert options.gpu == "A100-80GB" and rest == ["strategy=ddp"]
+    with pytest.raises(ConfigError, match=r"^plan\.gpus is not allowed: the plan's keys are plan\.gpu, plan\.dir$"):
+        plan_options(["plan.gpus=A100-80GB"])
+
+
+@pytest.mark.parametrize("strategy", ["tp", "deepspeed"])
+def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why(strategy):
+    with pytest.raises(ConfigError) as refused:
+        planned(*CHAR_LM, f"strategy={strategy}")
+    line = str(refused.value)
+    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp" in line
+    assert "\n" not in line
