@@ -72,8 +72,7 @@ def plan_options(overrides: list[str]) -> tuple[PlanOptions, list[str]]:
 
 
 def composed_runs(overrides: list[str], config_dir: str | None):
-    """The config of each combination of the comma lists, in sweep order, composed as train.py composes it (on the
-    CPU: a tensor's bytes do not depend on its device)."""
+    """The config of each combination of the comma lists, in sweep order, composed as train.py composes it."""
     choices = []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.get_key_element()
@@ -83,7 +82,7 @@ def composed_runs(overrides: list[str], config_dir: str | None):
     extra = [config_dir_override(config_dir)] if config_dir else []
     with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
         for combination in combinations:
-            yield compose("config", overrides=[*combination, *extra, "trainer.accelerator=cpu"])
+            yield compose("config", overrides=[*combination, *extra])
 
 
 def _arguments(argv: list[str]) -> tuple[list[str], str | None]:

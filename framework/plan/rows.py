@@ -7,6 +7,7 @@ ddp is traced as one process on its share of the batch (DistributedDataParallel 
 copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -71,7 +72,8 @@ def check_plannable(cfg: DictConfig) -> None:
 
 
 def plan_row(cfg: DictConfig) -> Row:
-    """The row for a composed config: its strategy on its strategy.nproc_per_node x nnodes workers."""
+    """The row for a composed config: its strategy on as many workers as it would start (strategy.nproc_per_node x
+    nnodes; by default one per GPU of this machine)."""
     check_plannable(cfg)
     started = time.perf_counter()
     with allowing(TargetAllowlist.of_command(cfg)):
@@ -91,7 +93,7 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
     ddp = s.strategy.name == "ddp"
     dist.init_process_group("fake", rank=0, world_size=workers)
     try:
-        engine = s.trainer.engine()
+        engine = dataclasses.replace(s.trainer.engine(), cuda=False)  # traced on the CPU: the same bytes
         strategy = SingleStrategy(SingleOptions(), engine, None) if ddp else \
             strategy_class(s.strategy, engine, ranks=Ranks(TORCH, 0, 0, workers, workers))
         group = LocalGroup(torch.device("cpu")) if ddp else strategy.join()
