@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 from framework.assemble import RunContext, build_task, parallelize, seed_everything
 from framework.common.errors import ConfigError
@@ -69,6 +69,9 @@ def check_plannable(cfg: DictConfig) -> None:
     if name not in PLANNED:
         raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
                           f"plannable: {', '.join(PLANNED)}")
+    if cfg.trainer.precision == "fp16":
+        raise ConfigError("trainer.precision=fp16 cannot be planned yet: its GradScaler needs CUDA and the plan "
+                          "traces on the CPU; plannable: fp32, bf16")
 
 
 def plan_row(cfg: DictConfig) -> Row:
@@ -105,12 +108,16 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         # outside the fake mode: a device mesh reads its ranks' values, which fake tensors have not
         wrapped = parallelize(ctx, task)
         t = s.trainer
-        micro_batch = t.batch_size // (workers * t.grad_accum)
+        micro_batch = t.batch_size // ((workers if ddp else group.dp_size) * t.grad_accum)
         batch = fake_batch(first_batch(task.data, micro_batch), mode)
-        with mode, LiveBytes() as live:
-            if ddp:
-                DDPBuckets.of(s.strategy, wrapped.model).attach(live)
-            counted_steps(wrapped, task.step, task.loss, batch, t, live)
+        try:
+            with mode, LiveBytes() as live:
+                if ddp:
+                    DDPBuckets.of(s.strategy, wrapped.model).attach(live)
+                counted_steps(wrapped, task.step, task.loss, batch, t, live)
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            raise ConfigError(f"model={s.model.get('_target_')} cannot be planned: a training step reads a "
+                              f"tensor's values ({exc.func}), which a fake tensor has not") from None
         return live, micro_batch
     finally:
         dist.destroy_process_group()
