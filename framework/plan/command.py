@@ -1,7 +1,7 @@
 """`python plan.py [train.py's overrides] [plan.gpu=NAME] [plan.dir=DIR]` (`hydra-dist-plan`): will this run fit,
 per rank, for each strategy and number of workers? No worker starts and no GPU is needed. Comma lists expand as a
 sweep's would (`strategy=ddp,fsdp strategy.nproc_per_node=1,2,4`), every combination planned in this process; one
-table (framework/plan/table.py) and plan.json in plan.dir. A refusal (a key, a strategy that cannot be planned yet,
+table (framework/plan/table.py), plan.json and plan.png in plan.dir. A refusal (a key, a strategy that cannot be planned yet,
 an unknown GPU) is one `error:` line, exit 2, before anything is traced."""
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR, config_dir_override
 from framework.config.hydra_versions import version_base
 from framework.plan.gpus import chosen_gpu
+from framework.plan.picture import write_png
 from framework.plan.rows import check_plannable, plan_row
 from framework.plan.table import table, write_json
 from framework.session.situations import refuse
 
 PLAN_FILE = "plan.json"
+PICTURE_FILE = "plan.png"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ def main() -> None:
     write_json(rows, gpu, folder / PLAN_FILE)
     print(table(rows, gpu))
     print(f"plan.json: {folder / PLAN_FILE}")
+    print(write_png(rows, gpu, folder / PICTURE_FILE))
 
 
 def plan_options(overrides: list[str]) -> tuple[PlanOptions, list[str]]:

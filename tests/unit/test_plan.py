@@ -4,6 +4,7 @@ planned peak against the peak torch.profiler measures on a real step, and its re
 import gzip
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -18,12 +19,14 @@ from framework.config.targets import TargetAllowlist, allowing
 from framework.plan.batch import first_batch
 from framework.plan.command import plan_options
 from framework.plan.gpus import chosen_gpu
-from framework.plan.rows import plan_row
+from framework.plan.picture import write_png
+from framework.plan.rows import Row, plan_row
 from framework.strategies import choose_strategy
 from framework.training.engine import LocalGroup, Weighting, forward_backward
 
 LENET = ("model=lenet", "dataset=fashion_mnist")
 CHAR_LM = ("experiment=char_lm",)
+MIB = 2 ** 20
 
 
 def planned(*overrides):
@@ -131,3 +134,16 @@ def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why
     line = str(refused.value)
     assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp" in line
     assert "\n" not in line
+
+
+def test_plan_png_is_drawn_and_without_matplotlib_one_line_says_why(tmp_path, monkeypatch):
+    rows = [Row(strategy="ddp", workers=w, micro_batch=64 // w, parameters=2 * MIB, gradients=0, optimizer=4 * MIB,
+                activations=30 * MIB // w, temporaries=MIB, buffers=2 * MIB, batch=MIB // w, peak=40 * MIB // w,
+                seconds=1.0) for w in (1, 2)]
+    picture = tmp_path / "plan.png"
+    assert write_png(rows, chosen_gpu("T4-16GB"), picture) == f"plan.png: {picture}"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    missing = tmp_path / "missing.png"
+    line = write_png(rows, None, missing)
+    assert line.startswith("plan.png: not drawn (matplotlib is not installed") and not missing.exists()
