@@ -21,9 +21,10 @@ from framework.cli import composition_error_line
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR, config_dir_override
 from framework.config.hydra_versions import version_base
-from framework.plan.gpus import chosen_gpu
+from framework.plan.gpus import Gpu, chosen_gpu
+from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
-from framework.plan.rows import check_plannable, plan_row
+from framework.plan.rows import Row, check_plannable, plan_row
 from framework.plan.table import table, write_json
 from framework.session.situations import refuse
 
@@ -46,16 +47,26 @@ def main() -> None:
         for cfg in runs:  # every refusal before anything is traced
             check_plannable(cfg)
         rows = [plan_row(cfg) for cfg in runs]
+        largest = largest_batches(runs, rows, gpu) if gpu else {}
     except HydraException as exc:
         refuse(ConfigError(composition_error_line(exc)))
     except ConfigError as exc:
         refuse(exc)
     folder = Path(options.dir) / time.strftime("%Y-%m-%d_%H-%M-%S")
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(rows, gpu, folder / PLAN_FILE)
-    print(table(rows, gpu))
+    write_json(rows, gpu, largest, folder / PLAN_FILE)
+    print(table(rows, gpu, largest))
     print(f"plan.json: {folder / PLAN_FILE}")
     print(write_png(rows, gpu, folder / PICTURE_FILE))
+
+
+def largest_batches(runs: list, rows: list[Row], gpu: Gpu) -> dict[str, Row | None]:
+    """Per strategy, at its row with the most workers: the largest micro-batch that fits the GPU."""
+    widest = {}
+    for cfg, row in zip(runs, rows):
+        if row.strategy not in widest or row.workers > widest[row.strategy][1].workers:
+            widest[row.strategy] = (cfg, row)
+    return {name: largest_micro_batch(cfg, row, gpu.memory) for name, (cfg, row) in widest.items()}
 
 
 def plan_options(overrides: list[str]) -> tuple[PlanOptions, list[str]]:

@@ -20,9 +20,9 @@ from framework.assemble import RunContext, build_task, parallelize, seed_everyth
 from framework.common.errors import ConfigError
 from framework.config.settings import settings_of
 from framework.config.targets import TargetAllowlist, allowing
-from framework.plan.batch import first_batch
+from framework.plan.batch import planned_batch
 from framework.plan.buckets import DDPBuckets
-from framework.plan.fake import fake_batch, fake_model
+from framework.plan.fake import fake_model
 from framework.plan.steps import counted_steps
 from framework.plan.tracer import LiveBytes
 from framework.session.environment import TORCH, Ranks
@@ -109,7 +109,7 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         wrapped = parallelize(ctx, task)
         t = s.trainer
         micro_batch = t.batch_size // ((workers if ddp else group.dp_size) * t.grad_accum)
-        batch = fake_batch(first_batch(task.data, micro_batch), mode)
+        batch = planned_batch(task.data, micro_batch, mode)
         try:
             with mode, LiveBytes() as live:
                 if ddp:

@@ -1,5 +1,6 @@
 """The plan as people read it: one line per row (per rank: each kind of memory, the peak, whether it fits the GPU),
-then the verdict (the rows that fit, fewest workers first; the strategies none of whose rows fit); and as plan.json."""
+then the verdict (the rows that fit, fewest workers first; the strategies none of whose rows fit; each strategy's
+largest micro-batch that fits); and as plan.json."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ MIB = 2 ** 20
 COLUMNS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers", "batch", "peak")
 
 
-def table(rows: list[Row], gpu: Gpu | None) -> str:
+def table(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None]) -> str:
     head = ["strategy", "workers", "micro-batch", *COLUMNS, "fits" if gpu else "", "s"]
     lines = [head]
     for row in rows:
@@ -24,7 +25,7 @@ def table(rows: list[Row], gpu: Gpu | None) -> str:
             for line in lines]
     where = f"{gpu.name} ({gpu.memory / 2 ** 30:.0f} GiB)" if gpu else "no GPU here (name one: plan.gpu=H100-80GB)"
     return "\n".join(["MiB per rank, at the peak of a training step; compared with " + where, *text,
-                      *verdict(rows, gpu)])
+                      *verdict(rows, gpu), *largest_lines(largest, gpu)])
 
 
 def verdict(rows: list[Row], gpu: Gpu | None) -> list[str]:
@@ -42,10 +43,22 @@ def verdict(rows: list[Row], gpu: Gpu | None) -> list[str]:
     return lines
 
 
-def write_json(rows: list[Row], gpu: Gpu | None, path: Path) -> None:
-    """Bytes, not MiB; `fits` null where there is no GPU to compare with."""
+def largest_lines(largest: dict[str, Row | None], gpu: Gpu | None) -> list[str]:
+    lines = []
+    for name, row in largest.items():
+        lines.append(f"{name}: not one sample fits {gpu.name}" if row is None else
+                     f"{name} x {row.workers}: up to {row.micro_batch} samples per GPU at a time fit "
+                     f"(peak {_mib(row.peak)} MiB; trainer.batch_size={row.micro_batch} x data-parallel ranks x "
+                     "grad_accum)")
+    return lines
+
+
+def write_json(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None], path: Path) -> None:
+    """Bytes, not MiB; `fits` null where there is no GPU to compare with; `largest_micro_batch`: per strategy, the
+    row planned at the largest micro-batch that fits (null: not one sample)."""
     plan = {"gpu": dataclasses.asdict(gpu) if gpu else None,
-            "rows": [{**dataclasses.asdict(r), "fits": (r.peak <= gpu.memory) if gpu else None} for r in rows]}
+            "rows": [{**dataclasses.asdict(r), "fits": (r.peak <= gpu.memory) if gpu else None} for r in rows],
+            "largest_micro_batch": {name: dataclasses.asdict(r) if r else None for name, r in largest.items()}}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(plan, indent=1))
     tmp.replace(path)

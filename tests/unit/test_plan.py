@@ -1,6 +1,7 @@
 """The plan (framework/plan/), in this process: its parameter, optimizer and buffer terms against their closed
 forms (AdamW: two fp32 moments and a step count per parameter tensor; fsdp: rank 0's padded shard, 1/N), LeNet's
-planned peak against the peak torch.profiler measures on a real step, and its refusals in one line."""
+planned peak against the peak torch.profiler measures on a real step, the largest micro-batch that fits, plan.png,
+and its refusals in one line."""
 import gzip
 import json
 import math
@@ -19,6 +20,7 @@ from framework.config.targets import TargetAllowlist, allowing
 from framework.plan.batch import first_batch
 from framework.plan.command import plan_options
 from framework.plan.gpus import chosen_gpu
+from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
 from framework.plan.rows import Row, plan_row
 from framework.strategies import choose_strategy
@@ -147,3 +149,11 @@ def test_plan_png_is_drawn_and_without_matplotlib_one_line_says_why(tmp_path, mo
     missing = tmp_path / "missing.png"
     line = write_png(rows, None, missing)
     assert line.startswith("plan.png: not drawn (matplotlib is not installed") and not missing.exists()
+
+
+def test_the_largest_micro_batch_found_fits_and_one_sample_more_does_not():
+    cfg = composed(*LENET, "strategy=single")
+    memory = 64 * MIB
+    best = largest_micro_batch(cfg, plan_row(cfg), memory)
+    assert best.peak <= memory < planned(*LENET, "strategy=single", f"trainer.batch_size={best.micro_batch + 1}").peak
+    assert best.micro_batch > composed(*LENET).trainer.batch_size  # LeNet at 128 samples takes 22 MiB
