@@ -15,16 +15,17 @@ COLUMNS = ("parameters", "gradients", "optimizer", "activations", "temporaries",
 
 
 def table(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None]) -> str:
+    unit, size = _unit(rows)
     head = ["strategy", "workers", "micro-batch", *COLUMNS, "fits" if gpu else "", "s"]
     lines = [head]
     for row in rows:
         lines.append([row.strategy, str(row.workers), str(row.micro_batch),
-                      *(_mib(getattr(row, c)) for c in COLUMNS), _fits(row, gpu), f"{row.seconds:.1f}"])
+                      *(f"{getattr(row, c) / size:.1f}" for c in COLUMNS), _fits(row, gpu), f"{row.seconds:.1f}"])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(v.rjust(w) if i > 0 else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))).rstrip()
             for line in lines]
     where = f"{gpu.name} ({gpu.memory / 2 ** 30:.0f} GiB)" if gpu else "no GPU here (name one: plan.gpu=H100-80GB)"
-    return "\n".join(["MiB per rank, at the peak of a training step; compared with " + where, *text,
+    return "\n".join([f"{unit} per rank, at the peak of a training step; compared with " + where, *text,
                       *verdict(rows, gpu), *largest_lines(largest, gpu)])
 
 
@@ -62,6 +63,11 @@ def write_json(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None],
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(plan, indent=1))
     tmp.replace(path)
+
+
+def _unit(rows: list[Row]) -> tuple[str, int]:
+    """MiB, or KiB for a model so small that its rows would read 0.0 MiB."""
+    return ("MiB", MIB) if max((r.peak for r in rows), default=0) >= MIB else ("KiB", 2 ** 10)
 
 
 def _mib(n: int) -> str:
