@@ -42,7 +42,7 @@ WHY_NOT = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Row:
     """Bytes per rank, at the peak of a training step (the second: the optimizer's state is alive), by what they
     hold; `buffers`: a strategy's own (ddp's gradient buckets); `peak` is their sum."""
