@@ -13,14 +13,12 @@ def fake_model(model: nn.Module, mode: FakeTensorMode) -> None:
     stays one parameter). Not through Module._apply: torch swaps fake parameters there, which it then refuses."""
     made: dict[int, nn.Parameter] = {}
     for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None:
-                if id(param) not in made:
-                    made[id(param)] = nn.Parameter(mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
-                module._parameters[name] = made[id(param)]
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None:
-                module._buffers[name] = mode.from_tensor(buffer)
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in made:
+                made[id(param)] = nn.Parameter(mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+            setattr(module, name, made[id(param)])
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, mode.from_tensor(buffer))
 
 
 def fake_batch(batch, mode: FakeTensorMode):
