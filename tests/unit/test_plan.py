@@ -23,6 +23,8 @@ from framework.plan.gpus import chosen_gpu
 from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
 from framework.plan.rows import Row, plan_row
+from framework.plan.steps import counted_steps
+from framework.plan.tracer import CATEGORIES, LiveBytes
 from framework.strategies import choose_strategy
 from framework.training.engine import LocalGroup, Weighting, forward_backward
 
@@ -80,11 +82,19 @@ def test_lenets_planned_peak_is_within_10_percent_of_the_peak_measured_on_a_real
     assert abs(row.peak - measured) <= 0.1 * measured, (row.peak, measured)
 
 
-def profiled_peak(tmp_path, *overrides) -> int:
-    """The most tensor bytes alive during a real second training step, by torch.profiler's memory timeline: the
-    CPU allocator's own allocation and free events, joined to ops by the profiler. Independent of the plan, which
-    counts storages in a dispatch mode on fake tensors and never runs under the profiler: only the assembly (the
-    model, the optimizer, the batch) is shared, the thing both measure."""
+def test_the_count_on_fake_tensors_equals_the_count_on_real_ones_in_every_category(tmp_path):
+    """What the plan adds to counting is fake tensors: they must not move a byte between categories (torch's
+    FSDPMemTracker's do: optimizer state 68 MiB instead of 16 under FakeTensorMode, notes of issue 57's probe)."""
+    row = planned(*CHAR_LM, "strategy=single")
+    s, task, wrapped = built(tmp_path, *CHAR_LM)
+    with LiveBytes() as live:
+        counted_steps(wrapped, task.step, task.loss, first_batch(task.data, s.trainer.batch_size), s.trainer, live)
+    assert live.peak == row.peak
+    assert live.at_peak() == {c: getattr(row, c) for c in CATEGORIES}
+
+
+def built(tmp_path, *overrides):
+    """The run's settings, task and wrapped model on real tensors, one process, as a worker assembles them."""
     cfg = composed(*overrides, "trainer.accelerator=cpu")
     with allowing(TargetAllowlist.of_command(cfg)):
         strategy_class, _ = choose_strategy(cfg, None)
@@ -94,7 +104,15 @@ def profiled_peak(tmp_path, *overrides) -> int:
         strategy = strategy_class(s.strategy, s.trainer.engine(), ranks=None)
         ctx = RunContext(settings=s, strategy=strategy, group=LocalGroup(torch.device("cpu")), ranks=None,
                          run_dir=tmp_path, say=print, stop=None)
-        wrapped = parallelize(ctx, task)
+        return s, task, parallelize(ctx, task)
+
+
+def profiled_peak(tmp_path, *overrides) -> int:
+    """The most tensor bytes alive during a real second training step, by torch.profiler's memory timeline: the
+    CPU allocator's own allocation and free events, joined to ops by the profiler. Independent of the plan, which
+    counts storages in a dispatch mode on fake tensors and never runs under the profiler: only the assembly (the
+    model, the optimizer, the batch) is shared, the thing both measure."""
+    s, task, wrapped = built(tmp_path, *overrides)
     batch = first_batch(task.data, s.trainer.batch_size)
 
     def step():
