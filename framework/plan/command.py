@@ -30,6 +30,7 @@ from framework.session.situations import refuse
 
 PLAN_FILE = "plan.json"
 PICTURE_FILE = "plan.png"
+WORKERS = "strategy.nproc_per_node"
 
 
 @dataclass(frozen=True)
@@ -86,18 +87,29 @@ def plan_options(overrides: list[str]) -> tuple[PlanOptions, list[str]]:
 
 
 def composed_runs(overrides: list[str], config_dir: str | None):
-    """The config of each combination of the comma lists, in sweep order, composed as train.py composes it."""
+    """The config of each combination of the comma lists, in sweep order, composed as train.py composes it. A
+    strategy that starts one process (single, dp) has no strategy.nproc_per_node: its combinations are planned once,
+    without it, and a line says so."""
     choices = []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.get_key_element()
         values = list(override.sweep_string_iterator()) if override.is_sweep_override() else None
         choices.append([f"{key}={v}" for v in values] if values is not None else [override.input_line])
-    combinations = [list(c) for c in itertools.product(*choices)]
     extra = [config_dir_override(config_dir)] if config_dir else []
+    planned, told = [], set()
     with initialize_config_dir(config_dir=str(CONF_DIR), **version_base()):
-        for combination in combinations:
-            yield compose("config", overrides=[*combination, *extra])
-
+        for combination in itertools.product(*choices):
+            without = [o for o in combination if not o.startswith(f"{WORKERS}=")]
+            if len(without) < len(combination):
+                alone = compose("config", overrides=[*without, *extra])
+                if "nproc_per_node" not in alone.strategy:
+                    if alone.strategy.name not in told:
+                        print(f"strategy={alone.strategy.name} starts one process: planned once, without {WORKERS}")
+                        told.add(alone.strategy.name)
+                    combination = without
+            if combination not in planned:
+                planned.append(combination)
+                yield compose("config", overrides=[*combination, *extra])
 
 def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
     parser = argparse.ArgumentParser(prog="hydra-dist-plan", add_help=False)

@@ -18,7 +18,7 @@ from framework.common.errors import ConfigError
 from framework.config.settings import settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.plan.batch import first_batch
-from framework.plan.command import plan_options
+from framework.plan.command import composed_runs, plan_options
 from framework.plan.gpus import chosen_gpu
 from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
@@ -175,3 +175,11 @@ def test_the_largest_micro_batch_found_fits_and_one_sample_more_does_not():
     best = largest_micro_batch(cfg, plan_row(cfg), memory)
     assert best.peak <= memory < planned(*LENET, "strategy=single", f"trainer.batch_size={best.micro_batch + 1}").peak
     assert best.micro_batch > composed(*LENET).trainer.batch_size  # LeNet at 128 samples takes 22 MiB
+
+
+def test_comma_lists_expand_in_order_and_a_one_process_strategy_is_planned_once(capsys):
+    configs = list(composed_runs(["strategy=single,ddp", "strategy.nproc_per_node=1,2", *LENET], None))
+    assert [(c.strategy.name, c.strategy.get("nproc_per_node")) for c in configs] == [("single", None), ("ddp", 1),
+                                                                                   ("ddp", 2)]
+    assert capsys.readouterr().out == ("strategy=single starts one process: planned once, without "
+                                       "strategy.nproc_per_node\n")
