@@ -40,6 +40,9 @@ class PlanOptions:
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     try:
         overrides, config_dir = _arguments(sys.argv[1:])
         options, overrides = plan_options(overrides)
