@@ -42,7 +42,7 @@ class LiveBytes(TorchDispatchMode):
         self._live: dict[int, _Storage] = {}
         self.current = 0
         self.peak = 0
-        self._peak_members: list[_Storage] = []
+        self._peak_members: list[tuple[_Storage, int]] = []  # with its bytes then: FSDP2 resizes storages later
         self._saved = None
 
     # what a storage holds
@@ -87,20 +87,22 @@ class LiveBytes(TorchDispatchMode):
         return tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._resized()  # since the last op: outside any op
         out = func(*args, **(kwargs or {}))
+        self._resized()  # by this op (resize_)
         for storage in _storages_of(out):
             if storage not in self._storages:
                 self._add(storage, TEMPORARIES)
-        self._resized(args, out)
         return out
 
-    def _resized(self, args, out) -> None:
-        """A storage resized in place (FSDP2 frees and refills its unsharded parameters so): its bytes now."""
-        for storage in (*_storages_of(args), *_storages_of(out)):
-            known = self._storages.get(storage)
-            if known is not None and known.nbytes != storage.nbytes():
-                self.current += storage.nbytes() - known.nbytes
-                known.nbytes = storage.nbytes()
+    def _resized(self) -> None:
+        """Storages resized in place (FSDP2 frees and refills its unsharded parameters so, outside any op): their
+        bytes now, every live storage's, before and after every op."""
+        for entry in self._live.values():
+            storage = entry.ref()
+            if storage is not None and entry.nbytes != storage.nbytes():
+                self.current += storage.nbytes() - entry.nbytes
+                entry.nbytes = storage.nbytes()
         self._at_most()
 
     def _add(self, storage, category: str) -> None:
@@ -118,19 +120,21 @@ class LiveBytes(TorchDispatchMode):
 
     def _at_most(self) -> None:
         if self.current > self.peak:
-            self.peak = self.current
-            self._peak_members = list(self._live.values())
+            self._mark_peak()
 
     def reset_peak(self) -> None:
+        self._mark_peak()
+
+    def _mark_peak(self) -> None:
         self.peak = self.current
-        self._peak_members = list(self._live.values())
+        self._peak_members = [(entry, entry.nbytes) for entry in self._live.values()]
 
     def at_peak(self) -> dict[str, int]:
         """Bytes per category at the peak, by what each storage was found to hold by the end (a gradient is made
         by an op before backward hands it over)."""
         bytes_of = dict.fromkeys(CATEGORIES, 0)
-        for entry in self._peak_members:
-            bytes_of[entry.category] += entry.nbytes
+        for entry, nbytes in self._peak_members:
+            bytes_of[entry.category] += nbytes
         return bytes_of
 
     def now(self) -> dict[str, int]:

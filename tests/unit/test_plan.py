@@ -24,7 +24,7 @@ from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
 from framework.plan.rows import Row, plan_row
 from framework.plan.steps import counted_steps
-from framework.plan.tracer import CATEGORIES, LiveBytes
+from framework.plan.tracer import CATEGORIES, TEMPORARIES, LiveBytes
 from framework.strategies import choose_strategy
 from framework.training.engine import LocalGroup, Weighting, forward_backward
 
@@ -65,6 +65,7 @@ def test_fsdp_keeps_rank_0s_shard_of_parameters_and_moments(workers):
     shards = [math.ceil(s[0] / workers) * (s.numel() // s[0]) for s in shapes(*CHAR_LM)]
     assert row.parameters == 4 * sum(shards)
     assert row.optimizer == adamw_bytes(shards, len(shards))
+    assert sum(getattr(row, c) for c in CATEGORIES) == row.peak  # gathered parameters freed by a resize included
     whole = planned(*CHAR_LM, "strategy=fsdp", "strategy.nproc_per_node=1")
     assert row.parameters == pytest.approx(whole.parameters / workers, rel=0.01)
 
@@ -183,3 +184,13 @@ def test_comma_lists_expand_in_order_and_a_one_process_strategy_is_planned_once(
                                                                                    ("ddp", 2)]
     assert capsys.readouterr().out == ("strategy=single starts one process: planned once, without "
                                        "strategy.nproc_per_node\n")
+
+
+def test_a_storage_resized_to_nothing_outside_any_op_is_counted_as_freed_at_the_next_op():
+    """As FSDP2 frees its gathered parameters after a unit's forward: `untyped_storage().resize_(0)`, no op."""
+    with LiveBytes() as live:
+        gathered = torch.empty(1000)
+        gathered.untyped_storage().resize_(0)
+        later = torch.empty(500)
+    assert live.now()[TEMPORARIES] == 4 * 500 and live.peak == 4 * 1000
+    del gathered, later
