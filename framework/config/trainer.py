@@ -73,6 +73,9 @@ class TrainerConfig(Checked):
     # [first, last]: torch.profiler traces of these steps on every rank, in <run folder>/profile/ (null: none)
     profile: Optional[List[int]] = rule(None, step_range())
     objective: str = "acc"  # what a sweep optimizes: a metric's name (metrics group) or loss
+    # on GPUs, before launch: plan the run (plan.py) and refuse it in one line when rank 0's planned peak and the
+    # GPU's device constants exceed its memory; CPU runs plan nothing; false: start without planning
+    check_fit: bool = True
 
     @property
     def cuda_wanted(self) -> bool:

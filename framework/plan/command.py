@@ -70,7 +70,7 @@ def largest_batches(runs: list, rows: list[Row], gpu: Gpu) -> dict[str, Row | No
     for cfg, row in zip(runs, rows):
         if row.strategy not in widest or row.workers > widest[row.strategy][1].workers:
             widest[row.strategy] = (cfg, row)
-    return {name: largest_micro_batch(cfg, row, gpu.memory) for name, (cfg, row) in widest.items()}
+    return {name: largest_micro_batch(cfg, row, gpu.room(row.workers)) for name, (cfg, row) in widest.items()}
 
 
 def plan_options(overrides: list[str]) -> tuple[PlanOptions, list[str]]:

@@ -1,7 +1,7 @@
 """The GPU a plan is compared with: plan.gpu by name from a small table of cards (their memory as sold), else the
 first GPU this machine has (its total memory as torch reports it), else none. A card's memory is not all the
-tensors': the CUDA context, the allocator's rounding and the libraries' workspaces take some (device constants,
-not counted yet: docs/plan.md)."""
+tensors': the CUDA context, the allocator's rounding and the libraries' workspaces take some (its kind's device
+constants, framework/plan/device_constants.py: estimates until measured)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from framework.common.errors import ConfigError
+from framework.plan.device_constants import DeviceConstants, constants_of
 
 GIB = 2 ** 30
 
@@ -23,6 +24,14 @@ CARDS_GIB = {
 class Gpu:
     name: str
     memory: int  # bytes
+    constants: DeviceConstants
+
+    def room(self, workers: int) -> int:
+        """Bytes the tensors of one of `workers` ranks may take at their peak: the memory less the device constants."""
+        return self.constants.room(self.memory, workers)
+
+    def fits(self, peak: int, workers: int) -> bool:
+        return peak <= self.room(workers)
 
 
 def chosen_gpu(name: str | None) -> Gpu | None:
@@ -33,7 +42,12 @@ def chosen_gpu(name: str | None) -> Gpu | None:
         if card is None:
             raise ConfigError(f"plan.gpu={name} is not allowed: not a card the plan knows; known: "
                               f"{', '.join(CARDS_GIB)}")
-        return Gpu(card, CARDS_GIB[card] * GIB)
+        return Gpu(card, CARDS_GIB[card] * GIB, constants_of(card))
     if torch.cuda.is_available():
-        return Gpu(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+        return this_machines_gpu()
     return None
+
+
+def this_machines_gpu() -> Gpu:
+    name = torch.cuda.get_device_name(0)
+    return Gpu(name, torch.cuda.get_device_properties(0).total_memory, constants_of(name))

@@ -1,5 +1,6 @@
 """plan.png: one stacked bar per row (parameters, gradients, optimizer, activations, temporaries and the batch,
-buffers), the GPU's memory as a line; matplotlib is an optional package (the `plot` extra)."""
+buffers), the GPU's memory as a line and, per row, what its tensors may take (the memory less the device
+constants) as a mark; matplotlib is an optional package (the `plot` extra)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,6 +31,8 @@ def write_png(rows: list[Row], gpu: Gpu | None, path: Path) -> str:
         bottom = [b + h for b, h in zip(bottom, heights)]
     if gpu is not None:
         axes.axhline(gpu.memory / MIB, color="black", linestyle="--", label=gpu.name)
+        axes.scatter(names, [gpu.room(r.workers) / MIB for r in rows], marker="_", s=800, color="black",
+                     label="less device constants")
     axes.set_ylabel("MiB per rank at the step's peak")
     axes.legend(fontsize="small")
     figure.tight_layout()

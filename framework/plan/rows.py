@@ -74,17 +74,17 @@ def check_plannable(cfg: DictConfig) -> None:
                           "traces on the CPU; plannable: fp32, bf16")
 
 
-def plan_row(cfg: DictConfig) -> Row:
-    """The row for a composed config: its strategy on as many workers as it would start (strategy.nproc_per_node x
-    nnodes; by default one per GPU of this machine)."""
+def plan_row(cfg: DictConfig, workers: int | None = None) -> Row:
+    """The row for a composed config: its strategy on `workers` ranks, by default as many as it would start
+    (strategy.nproc_per_node x nnodes; by default one per GPU of this machine)."""
     check_plannable(cfg)
     started = time.perf_counter()
     with allowing(TargetAllowlist.of_command(cfg)):
         strategy_class, _ = choose_strategy(cfg, None)
         s = settings_of(cfg, strategy_class.Options)
         name = s.strategy.name
-        starter = strategy_class(s.strategy, s.trainer.engine(), ranks=None).starter
-        workers = starter.processes() if hasattr(starter, "processes") else 1
+        if workers is None:
+            workers = strategy_class(s.strategy, s.trainer.engine(), ranks=None).starter.processes()
         live, micro_batch = _counted(s, strategy_class, workers)
     at_peak = live.at_peak()
     return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=live.peak,

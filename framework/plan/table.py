@@ -24,7 +24,8 @@ def table(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None]) -> s
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(v.rjust(w) if i > 0 else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))).rstrip()
             for line in lines]
-    where = f"{gpu.name} ({gpu.memory / 2 ** 30:.0f} GiB)" if gpu else "no GPU here (name one: plan.gpu=H100-80GB)"
+    where = (f"{gpu.name} ({gpu.memory / 2 ** 30:.0f} GiB) less its device constants (estimates, docs/plan.md)"
+             if gpu else "no GPU here (name one: plan.gpu=H100-80GB)")
     return "\n".join([f"{unit} per rank, at the peak of a training step; compared with " + where, *text,
                       *verdict(rows, gpu), *largest_lines(largest, gpu)])
 
@@ -32,7 +33,7 @@ def table(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None]) -> s
 def verdict(rows: list[Row], gpu: Gpu | None) -> list[str]:
     if gpu is None:
         return []
-    fitting = sorted((r for r in rows if r.peak <= gpu.memory), key=lambda r: (r.workers, r.peak))
+    fitting = sorted((r for r in rows if gpu.fits(r.peak, r.workers)), key=lambda r: (r.workers, r.peak))
     if not fitting:
         return [f"nothing fits {gpu.name}"]
     fewest = fitting[0].workers
@@ -58,7 +59,7 @@ def write_json(rows: list[Row], gpu: Gpu | None, largest: dict[str, Row | None],
     """Bytes, not MiB; `fits` null where there is no GPU to compare with; `largest_micro_batch`: per strategy, the
     row planned at the largest micro-batch that fits (null: not one sample)."""
     plan = {"gpu": dataclasses.asdict(gpu) if gpu else None,
-            "rows": [{**dataclasses.asdict(r), "fits": (r.peak <= gpu.memory) if gpu else None} for r in rows],
+            "rows": [{**dataclasses.asdict(r), "fits": gpu.fits(r.peak, r.workers) if gpu else None} for r in rows],
             "largest_micro_batch": {name: dataclasses.asdict(r) if r else None for name, r in largest.items()}}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(plan, indent=1))
@@ -77,4 +78,4 @@ def _mib(n: int) -> str:
 def _fits(row: Row, gpu: Gpu | None) -> str:
     if gpu is None:
         return ""
-    return "yes" if row.peak <= gpu.memory else "no"
+    return "yes" if gpu.fits(row.peak, row.workers) else "no"

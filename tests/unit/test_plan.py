@@ -1,7 +1,8 @@
 """The plan (framework/plan/), in this process: its parameter, optimizer and buffer terms against their closed
 forms (AdamW: two fp32 moments and a step count per parameter tensor; fsdp: rank 0's padded shard, 1/N), LeNet's
 planned peak against the peak torch.profiler measures on a real step, the largest micro-batch that fits, plan.png,
-and its refusals in one line."""
+the device constants a fit leaves room for, trainer.check_fit's refusal (the driver's GPU path, given a card), and
+its refusals in one line."""
 import gzip
 import json
 import math
@@ -19,7 +20,9 @@ from framework.config.settings import settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.plan.batch import first_batch
 from framework.plan.command import composed_runs, plan_options
-from framework.plan.gpus import chosen_gpu
+from framework.plan.device_constants import constants_of
+from framework.plan.fit import check_fit
+from framework.plan.gpus import Gpu, chosen_gpu
 from framework.plan.largest_batch import largest_micro_batch
 from framework.plan.picture import write_png
 from framework.plan.rows import Row, plan_row
@@ -194,3 +197,36 @@ def test_a_storage_resized_to_nothing_outside_any_op_is_counted_as_freed_at_the_
         later = torch.empty(500)
     assert live.now()[TEMPORARIES] == 4 * 500 and live.peak == 4 * 1000
     del gathered, later
+
+
+def test_a_peak_that_fits_the_card_as_sold_does_not_fit_beside_its_device_constants_and_nccl_takes_more():
+    h100 = constants_of("NVIDIA H100 80GB HBM3")  # as torch names the card
+    assert h100 == constants_of("H100-80GB") and constants_of("NVIDIA GeForce RTX 4090").kind == "RTX4090"
+    assert constants_of("NVIDIA A10").kind == "A10" and constants_of("a card nobody knows").kind == "another GPU"
+    card = Gpu("H100-80GB", 80 * 2 ** 30, h100)
+    peak = 80 * 2 ** 30 - MIB
+    assert not card.fits(peak, 1)
+    assert card.fits(card.room(1), 1) and not card.fits(card.room(1) + 1, 1)
+    assert card.room(1) - card.room(2) == pytest.approx(h100.nccl / (1 + h100.rounding), abs=1)
+
+
+def test_check_fit_refuses_a_run_whose_planned_peak_exceeds_the_gpu_in_one_line_naming_the_key():
+    cfg = composed(*LENET, "strategy=single", "trainer.check_fit=true", "trainer.accelerator=cpu")
+    constants = constants_of("H100")
+    fixed = constants.cuda_context + constants.cublas_workspace
+    peak = plan_row(cfg).peak  # LeNet, 128 samples: 21.7 MiB
+    small = Gpu("a small card", fixed + peak, constants)  # the tensors fit the card, not beside its constants
+    with pytest.raises(ConfigError) as refused:
+        check_fit(cfg, 1, small, say=pytest.fail)
+    line = str(refused.value)
+    assert line.startswith("trainer.check_fit: this run does not fit a small card: rank 0's planned peak is 22 MiB")
+    assert "trainer.check_fit=false" in line and "\n" not in line
+    said = []
+    check_fit(cfg, 1, Gpu("a larger card", fixed + 2 * peak, constants), said.append)
+    assert said == []  # it fits: no line, no refusal
+
+
+def test_check_fit_says_in_one_line_that_a_run_it_cannot_plan_is_not_checked():
+    said = []
+    check_fit(composed(*CHAR_LM, "strategy=tp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
+    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=tp cannot be planned yet")
