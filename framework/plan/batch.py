@@ -28,10 +28,14 @@ def first_batch(data: Data, size: int):
     return prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
 
 
-def planned_batch(data: Data, size: int, mode: FakeTensorMode):
-    """A fake batch of `size` samples: the first ones, taken in turn."""
-    batch = fake_batch(first_batch(data, min(size, SAMPLES_READ)), mode)
+def planned_batch(data: Data, size: int, mode: FakeTensorMode | None):
+    """A batch of `size` samples: the first ones, taken in turn; fake in `mode` (None: real, for a row traced on
+    real tensors)."""
+    batch = first_batch(data, min(size, SAMPLES_READ))
     read = batch_size(batch)
+    if mode is None:
+        return take(batch, torch.arange(size) % read)
+    batch = fake_batch(batch, mode)
     with mode:
         return take(batch, torch.arange(size) % read)
 

@@ -4,11 +4,13 @@
 (framework/plan/fake.py), and two training steps counted by LiveBytes (framework/plan/tracer.py).
 
 ddp is traced as one process on its share of the batch (DistributedDataParallel cannot be built on fake tensors: it
-copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py)."""
+copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py).
+Tensor parallel is traced on real tensors, in the fake process group all the same (on_real_tensors)."""
 from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -31,14 +33,14 @@ from framework.config.strategy_options import SingleOptions
 from framework.strategies.single import SingleStrategy
 from framework.training.engine import LocalGroup
 
-PLANNED = ("single", "ddp", "fsdp")
+PLANNED = ("single", "ddp", "fsdp", "tp")
 WHY_NOT = {
     "dp": "nn.DataParallel copies the model onto each GPU of one process at every step; not traced yet",
     "deepspeed": "ZeRO partitions and flattens the model state in its own engine, which fake tensors cannot build; "
                  "its arithmetic is not written yet",
     "horovod": "Horovod's allreduce buffers live outside torch; not counted yet",
-    "tp": "tensor parallel is traced (docs/plan.md has the probe's numbers) but not checked against a run yet",
-    "pp": "a pipeline holds the schedule's in-flight micro-batches, which are not counted yet",
+    "pp": "torch's pipeline schedule learns its stages' shapes from messages between the ranks, which a fake "
+          "process group does not carry (its stages would need their shapes given); not traced yet",
 }
 
 
@@ -102,8 +104,9 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         group = LocalGroup(torch.device("cpu")) if ddp else strategy.join()
         seed_everything(s.trainer.seed)
         task = build_task(s, torch.device("cpu"), "planned on fake tensors")  # the layout changes no byte
-        mode = FakeTensorMode()
-        fake_model(task.model, mode)
+        mode = None if on_real_tensors(s.strategy) else FakeTensorMode()
+        if mode is not None:
+            fake_model(task.model, mode)
         ctx = RunContext(settings=s, strategy=strategy, group=group, ranks=None, run_dir=None, say=_unsaid, stop=None)
         # outside the fake mode: a device mesh reads its ranks' values, which fake tensors have not
         wrapped = parallelize(ctx, task)
@@ -111,7 +114,7 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         micro_batch = t.batch_size // ((workers if ddp else group.dp_size) * t.grad_accum)
         batch = planned_batch(task.data, micro_batch, mode)
         try:
-            with mode, LiveBytes() as live:
+            with mode or nullcontext(), LiveBytes() as live:
                 if ddp:
                     DDPBuckets.of(s.strategy, wrapped.model).attach(live)
                 counted_steps(wrapped, task.step, task.loss, batch, t, live)
@@ -121,6 +124,14 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         return live, micro_batch
     finally:
         dist.destroy_process_group()
+
+
+def on_real_tensors(options) -> bool:
+    """Tensor parallel is traced on real tensors (still in the fake process group): the mesh engine moves the model
+    with `model.to(device)` after tensor parallel, and torch refuses to swap a fake parameter the plan left plain (a
+    replicated embedding). LiveBytes counts real and fake tensors alike (tests/unit/test_plan.py); the row costs
+    the model's real memory and compute on the CPU."""
+    return getattr(options, "tp", 1) > 1
 
 
 def _unsaid(line: str) -> None:

@@ -73,6 +73,15 @@ def test_fsdp_keeps_rank_0s_shard_of_parameters_and_moments(workers):
     assert row.parameters == pytest.approx(whole.parameters / workers, rel=0.01)
 
 
+def test_tp_keeps_half_of_the_split_layers_and_adamw_two_moments_of_what_the_rank_keeps():
+    row = planned(*CHAR_LM, "strategy=tp", "strategy.nproc_per_node=2")
+    numels = [s.numel() for s in shapes(*CHAR_LM)]
+    whole = 4 * sum(numels)
+    assert whole / 2 < row.parameters < whole  # the tied embedding stays whole on every rank
+    assert row.optimizer == 2 * row.parameters + 4 * len(numels)
+    assert row.micro_batch == composed(*CHAR_LM).trainer.batch_size  # tp peers see the same batch
+
+
 def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
     row = planned(*LENET, "strategy=ddp", "strategy.nproc_per_node=2")
     params = 4 * sum(s.numel() for s in shapes(*LENET))
@@ -151,12 +160,12 @@ def test_a_plan_key_it_does_not_have_is_refused_and_plan_keys_leave_the_runs_ove
         plan_options(["plan.gpus=A100-80GB"])
 
 
-@pytest.mark.parametrize("strategy", ["tp", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["pp", "deepspeed"])
 def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why(strategy):
     with pytest.raises(ConfigError) as refused:
         planned(*CHAR_LM, f"strategy={strategy}")
     line = str(refused.value)
-    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp" in line
+    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp" in line
     assert "\n" not in line
 
 
@@ -228,5 +237,5 @@ def test_check_fit_refuses_a_run_whose_planned_peak_exceeds_the_gpu_in_one_line_
 
 def test_check_fit_says_in_one_line_that_a_run_it_cannot_plan_is_not_checked():
     said = []
-    check_fit(composed(*CHAR_LM, "strategy=tp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
-    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=tp cannot be planned yet")
+    check_fit(composed(*CHAR_LM, "strategy=pp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
+    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=pp cannot be planned yet")
