@@ -64,10 +64,14 @@ class Row:
 
 
 def check_plannable(cfg: DictConfig) -> None:
-    """ConfigError, one line, for a config whose strategy cannot be planned yet (or whose keys do not type)."""
+    """ConfigError, one line, for a config whose strategy cannot be planned yet, whose keys do not type, or that the
+    strategy itself refuses as train.py would (a mesh whose degrees do not multiply to its workers)."""
     with allowing(TargetAllowlist.of_command(cfg)):
         strategy_class, _ = choose_strategy(cfg, None)
-        name = settings_of(cfg, strategy_class.Options).strategy.name
+        s = settings_of(cfg, strategy_class.Options)
+        name = s.strategy.name
+        if name in PLANNED:
+            strategy_class(s.strategy, s.trainer.engine(), ranks=None).validate()
     if name not in PLANNED:
         raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
                           f"plannable: {', '.join(PLANNED)}")

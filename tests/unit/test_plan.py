@@ -82,6 +82,11 @@ def test_tp_keeps_half_of_the_split_layers_and_adamw_two_moments_of_what_the_ran
     assert row.micro_batch == composed(*CHAR_LM).trainer.batch_size  # tp peers see the same batch
 
 
+def test_a_mesh_whose_degrees_do_not_make_its_workers_is_refused_as_train_py_refuses_it():
+    with pytest.raises(ConfigError, match=r"^strategy\.tp=2 = 2 worker\(s\) is not allowed with 4 worker\(s\)"):
+        planned(*CHAR_LM, "strategy=tp", "strategy.nproc_per_node=4")
+
+
 def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
     row = planned(*LENET, "strategy=ddp", "strategy.nproc_per_node=2")
     params = 4 * sum(s.numel() for s in shapes(*LENET))
