@@ -40,6 +40,10 @@ CONFIGURATIONS = {
     "gpt_fsdp4": ((*CHAR_LM, "strategy=fsdp"), 4),
     "gpt_tp2": ((*CHAR_LM, "strategy=tp"), 2),
     "gpt_tp2_dp_shard2": ((*CHAR_LM, "strategy=tp", "strategy.dp_shard=2"), 4),
+    "lenet_zero2": ((*LENET, "strategy=deepspeed", "strategy.zero_stage=2"), 2),
+    "gpt_zero1": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=1"), 2),
+    "gpt_zero2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2"), 2),
+    "gpt_zero2_accum2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2", "trainer.grad_accum=2"), 2),
 }
 PEAK_LINE = re.compile(r"^allocator peak rank (\d+): (\d+)$", re.M)
 
@@ -68,16 +72,24 @@ def planned(name: str) -> tuple[int, float]:
     return row.peak, time.perf_counter() - started
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def measured(name: str, timeout: int) -> list[int]:
     """Each rank's peak (bytes) in a real run: one process per rank, 1 thread each."""
     workers = CONFIGURATIONS[name][1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port, deepspeeds = free_port(), free_port()
     probe = [commands.PYTHON, str(commands.REPO / "bench" / "probes" / "allocator_peak.py")]
+    # DeepSpeed reads the launcher's variables beside the group the probe makes
     ranks = [subprocess.Popen([*probe, str(workers), str(rank), str(port), *overrides_of(name)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=commands.environment(1), cwd=commands.REPO) for rank in range(workers)]
+                              env={**commands.environment(1), "LOCAL_RANK": str(rank), "RANK": str(rank),
+                                   "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(deepspeeds)},
+                              cwd=commands.REPO) for rank in range(workers)]
     outputs = []
     try:
         for process in ranks:

@@ -4,7 +4,8 @@
 (framework/plan/fake.py), and two training steps counted by LiveBytes (framework/plan/tracer.py).
 
 ddp is traced as one process on its share of the batch (DistributedDataParallel cannot be built on fake tensors: it
-copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py).
+copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py);
+deepspeed likewise, with ZeRO's model state instead of the process's own (framework/plan/zero.py).
 Tensor parallel is traced on real tensors, in the fake process group all the same (on_real_tensors)."""
 from __future__ import annotations
 
@@ -27,17 +28,17 @@ from framework.plan.buckets import DDPBuckets
 from framework.plan.fake import fake_model
 from framework.plan.steps import counted_steps
 from framework.plan.tracer import LiveBytes
+from framework.plan.zero import ZeroStates, zero_refusal
 from framework.session.environment import TORCH, Ranks
 from framework.strategies import choose_strategy
+from framework.strategies.deepspeed_config import deepspeed_config
 from framework.config.strategy_options import SingleOptions
 from framework.strategies.single import SingleStrategy
 from framework.training.engine import LocalGroup
 
-PLANNED = ("single", "ddp", "fsdp", "tp")
+PLANNED = ("single", "ddp", "fsdp", "tp", "deepspeed")
 WHY_NOT = {
     "dp": "nn.DataParallel copies the model onto each GPU of one process at every step; not traced yet",
-    "deepspeed": "ZeRO partitions and flattens the model state in its own engine, which fake tensors cannot build; "
-                 "its arithmetic is not written yet",
     "horovod": "Horovod's allreduce buffers live outside torch; not counted yet",
     "pp": "torch's pipeline schedule learns its stages' shapes from messages between the ranks, which a fake "
           "process group does not carry (its stages would need their shapes given); not traced yet",
@@ -72,6 +73,8 @@ def check_plannable(cfg: DictConfig) -> None:
         name = s.strategy.name
         if name in PLANNED:
             strategy_class(s.strategy, s.trainer.engine(), ranks=None).validate()
+    if name == "deepspeed" and (refusal := zero_refusal(s.strategy)):
+        raise ConfigError(refusal)
     if name not in PLANNED:
         raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
                           f"plannable: {', '.join(PLANNED)}")
@@ -92,20 +95,23 @@ def plan_row(cfg: DictConfig, workers: int | None = None) -> Row:
         if workers is None:
             workers = strategy_class(s.strategy, s.trainer.engine(), ranks=None).starter.processes()
         live, micro_batch = _counted(s, strategy_class, workers)
-    at_peak = live.at_peak()
-    return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=live.peak,
+    at_peak, peak = live.at_peak(), live.peak
+    if name == "deepspeed":
+        at_peak, peak = ZeroStates.of(deepspeed_config(s.strategy, s.trainer, workers), workers).laid_over(at_peak,
+                                                                                                          peak)
+    return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=peak,
                seconds=time.perf_counter() - started, **at_peak)
 
 
 def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
     """Rank 0 of `workers`, built and stepped on fake tensors: its LiveBytes and its micro-batch."""
-    ddp = s.strategy.name == "ddp"
+    one_process = s.strategy.name in ("ddp", "deepspeed")  # on its share of the batch; their engines laid beside
     dist.init_process_group("fake", rank=0, world_size=workers)
     try:
         engine = dataclasses.replace(s.trainer.engine(), cuda=False)  # traced on the CPU: the same bytes
-        strategy = SingleStrategy(SingleOptions(), engine, None) if ddp else \
+        strategy = SingleStrategy(SingleOptions(), engine, None) if one_process else \
             strategy_class(s.strategy, engine, ranks=Ranks(TORCH, 0, 0, workers, workers))
-        group = LocalGroup(torch.device("cpu")) if ddp else strategy.join()
+        group = LocalGroup(torch.device("cpu")) if one_process else strategy.join()
         seed_everything(s.trainer.seed)
         task = build_task(s, torch.device("cpu"), "planned on fake tensors")  # the layout changes no byte
         mode = None if on_real_tensors(s.strategy) else FakeTensorMode()
@@ -115,11 +121,11 @@ def _counted(s, strategy_class, workers: int) -> tuple[LiveBytes, int]:
         # outside the fake mode: a device mesh reads its ranks' values, which fake tensors have not
         wrapped = parallelize(ctx, task)
         t = s.trainer
-        micro_batch = t.batch_size // ((workers if ddp else group.dp_size) * t.grad_accum)
+        micro_batch = t.batch_size // ((workers if one_process else group.dp_size) * t.grad_accum)
         batch = planned_batch(task.data, micro_batch, mode)
         try:
             with mode or nullcontext(), LiveBytes() as live:
-                if ddp:
+                if s.strategy.name == "ddp":
                     DDPBuckets.of(s.strategy, wrapped.model).attach(live)
                 counted_steps(wrapped, task.step, task.loss, batch, t, live)
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:

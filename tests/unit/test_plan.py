@@ -87,6 +87,25 @@ def test_a_mesh_whose_degrees_do_not_make_its_workers_is_refused_as_train_py_ref
         planned(*CHAR_LM, "strategy=tp", "strategy.nproc_per_node=4")
 
 
+def test_zero_2_holds_whole_parameters_and_a_partition_of_master_weights_gradients_and_moments_and_its_bucket():
+    row = planned(*CHAR_LM, "strategy=deepspeed", "strategy.nproc_per_node=2")
+    numels = [s.numel() for s in shapes(*CHAR_LM)]
+    params, partition = 4 * sum(numels), math.ceil(4 * sum(numels) / 2)
+    assert row.parameters == params + partition and row.gradients == partition
+    assert row.optimizer == math.ceil(adamw_bytes(numels, len(numels)) / 2)
+    assert row.buffers == 500_000_000 * 4  # DeepSpeed's default reduce_bucket_size, in fp32, whatever the model
+    smaller = planned(*CHAR_LM, "strategy=deepspeed", "strategy.nproc_per_node=2",
+                      "+strategy.config.zero_optimization.reduce_bucket_size=1000000")
+    assert smaller.buffers == 4_000_000 and row.peak - smaller.peak == row.buffers - smaller.buffers
+    assert row.micro_batch == composed(*CHAR_LM).trainer.batch_size // 2
+
+
+def test_zero_3_is_refused_in_one_line_saying_why():
+    with pytest.raises(ConfigError, match=r"^strategy\.zero_stage=3 cannot be planned yet: ZeRO-3 gathers the "
+                                          r"parameters in prefetch buckets .*plannable: strategy\.zero_stage=1 or 2$"):
+        planned(*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3")
+
+
 def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
     row = planned(*LENET, "strategy=ddp", "strategy.nproc_per_node=2")
     params = 4 * sum(s.numel() for s in shapes(*LENET))
@@ -165,12 +184,12 @@ def test_a_plan_key_it_does_not_have_is_refused_and_plan_keys_leave_the_runs_ove
         plan_options(["plan.gpus=A100-80GB"])
 
 
-@pytest.mark.parametrize("strategy", ["pp", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["pp", "dp"])
 def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why(strategy):
     with pytest.raises(ConfigError) as refused:
         planned(*CHAR_LM, f"strategy={strategy}")
     line = str(refused.value)
-    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp" in line
+    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp, deepspeed" in line
     assert "\n" not in line
 
 
