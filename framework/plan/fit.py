@@ -23,6 +23,10 @@ def check_fit(cfg: DictConfig, workers: int, gpu: Gpu, say: Callable[[str], None
     except ConfigError as why:
         say(f"trainer.check_fit: not checked: {why}")
         return
+    except Exception as exc:  # a plan that fails is no reason to stop a run the driver accepted: said, not hidden
+        say(f"trainer.check_fit: not checked: planning failed ({type(exc).__name__}: {(str(exc).splitlines() or [""])[0]}); "
+            "trainer.check_fit=false skips the plan")
+        return
     if gpu.fits(row.peak, workers):
         return
     room = gpu.room(workers)

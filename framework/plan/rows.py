@@ -75,6 +75,9 @@ def check_plannable(cfg: DictConfig) -> None:
             strategy_class(s.strategy, s.trainer.engine(), ranks=None).validate()
     if name == "deepspeed" and (refusal := zero_refusal(s.strategy)):
         raise ConfigError(refusal)
+    if getattr(s.strategy, "cpu_offload", False):
+        raise ConfigError("strategy.cpu_offload=true cannot be planned yet: FSDP2 pins the shards it keeps in CPU "
+                          "memory, which fake tensors cannot; plannable: strategy.cpu_offload=false")
     if name not in PLANNED:
         raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
                           f"plannable: {', '.join(PLANNED)}")

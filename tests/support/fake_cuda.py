@@ -14,5 +14,9 @@ def cuda_reported(monkeypatch, gpus: int, bf16: bool) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: SimpleNamespace(name=name, total_memory=gib * 2 ** 30))
+    # an optimizer's step (trainer.check_fit's plan, on the CPU) asks the current CUDA stream whether a graph is
+    # being captured: none is
+    monkeypatch.setattr(torch.accelerator, "current_stream",
+                        lambda device=None: SimpleNamespace(is_capturing=lambda: False))
     for name in ("SLURM_STEP_NUM_TASKS", "SUBMITIT_EXECUTOR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
