@@ -24,7 +24,8 @@ def check_fit(cfg: DictConfig, workers: int, gpu: Gpu, say: Callable[[str], None
         say(f"trainer.check_fit: not checked: {why}")
         return
     except Exception as exc:  # a plan that fails is no reason to stop a run the driver accepted: said, not hidden
-        say(f"trainer.check_fit: not checked: planning failed ({type(exc).__name__}: {(str(exc).splitlines() or [""])[0]}); "
+        first = (str(exc).splitlines() or [""])[0]
+        say(f"trainer.check_fit: not checked: planning failed ({type(exc).__name__}: {first}); "
             "trainer.check_fit=false skips the plan")
         return
     if gpu.fits(row.peak, workers):
