@@ -3,18 +3,23 @@ the key, its value and what is allowed, made in the driver before any worker sta
 from __future__ import annotations
 
 from framework.common.errors import ConfigError
-from framework.config.strategy_options import DDPOptions, SingleOptions, StrategyOptions
+from framework.config.strategy_options import MESH_TARGET, SingleOptions, StrategyOptions
 
-# The engines whose gradient reduction the mode replaces. The others reduce in an order of their own (fsdp, hsdp, tp
-# and pp: reduce-scatters over the mesh; dp: replicas summed on one GPU; deepspeed and horovod: their own buckets).
-ENGINES = {SingleOptions._target_: "single", DDPOptions._target_: "ddp"}
+
+def _reduction_replaceable(options: StrategyOptions) -> bool:
+    """single, and the mesh on its 1-D replicate mesh (ddp: DDP itself, whose all-reduce the mode replaces). The
+    others reduce in an order of their own (fsdp, hsdp, tp and pp: reduce-scatters over the mesh; dp: replicas summed
+    on one GPU; deepspeed and horovod: their own buckets)."""
+    if options._target_ == SingleOptions._target_:
+        return True
+    return options._target_ == MESH_TARGET and getattr(options, "runs_ddp", False)
 
 
 def check_invariant(trainer, options: StrategyOptions, dp_ranks: int, cuda: bool = False) -> None:
     """trainer: the trainer's settings (micro_shards, batch_size, grad_accum, deal_as_ranks, precision); options: the
     strategy's; dp_ranks: the data-parallel ranks this run starts; cuda: whether it trains on GPUs."""
     mode, micro_shards = "trainer.invariant=true", trainer.micro_shards
-    if options._target_ not in ENGINES:
+    if not _reduction_replaceable(options):
         raise ConfigError(f"strategy={options.name} is not allowed with {mode}: the world-size-invariant mode runs "
                           "under strategy=single or strategy=ddp (this engine reduces gradients in an order of its "
                           "own); use one of them, or leave trainer.invariant out")

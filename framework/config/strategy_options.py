@@ -84,7 +84,7 @@ class ElasticOptions(StrategyOptions):
 
 @dataclass
 class PowerSGDOptions:
-    """strategy.powersgd: torch's PowerSGD (ddp with strategy.compression=powersgd); checked by DDPOptions.check."""
+    """strategy.powersgd: torch's PowerSGD (ddp with strategy.compression=powersgd); checked by MeshOptions.check on the ddp mesh."""
 
     rank: int = 2  # matrix approximation rank: a gradient matrix n x m travels as (n + m) x rank numbers
     start_step: int = 100  # the first step whose gradients travel compressed; plain all-reduce before it (warm-up)

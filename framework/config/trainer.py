@@ -80,6 +80,9 @@ class TrainerConfig(Checked):
     micro_shards: int = rule(8, at_least(1))
     invariant_reduce: InvariantReduce = InvariantReduce.fixed_point
     invariant_threads: int = rule(1, at_least(1))
+    # on GPUs, before launch: plan the run (plan.py) and refuse it in one line when rank 0's planned peak and the
+    # GPU's device constants exceed its memory; CPU runs plan nothing; false: start without planning
+    check_fit: bool = True
 
     @property
     def cuda_wanted(self) -> bool:

@@ -54,13 +54,19 @@ def apply_speedups(model: nn.Module, channels_last: bool, device: torch.device, 
     before a strategy wraps the model (fsdp shards the checkpointed, compiled blocks, as torchtitan does)."""
     if channels_last:
         model = model.to(device=device if move else None, memory_format=torch.channels_last)
-    elif move:
+    elif move and not _already_on(model, device):
         model = model.to(device)
     for block in checkpointed:
         recompute_in_backward(block)
     for module in compiled:
         module.compile(backend=backend)
     return model
+
+
+def _already_on(model: nn.Module, device: torch.device) -> bool:
+    """Every parameter and buffer on `device`: nothing to move (and a model of fake tensors, the plan's
+    (framework/plan/), cannot be moved: Module._apply swaps fake parameters, which torch refuses)."""
+    return all(t.device == device for t in (*model.parameters(), *model.buffers()))
 
 
 def recompute_in_backward(block: nn.Module) -> None:

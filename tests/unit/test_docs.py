@@ -1,7 +1,9 @@
 """README.md and docs/ cannot rot: every relative link and #anchor in them resolves (a file or folder of this
 repository; a heading by GitHub's anchor rules), and every `python train.py|eval.py|sample.py|verify.py ...` line of
 a fenced code block composes with Hydra's compose API, as `--cfg job` would (in-process, through conftest's
-composed()): a renamed group option, key or preset fails here. A sweep's values are composed each (one composition
+composed()): a renamed group option, key or preset fails here. plan.py's lines compose as plan.py composes them
+(its plan.* keys apart, every combination of its comma lists) and pass its refusals (a card, a strategy it cannot
+plan yet). A sweep's values are composed each (one composition
 per value, not their product); a placeholder such as `ckpt_path=<run>` stands for a run folder that does not exist
 here, so its value is a dummy and the rest of the line is composed. Every training command (train.py, hydra-dist) also
 passes every check its driver makes before a worker would start (support.driver.driver_says: Hydra's composition as
@@ -22,6 +24,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from support.driver import composed, driver_says
 from support.processes import REPO
 
+from framework.plan.command import composed_runs, plan_options
+from framework.plan.gpus import chosen_gpu
+from framework.plan.rows import check_plannable
+
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
 CODE_SPAN = re.compile(r"(`+).+?\1")
@@ -29,9 +35,9 @@ COMMENT = re.compile(r"<!--.*?-->", re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 SHELL = ("", "bash", "sh", "shell", "console")
-SCRIPTS = {"train.py": "config", "eval.py": "eval", "sample.py": "sample", "verify.py": "verify",
+SCRIPTS = {"train.py": "config", "eval.py": "eval", "sample.py": "sample", "verify.py": "verify", "plan.py": "plan",
            "hydra-dist": "config", "hydra-dist-eval": "eval", "hydra-dist-sample": "sample",
-           "hydra-dist-verify": "verify"}
+           "hydra-dist-verify": "verify", "hydra-dist-plan": "plan"}
 STARTERS = ("python", "python3", "torchrun", "deepspeed", "horovodrun", "srun")
 FLAGS_WITH_VALUE = ("--cfg", "-c", "--info", "-i", "--package", "-p", "--shell-completion", "-sc")
 
@@ -169,8 +175,20 @@ def composes(config: str, overrides: tuple[str, ...], config_dir: Path | None) -
                                                      enumerate(COMMANDS)])
 def test_every_documented_command_composes(page, line):
     config, overrides, config_dir = command_of(line)
+    if config == "plan":
+        return plan_composes(overrides, config_dir)
     for overrides_now in compositions(overrides):
         composes(config, tuple(overrides_now), config_dir)
+
+
+def plan_composes(overrides: list[str], config_dir: Path | None) -> None:
+    """plan.py's command as plan.py reads it, up to where it would trace: its plan.* keys and card, every combination
+    of its comma lists composed as plan.py composes them (a one-process strategy without strategy.nproc_per_node),
+    and each refused where it cannot be planned."""
+    options, rest = plan_options(overrides)
+    chosen_gpu(options.gpu)
+    for cfg in composed_runs(rest, str(config_dir) if config_dir else None):
+        check_plannable(cfg)
 
 
 TRAINING = [(page, line) for page, line in COMMANDS if command_of(line)[0] == "config"]

@@ -6,7 +6,7 @@ from torch import nn
 
 from framework.common.errors import ConfigError
 from framework.config.invariant import check_invariant
-from framework.config.strategy_options import DDPOptions, FSDPOptions, HorovodOptions, SingleOptions
+from framework.config.strategy_options import HorovodOptions, SingleOptions, preset
 from framework.config.trainer import TrainerConfig
 from framework.models.lenet import LeNet
 from framework.training.invariant.batch_norm import refuse_running_statistics
@@ -16,26 +16,26 @@ from support.fake_cuda import cuda_reported
 
 def _refusal(micro_shards=8, dp_ranks=2, options=None, **trainer) -> str:
     with pytest.raises(ConfigError) as refused:
-        check_invariant(TrainerConfig(micro_shards=micro_shards, **trainer), options or DDPOptions(), dp_ranks)
+        check_invariant(TrainerConfig(micro_shards=micro_shards, **trainer), options or preset("ddp"), dp_ranks)
     line = str(refused.value)
     assert "\n" not in line
     return line
 
 
-@pytest.mark.parametrize("options", [SingleOptions(), DDPOptions()])
+@pytest.mark.parametrize("options", [SingleOptions(), preset("ddp")])
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 def test_single_and_ddp_pass_with_shards_every_worker_count_divides(options, ranks):
     check_invariant(TrainerConfig(batch_size=64), options, ranks)
 
 
-@pytest.mark.parametrize("options", [FSDPOptions(), HorovodOptions()])
+@pytest.mark.parametrize("options", [preset("fsdp"), preset("hsdp"), preset("tp"), HorovodOptions()])
 def test_an_engine_with_its_own_reduction_order_is_refused(options):
     assert _refusal(options=options).startswith(f"strategy={options.name} is not allowed with trainer.invariant=true:"
                                                 " the world-size-invariant mode runs under strategy=single or ")
 
 
 def test_a_user_engine_named_ddp_is_not_taken_for_ddp():
-    assert _refusal(options=DDPOptions(_target_="my_project.engines.MyDDP")).startswith("strategy=ddp is not allowed")
+    assert _refusal(options=preset("ddp", _target_="my_project.engines.MyDDP")).startswith("strategy=ddp is not allowed")
 
 
 def test_shards_that_a_worker_count_does_not_divide_are_refused():
@@ -56,14 +56,14 @@ def test_fp16_and_nondeterministic_gpu_kernels_are_refused():
     assert _refusal(precision="fp16").startswith("trainer.precision=fp16 is not allowed with trainer.invariant=true")
     with pytest.raises(ConfigError, match=r"^trainer.deterministic=false is not allowed with trainer.invariant=true "
                                           "on GPUs"):
-        check_invariant(TrainerConfig(batch_size=64), DDPOptions(), 2, cuda=True)
-    check_invariant(TrainerConfig(batch_size=64, deterministic=True), DDPOptions(), 2, cuda=True)
+        check_invariant(TrainerConfig(batch_size=64), preset("ddp"), 2, cuda=True)
+    check_invariant(TrainerConfig(batch_size=64, deterministic=True), preset("ddp"), 2, cuda=True)
 
 
 def test_sync_batchnorm_and_compression_are_refused():
-    assert _refusal(options=DDPOptions(sync_batchnorm=True)).startswith(
+    assert _refusal(options=preset("ddp", sync_batchnorm=True)).startswith(
         "strategy.sync_batchnorm=true is not allowed with trainer.invariant=true")
-    assert _refusal(options=DDPOptions(compression="fp16")).startswith(
+    assert _refusal(options=preset("ddp", compression="fp16")).startswith(
         "strategy.compression=fp16 is not allowed with trainer.invariant=true")
 
 

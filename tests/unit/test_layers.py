@@ -23,7 +23,7 @@ LAYERS = [
     ["framework.strategies"],
     ["framework.assemble"],
     ["framework.worker", "framework.preflight", "framework.evaluate", "framework.sample", "framework.run",
-     "framework.devices", "framework.verify", "framework.cli", "framework"],
+     "framework.devices", "framework.verify", "framework.plan", "framework.cli", "framework"],
 ]
 ROOT_MODULES_AT_MOST = 8  # the package's root holds the commands and the run's story; the rest lives in packages
 

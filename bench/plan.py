@@ -1,0 +1,130 @@
+"""plan.py's rows against real runs: for each configuration, the seconds plan.py takes for its row (in this process,
+median of --repeats, the first row apart: it pays the imports and the data), rank 0's planned peak, and the peak each
+rank of a real run of the same configuration reaches (bench/probes/allocator_peak.py: W processes in a gloo group,
+the framework's own parallelize and two steps, the CPU allocator's events as torch.profiler records them), with
+planned / measured per rank. The table in docs/plan.md comes from here.
+
+    .venv/bin/python bench/plan.py --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchkit import commands
+from benchkit.arguments import names
+from benchkit.report import print_table, write_results
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the framework this checkout holds
+from framework.plan.command import composed_runs  # noqa: E402
+from framework.plan.rows import plan_row  # noqa: E402
+
+MIB = 2 ** 20
+LENET = ("model=lenet", "dataset=fashion_mnist")
+CHAR_LM = ("experiment=char_lm",)
+# name: (overrides, workers)
+CONFIGURATIONS = {
+    "lenet_single": ((*LENET, "strategy=single"), 1),
+    "lenet_ddp2": ((*LENET, "strategy=ddp"), 2),
+    "lenet_fsdp2": ((*LENET, "strategy=fsdp"), 2),
+    "gpt_single": ((*CHAR_LM, "strategy=single"), 1),
+    "gpt_ddp2": ((*CHAR_LM, "strategy=ddp"), 2),
+    "gpt_ddp4": ((*CHAR_LM, "strategy=ddp"), 4),
+    "gpt_fsdp2": ((*CHAR_LM, "strategy=fsdp"), 2),
+    "gpt_fsdp4": ((*CHAR_LM, "strategy=fsdp"), 4),
+    "gpt_tp2": ((*CHAR_LM, "strategy=tp"), 2),
+    "gpt_tp2_dp_shard2": ((*CHAR_LM, "strategy=tp", "strategy.dp_shard=2"), 4),
+    "lenet_zero2": ((*LENET, "strategy=deepspeed", "strategy.zero_stage=2"), 2),
+    "gpt_zero1": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=1"), 2),
+    "gpt_zero2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2"), 2),
+    "gpt_zero2_accum2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2", "trainer.grad_accum=2"), 2),
+}
+PEAK_LINE = re.compile(r"^allocator peak rank (\d+): (\d+)$", re.M)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
+                   help="comma list of " + ", ".join(CONFIGURATIONS))
+    p.add_argument("--repeats", type=int, default=3, help="plans of each row (the seconds' median)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds for each real run")
+    args = p.parse_args(argv)
+    names(p, "--configurations", args.configurations, tuple(CONFIGURATIONS))
+    return args
+
+
+def overrides_of(name: str) -> list[str]:
+    overrides, workers = CONFIGURATIONS[name]
+    return [*overrides, "trainer.accelerator=cpu", *([f"strategy.nproc_per_node={workers}"] if workers > 1 else [])]
+
+
+def planned(name: str) -> tuple[int, float]:
+    """Rank 0's planned peak (bytes) and the seconds the row took, in this process."""
+    cfg = next(composed_runs(overrides_of(name), None))
+    started = time.perf_counter()
+    row = plan_row(cfg)
+    return row.peak, time.perf_counter() - started
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measured(name: str, timeout: int) -> list[int]:
+    """Each rank's peak (bytes) in a real run: one process per rank, 1 thread each."""
+    workers = CONFIGURATIONS[name][1]
+    port, deepspeeds = free_port(), free_port()
+    probe = [commands.PYTHON, str(commands.REPO / "bench" / "probes" / "allocator_peak.py")]
+    # DeepSpeed reads the launcher's variables beside the group the probe makes
+    ranks = [subprocess.Popen([*probe, str(workers), str(rank), str(port), *overrides_of(name)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**commands.environment(1), "LOCAL_RANK": str(rank), "RANK": str(rank),
+                                   "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(deepspeeds)},
+                              cwd=commands.REPO) for rank in range(workers)]
+    outputs = []
+    try:
+        for process in ranks:
+            outputs.append(process.communicate(timeout=timeout)[0])
+    finally:
+        for process in ranks:  # a rank left waiting for a failed one
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    peaks = {int(r): int(b) for out in outputs for r, b in PEAK_LINE.findall(out)}
+    if sorted(peaks) != list(range(workers)):
+        raise RuntimeError(f"{name}: not every rank measured its peak:\n" + "\n".join(o[-2000:] for o in outputs))
+    return [peaks[r] for r in range(workers)]
+
+
+def main() -> None:
+    args = parse_args()
+    results, rows = {}, []
+    for index, name in enumerate(args.configurations.split(",")):
+        plans = [planned(name) for _ in range(args.repeats)]
+        peak = plans[0][0]
+        seconds = [s for _, s in plans]
+        real = measured(name, args.timeout)
+        results[name] = {"overrides": overrides_of(name), "planned_rank0": peak, "measured_per_rank": real,
+                         "plan_seconds": seconds, "plan_seconds_median": statistics.median(seconds),
+                         "first_row": index == 0}
+        rows.append([name, CONFIGURATIONS[name][1], f"{peak / MIB:.2f}",
+                     ", ".join(f"{m / MIB:.2f}" for m in real), ", ".join(f"{peak / m:.3f}" for m in real),
+                     f"{statistics.median(seconds):.1f}"])
+        print(f"{name}: planned {peak / MIB:.2f} MiB, measured {rows[-1][3]} MiB", flush=True)
+    print()
+    print_table(["configuration", "workers", "planned MiB (rank 0)", "measured MiB (each rank)",
+                 "planned / measured", "s per row"], rows)
+    write_results("plan", vars(args), results)
+
+
+if __name__ == "__main__":
+    main()
