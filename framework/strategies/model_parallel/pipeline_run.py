@@ -7,13 +7,12 @@ rank). Evaluation's batches vary in size, which the schedule's fixed buffers do 
 after another, forward only, and every rank gets the outputs."""
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
 from framework.config.strategy_options import MULTI_STAGE, MeshOptions
 from framework.data.batches import batch_size, tree_map
@@ -24,57 +23,67 @@ from framework.training.metrics import per_sample_losses
 from framework.training.engine import Weighting
 from framework.training.step import StepOutput
 
-SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
-             "InterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ZBVZeroBubble": ScheduleZBVZeroBubble}
+
+@functools.cache
+def _pipelining():
+    """torch's schedules by name and TimedStage, made at a pipeline rank's first use: torch.distributed.pipelining
+    imports torch._dynamo (about 2 s on 2 cores), which the driver of every mesh preset (ddp, fsdp) would otherwise
+    pay while it checks the run, before the workers' template starts (tests/runs/test_startup_imports.py)."""
+    # slow package: only a rank that runs pipeline stages imports it
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
+
+    class TimedStage(PipelineStage):
+        """A PipelineStage whose compute, received messages (by the pipeline rank they come from), gradient
+        reduction (FSDP2's reduce-scatter after the last micro-batch's backward) and first-step shape inference the
+        clock counts, so that none of them is taken for bubble."""
+
+        def __init__(self, *args, clock: PipelineClock, holders: list[int], **kwargs):
+            super().__init__(*args, **kwargs)
+            self.clock, self.holders = clock, holders
+
+        def forward_one_chunk(self, *args, **kwargs):
+            with self.clock.span("forward"):
+                return super().forward_one_chunk(*args, **kwargs)
+
+        def backward_one_chunk(self, *args, **kwargs):
+            with self.clock.span("backward"):
+                return super().backward_one_chunk(*args, **kwargs)
+
+        def backward_weight_one_chunk(self, *args, **kwargs):  # the zero-bubble schedules' weight gradients
+            with self.clock.span("backward"):
+                return super().backward_weight_one_chunk(*args, **kwargs)
+
+        def perform_reduce_grad(self, *args, **kwargs):
+            with self.clock.span("reduce"):
+                return super().perform_reduce_grad(*args, **kwargs)
+
+        # The schedule's first step infers each stage's shapes (a forward and a backward on meta tensors, and the
+        # shapes sent between stages), in these two methods of PipelineStage: torch has no public hook around them.
+        def _prepare_forward_infra(self, *args, **kwargs):
+            with self.clock.span("inference"):
+                return super()._prepare_forward_infra(*args, **kwargs)
+
+        def _prepare_backward_infra(self, *args, **kwargs):
+            with self.clock.span("inference"):
+                return super()._prepare_backward_infra(*args, **kwargs)
+
+        def get_fwd_recv_ops(self, fwd_chunk_id: int):
+            ops = super().get_fwd_recv_ops(fwd_chunk_id)
+            if not self.is_first:
+                self.clock.received_from(self.holders[self.stage_index - 1], [op.tensor for op in ops])
+            return ops
+
+        def get_bwd_recv_ops(self, bwd_chunk_id: int):
+            ops = super().get_bwd_recv_ops(bwd_chunk_id)
+            if not self.is_last:
+                self.clock.received_from(self.holders[self.stage_index + 1], [op.tensor for op in ops])
+            return ops
 
 
-class TimedStage(PipelineStage):
-    """A PipelineStage whose compute, received messages (by the pipeline rank they come from), gradient reduction
-    (FSDP2's reduce-scatter after the last micro-batch's backward) and first-step shape inference the clock counts,
-    so that none of them is taken for bubble."""
-
-    def __init__(self, *args, clock: PipelineClock, holders: list[int], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.clock, self.holders = clock, holders
-
-    def forward_one_chunk(self, *args, **kwargs):
-        with self.clock.span("forward"):
-            return super().forward_one_chunk(*args, **kwargs)
-
-    def backward_one_chunk(self, *args, **kwargs):
-        with self.clock.span("backward"):
-            return super().backward_one_chunk(*args, **kwargs)
-
-    def backward_weight_one_chunk(self, *args, **kwargs):  # the zero-bubble schedules' weight gradients
-        with self.clock.span("backward"):
-            return super().backward_weight_one_chunk(*args, **kwargs)
-
-    def perform_reduce_grad(self, *args, **kwargs):
-        with self.clock.span("reduce"):
-            return super().perform_reduce_grad(*args, **kwargs)
-
-    # The schedule's first step infers each stage's shapes (a forward and a backward on meta tensors, and the
-    # shapes sent between stages), in these two methods of PipelineStage: torch has no public hook around them.
-    def _prepare_forward_infra(self, *args, **kwargs):
-        with self.clock.span("inference"):
-            return super()._prepare_forward_infra(*args, **kwargs)
-
-    def _prepare_backward_infra(self, *args, **kwargs):
-        with self.clock.span("inference"):
-            return super()._prepare_backward_infra(*args, **kwargs)
-
-    def get_fwd_recv_ops(self, fwd_chunk_id: int):
-        ops = super().get_fwd_recv_ops(fwd_chunk_id)
-        if not self.is_first:
-            self.clock.received_from(self.holders[self.stage_index - 1], [op.tensor for op in ops])
-        return ops
-
-    def get_bwd_recv_ops(self, bwd_chunk_id: int):
-        ops = super().get_bwd_recv_ops(bwd_chunk_id)
-        if not self.is_last:
-            self.clock.received_from(self.holders[self.stage_index + 1], [op.tensor for op in ops])
-        return ops
-
+    schedules = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
+                 "InterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ZBVZeroBubble": ScheduleZBVZeroBubble}
+    return schedules, TimedStage
 
 class StandIn:
     """What the step calls as the model on the last stage: the pipeline's output for this micro-batch's inputs."""
@@ -106,12 +115,13 @@ class PipelineRunner:
         self.last_rank = holders[-1]  # the rank computing the loss (rank 0 for ZBVZeroBubble's V)
         self.microbatches = microbatches
         self.clock = PipelineClock(device)
+        schedules, TimedStage = _pipelining()
         self.stages = [TimedStage(module, index, self.num_stages, device, group=pp_group, clock=self.clock,
                                   holders=holders)
                        for index, module in sorted(stages.items())]
         self.holds_last = self.num_stages - 1 in stages
         # scale_grads=False: the loss handed back is already each micro-batch's share of the step's mean
-        self.schedule = SCHEDULES[schedule](self.stages if schedule in MULTI_STAGE else self.stages[0],
+        self.schedule = schedules[schedule](self.stages if schedule in MULTI_STAGE else self.stages[0],
                                             n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False)
         self.current = None
         self.indices = [torch.tensor(i) for i in range(microbatches)]  # each micro-batch's "target": its index
