@@ -6,6 +6,9 @@ of the run.
                                                            hook makes one per bucket inside backward)
     +callbacks.probe._target_=cuda_probes.PeakAtSave       torch.cuda.max_memory_allocated from the end of a step
                                                            to the end of the checkpoint saved after it, in GiB
+    +callbacks.probe._target_=cuda_probes.PeakOfStep2      torch.cuda.max_memory_allocated over the second training
+                                                           step, in bytes (what plan.py plans: tests/runs/
+                                                           test_cuda_paths.py)
 """
 from __future__ import annotations
 
@@ -52,3 +55,17 @@ class PeakAtSave(_Probe):
             torch.cuda.current_stream(state.device).synchronize()
             peak = torch.cuda.max_memory_allocated(state.device) / 2**30
             self.found["peak_gib_at_save"] = max(peak, self.found.get("peak_gib_at_save", 0.0))
+
+
+class PeakOfStep2(_Probe):
+    """The second step's peak: the optimizer's state exists (made in step 1), as in the plan's second step."""
+
+    def on_train_step_start(self, state, step: int) -> None:
+        if step == 2 and state.device.type == "cuda":
+            torch.cuda.current_stream(state.device).synchronize()
+            torch.cuda.reset_peak_memory_stats(state.device)
+
+    def on_train_step_end(self, state, step: int) -> None:
+        if step == 2 and state.device.type == "cuda":
+            torch.cuda.current_stream(state.device).synchronize()
+            self.found["step2_peak_bytes"] = torch.cuda.max_memory_allocated(state.device)
