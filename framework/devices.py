@@ -7,7 +7,6 @@ strategy.nproc_per_node=4 change the plan the same way they would change a run).
 user's config dir, as for train.py: its strategies are listed too (their package must be on PYTHONPATH)."""
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -21,7 +20,7 @@ import framework.config  # noqa: F401  (registers the config schemas Hydra compo
 from framework.config.hydra_versions import version_base
 from framework.config.settings import settings_of
 from framework.common.errors import ConfigError
-from framework.common.paths import CONF_DIR, config_dir_override
+from framework.common.paths import CONF_DIR, config_dir_override, overrides_and_config_dir
 from framework.session.detect import detect
 from framework.session.environment import Ranks, cpu_cores
 from framework.session.situations import refuse
@@ -123,15 +122,6 @@ def report(overrides: list[str], config_dir: str | None, ranks: Ranks | None) ->
     return "\n".join(lines + strategy_plan(overrides, config_dir, ranks))
 
 
-def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
-    """(overrides, --config-dir/-cd), as train.py takes them (Hydra's parser is not public API)."""
-    parser = argparse.ArgumentParser(prog="hydra-dist-devices", add_help=False)
-    parser.add_argument("--config-dir", "-cd")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    if args.config_dir is not None and not Path(args.config_dir).is_dir():
-        raise ConfigError(f"--config-dir={args.config_dir} is not allowed: no such folder")
-    return args.overrides, args.config_dir
 
 
 def main() -> None:
@@ -141,7 +131,7 @@ def main() -> None:
         return
     try:
         session = detect()
-        print(report(*_arguments(args), session.ranks))
+        print(report(*overrides_and_config_dir(args, "hydra-dist-devices"), session.ranks))
     except (ConfigError, HydraException) as exc:  # a bad override: Hydra's own message, without the traceback
         refuse(ConfigError(exc))
 

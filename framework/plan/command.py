@@ -5,7 +5,6 @@ table (framework/plan/table.py), plan.json and plan.png in plan.dir. A refusal (
 an unknown GPU) is one `error:` line, exit 2, before anything is traced."""
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import time
@@ -19,7 +18,7 @@ from hydra.errors import HydraException
 import framework.config  # noqa: F401  (registers the config schemas Hydra composes with)
 from framework.cli import composition_error_line
 from framework.common.errors import ConfigError
-from framework.common.paths import CONF_DIR, config_dir_override
+from framework.common.paths import CONF_DIR, config_dir_override, overrides_and_config_dir
 from framework.config.hydra_versions import version_base
 from framework.plan.gpus import Gpu, chosen_gpu
 from framework.plan.largest_batch import largest_micro_batch
@@ -44,7 +43,7 @@ def main() -> None:
         print(__doc__)
         return
     try:
-        overrides, config_dir = _arguments(sys.argv[1:])
+        overrides, config_dir = overrides_and_config_dir(sys.argv[1:], "hydra-dist-plan")
         options, overrides = plan_options(overrides)
         gpu = chosen_gpu(options.gpu)
         runs = list(composed_runs(overrides, config_dir))
@@ -114,11 +113,3 @@ def composed_runs(overrides: list[str], config_dir: str | None):
                 planned.append(combination)
                 yield compose("config", overrides=[*combination, *extra])
 
-def _arguments(argv: list[str]) -> tuple[list[str], str | None]:
-    parser = argparse.ArgumentParser(prog="hydra-dist-plan", add_help=False)
-    parser.add_argument("--config-dir", "-cd")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    if args.config_dir is not None and not Path(args.config_dir).is_dir():
-        raise ConfigError(f"--config-dir={args.config_dir} is not allowed: no such folder")
-    return args.overrides, args.config_dir

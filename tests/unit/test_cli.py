@@ -1,6 +1,11 @@
 """train.py's command line in this process (framework.cli's main, as `python train.py` runs it): --cfg job prints the
 composed config and starts nothing; shell completion answers from the config groups. The installed commands:
-tests/runs/test_packaging.py."""
+tests/runs/test_packaging.py. hydra-dist-devices' and hydra-dist-plan's own arguments (overrides, --config-dir).
+"""
+import pytest
+
+from framework.common.errors import ConfigError
+from framework.common.paths import overrides_and_config_dir
 from support.driver import command_in_process
 
 
@@ -21,3 +26,10 @@ def test_shell_completion_of_train_py(tmp_path, monkeypatch, capsys):
     code, answer, _ = command_in_process("main", ["train.py", "-sc", "query=bash"], tmp_path, monkeypatch, capsys)
     assert code == 0
     assert {"model=lenet", "model=simple_cnn"} <= set(answer.split())
+
+
+def test_hydra_dist_devices_and_plan_take_overrides_and_an_existing_config_dir(tmp_path):
+    assert overrides_and_config_dir(["-cd", str(tmp_path), "model=mlp"], "hydra-dist-plan") == (["model=mlp"],
+                                                                                                str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^--config-dir=.*nope is not allowed: no such folder$"):
+        overrides_and_config_dir(["--config-dir", str(tmp_path / "nope")], "hydra-dist-devices")
