@@ -32,7 +32,7 @@ from framework.session.detect import detect
 from framework.session.environment import Ranks
 from framework.session.situations import refuse
 from framework.strategies import build_strategy, choose_strategy
-from framework.training.determinism import NoDeterministicKernel, deterministic_environment, explained
+from framework.training.determinism import NoDeterministicKernel, deterministic_environment, raise_explained
 from framework.training.loop_state import EvalResult
 from framework.training.interrupts import NoStop
 from framework.training.trainer import evaluate
@@ -175,10 +175,7 @@ def _evaluate_worker(payload: EvalPayload, ranks: Ranks | None) -> EvalResult | 
         result = evaluate(group, wrapped, loop_data(ctx, task))
         return result if group.is_main else None
     except RuntimeError as exc:  # an op without a deterministic kernel: torch's message and the key's line
-        reason = explained(exc, settings.trainer.deterministic)
-        if reason is exc:
-            raise
-        raise reason from exc
+        raise_explained(exc, settings.trainer.deterministic)
     finally:
         if wrapped is not None:
             wrapped.close()

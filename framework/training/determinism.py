@@ -10,6 +10,7 @@ The DataLoader's worker seeds are the run's and the rank's whatever this says (f
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 import torch
 
@@ -67,9 +68,9 @@ class NoDeterministicKernel(RuntimeError):
     """An op without a deterministic kernel under trainer.deterministic=true: torch's message and the key's line."""
 
 
-def explained(exc: BaseException, setting) -> BaseException:
-    """torch's refusal of a non-deterministic op, with one line naming the key that asked for it; any other
-    exception as it is."""
+def raise_explained(exc: BaseException, setting) -> NoReturn:
+    """Raise torch's refusal of a non-deterministic op again with one line naming the key that asked for it; any
+    other exception as it is (call it in an except block that caught exc)."""
     if setting is True and isinstance(exc, RuntimeError) and TORCH_REFUSAL in str(exc):
-        return NoDeterministicKernel(f"{exc}\nraised by {KEY}=true; set {KEY}=warn to only warn, or false")
-    return exc
+        raise NoDeterministicKernel(f"{exc}\nraised by {KEY}=true; set {KEY}=warn to only warn, or false") from exc
+    raise exc

@@ -20,7 +20,7 @@ from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
 from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
-from framework.training.determinism import explained
+from framework.training.determinism import raise_explained
 from framework.training.engine import ProcessGroup, Weighting, Wrapped, forward_backward, gradient_sync
 from framework.training.interrupts import Interrupted
 from framework.training.lr_schedule import build_lr_schedule
@@ -141,10 +141,7 @@ class Trainer:
             if left:
                 self.say(left)
             self.callbacks.on_exception(self.state, exc)
-            reason = explained(exc, self.options.deterministic)
-            if reason is exc:
-                raise
-            raise reason from exc
+            raise_explained(exc, self.options.deterministic)
         return self.state.totals
 
     def _fit(self, start: Position) -> None:
