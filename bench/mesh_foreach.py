@@ -44,7 +44,7 @@ def _model(variant: str, mesh):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     from framework.models.gpt import GPT
-    from framework.strategies.model_parallel.tensor_parallel import resolve
+    from framework.strategies.mesh.tensor_parallel import resolve
 
     torch.manual_seed(0)
     model = GPT((64,), 65, n_layer=4, n_head=4, n_embd=128)

@@ -1,14 +1,16 @@
 """Strategy `_target_`s of earlier hydra-dist versions, which a user's YAML or a stopped sweep's saved config may still
-name: ddp and fsdp were engines of their own before they became presets of the one mesh engine. Each maps to what to
-write now (the mesh's class and the preset's degrees where the node leaves them out), and says so in one line."""
+name: ddp and fsdp were engines of their own before they became presets of the one mesh engine, and the mesh lived in
+strategies/model_parallel/ before strategies/mesh/. Each maps to what to write now (the mesh's class and the preset's
+degrees where the node leaves them out), and says so in one line."""
 from __future__ import annotations
 
 from framework.config.strategy_options import MESH_TARGET, PRESETS
 
-# the old class -> the preset whose degrees it meant
+# the old class -> the preset whose degrees it meant (None: the same engine under its old path, degrees as written)
 LEGACY_TARGETS = {
     "framework.strategies.ddp.DDPStrategy": "ddp",
     "framework.strategies.fsdp.FSDPStrategy": "fsdp",
+    "framework.strategies.model_parallel.strategy.MeshStrategy": None,
 }
 
 
@@ -22,9 +24,13 @@ def modernized(node: dict) -> tuple[dict, str]:
     target = node.get("_target_")
     if target not in LEGACY_TARGETS:
         return node, ""
-    degrees = {k: v for k, v in PRESETS[LEGACY_TARGETS[target]].items() if k not in node}
+    preset = LEGACY_TARGETS[target]
+    if preset is None:
+        return {**node, "_target_": MESH_TARGET}, (f"strategy._target_={target} is the mesh engine's old path: write "
+                                                   f"_target_: {MESH_TARGET}")
+    degrees = {k: v for k, v in PRESETS[preset].items() if k not in node}
     written = " ".join(f"{k}: {v}" for k, v in degrees.items())
-    note = (f"strategy._target_={target} is the old name of the mesh engine's {LEGACY_TARGETS[target]} preset: write "
+    note = (f"strategy._target_={target} is the old name of the mesh engine's {preset} preset: write "
             f"_target_: {MESH_TARGET}" + (f" with {written}" if written else "") +
-            f" (or start from conf/strategy/{LEGACY_TARGETS[target]}.yaml)")
+            f" (or start from conf/strategy/{preset}.yaml)")
     return {**node, "_target_": MESH_TARGET, **degrees}, note

@@ -98,7 +98,7 @@ MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")  # s
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into input and weight gradients
 
 
-MESH_TARGET = "framework.strategies.model_parallel.strategy.MeshStrategy"
+MESH_TARGET = "framework.strategies.mesh.engine.MeshStrategy"
 DDP_KEYS = ("sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
             "powersgd")  # DDP's own, on the 1-D replicate mesh only
 FSDP_KEYS = ("shard_modules", "reshard_after_forward", "cpu_offload")  # FSDP2's, wherever it runs
@@ -106,7 +106,7 @@ FSDP_KEYS = ("shard_modules", "reshard_after_forward", "cpu_offload")  # FSDP2's
 
 @dataclass(kw_only=True)
 class MeshOptions(ElasticOptions):
-    """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/model_parallel/): the presets ddp, fsdp,
+    """One device mesh, dp_replicate x dp_shard x tp x pp (framework/strategies/mesh/): the presets ddp, fsdp,
     hsdp, tp and pp differ only in their defaults. dp_replicate alone (the 1-D replicate mesh) trains with DDP itself;
     any other mesh with FSDP2 over its data-parallel axes. The degrees' product is the number of workers (with
     nproc_per_node=null on the CPU, that many gloo workers start)."""

@@ -82,6 +82,12 @@ def launch_horovod(entry: Callable[[Any, Ranks], Any], payload: Any, *, np: int,
         if signum is not None:
             raise Interrupted(signum) from None
         raise WorkersFailed(_root_cause(error_dir, exc)) from exc
+    else:
+        # the runner can return as if every worker succeeded after it stopped them for a signal: its middleman reaps
+        # the worker's shell from two threads and the loser reads exit code 0 (horovod's safe_shell_exec)
+        signum = _signal_received(wake_r)
+        if signum is not None:
+            raise Interrupted(signum) from None
     finally:
         signal.set_wakeup_fd(old_wakeup)
         wake_r.close()

@@ -49,7 +49,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    # Tensor parallel (strategy=tp; framework/strategies/model_parallel/tensor_parallel.py has the styles): q, k, v and
+    # Tensor parallel (strategy=tp; framework/strategies/mesh/tensor_parallel.py has the styles): q, k, v and
     # the MLP's first layer split by output (each rank its own heads and hidden units), proj and the MLP's second
     # layer by input, so a block's two all-reduces are its only communication. Embeddings, norms and the tied head
     # stay whole on every rank (small for a character vocabulary).

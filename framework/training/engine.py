@@ -28,7 +28,7 @@ class ProcessGroup(ABC):
         self.rank, self.local_rank, self.world_size, self.device = rank, local_rank, world_size, device
         self.devices = list(devices or [device])  # every device this process trains on (dp: one per replica)
         # This rank's place among the data-parallel ranks, which the data is sharded over: every rank, except where
-        # model parallel peers (tensor, pipeline) share one shard of the data (framework/strategies/model_parallel/)
+        # model parallel peers (tensor, pipeline) share one shard of the data (framework/strategies/mesh/)
         self.dp_rank, self.dp_size = rank, world_size
 
     @property
@@ -154,7 +154,7 @@ class OwnClock(Protocol):
 class CountsTraffic(Protocol):
     """An engine that counts the gradient bytes it hands to its collectives and what they weigh uncompressed
     (framework/telemetry/traffic.py): ddp's communication hook, Horovod's compressor, FSDP2's reduce-scatters
-    (framework/strategies/fsdp_traffic.py); `traffic` None where it counts none."""
+    (framework/strategies/mesh/fsdp_traffic.py); `traffic` None where it counts none."""
 
     @property
     def traffic(self): ...

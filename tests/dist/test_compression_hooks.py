@@ -34,7 +34,7 @@ def _batches(model_name: str, rank: int, steps: int) -> list[tuple[torch.Tensor,
 def _wrapped(model: nn.Module, compression: str | None, **powersgd):
     """DDP with the hook strategy=ddp registers (None: DDP's own all-reduce, no hook)."""
     from framework.config.strategy_options import PowerSGDOptions
-    from framework.strategies.ddp_compression import GradientHook, gradient_hook
+    from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
 
     ddp = nn.parallel.DistributedDataParallel(model)
     hook = None
@@ -89,7 +89,7 @@ def test_half_precision_sends_half_the_bytes_within_a_percent_of_fp32(world2, dt
 def _powersgd_bytes(rank: int, world: int, matrix_rank: int):
     """Four steps of LeNet, PowerSGD from step 3: bytes per step, and what its hook really all-reduced at step 4 (its
     P and Q buffers, and the tensors it leaves whole), in elements."""
-    from framework.strategies.ddp_compression import factors
+    from framework.strategies.mesh.ddp_hooks import factors
 
     torch.manual_seed(0)
     model = _lenet()
@@ -161,7 +161,7 @@ def test_without_its_state_the_resumed_step_differs(world2):
 def _fsdp_step(rank: int, world: int, compression: str):
     """One step of LeNet under strategy=fsdp: the bytes its reduce-scatters were handed and weighed, and the
     gradients made whole."""
-    from framework.strategies.model_parallel.group import MeshGroup
+    from framework.strategies.mesh.group import MeshGroup
     from framework.training.instrument import gradient_traffic
     from support.driver import strategy_for
 
@@ -193,7 +193,7 @@ def _many_buckets(rank: int, world: int):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))
     from framework.config.strategy_options import PowerSGDOptions
-    from framework.strategies.ddp_compression import GradientHook, gradient_hook
+    from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
 
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     hook = GradientHook("powersgd", PowerSGDOptions(rank=2, start_step=3), list(model.parameters()))
@@ -255,7 +255,7 @@ def _synchronizes(rank: int, world: int, bucket_cap_mb: float):
     from unittest import mock
 
     from framework.config.strategy_options import PowerSGDOptions
-    from framework.strategies.ddp_compression import GradientHook, gradient_hook
+    from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 4))

@@ -11,7 +11,7 @@ def _fsdp_step(rank: int, world: int, recompute: bool):
     """One forward and backward of a small GPT (dropout 0.1) sharded by strategy=fsdp over the world, the units
     recomputed in backward or not: this rank's loss, every gradient made whole, and the clipping norm."""
     from framework.models.gpt import GPT
-    from framework.strategies.model_parallel.group import MeshGroup
+    from framework.strategies.mesh.group import MeshGroup
     from framework.training.speedups import apply_speedups
     from support.driver import strategy_for
 
@@ -52,7 +52,7 @@ def _accumulated_gradient(rank: int, world: int, compression: str, precision: st
     trainer.grad_accum=8 runs them): the first micro-batch's gradient is 1 in every element, each later one's 2^-9,
     below bf16's resolution at 1 (2^-7). Summed in fp32 and cast once for the wire: 1 + 7 x 2^-9 rounds to
     1 + 2^-6; summed in bf16 each 2^-9 is lost and the sum stays 1."""
-    from framework.strategies.model_parallel.group import MeshGroup
+    from framework.strategies.mesh.group import MeshGroup
     from support.driver import strategy_for
 
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ def _gpt():
 
 
 def _on_mesh(strategy, rank: int, world: int):
-    from framework.strategies.model_parallel.group import MeshGroup
+    from framework.strategies.mesh.group import MeshGroup
 
     return MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape)
 
@@ -32,7 +32,7 @@ def _one_step(wrapped) -> None:
 
 def _torch_refuses_a_foreach_step_on_plain_and_dtensor_parameters(rank: int, world: int) -> str:
     """The plan's DTensors beside the plain embeddings, norms and head, in one Adam group with foreach forced."""
-    from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel
+    from framework.strategies.mesh.tensor_parallel import apply_tensor_parallel
     from support.driver import strategy_for
 
     strategy = strategy_for("strategy=tp", "trainer.accelerator=cpu")
@@ -52,7 +52,7 @@ def _torch_refuses_a_foreach_step_on_plain_and_dtensor_parameters(rank: int, wor
 
 
 def test_torch_still_refuses_foreach_kernels_over_plain_tensors_and_dtensors(world2):
-    """The reason for the engine's foreach=False on such groups (framework/strategies/model_parallel/foreach.py): if
+    """The reason for the engine's foreach=False on such groups (framework/strategies/mesh/foreach.py): if
     this starts passing, torch takes the mix, and the engine could leave torch's choice alone."""
     for message in world2.run(_torch_refuses_a_foreach_step_on_plain_and_dtensor_parameters):
         assert MIXED in message, message
@@ -94,7 +94,7 @@ def test_tensor_parallel_alone_steps_its_mixed_groups_without_foreach_kernels(wo
 def _pipeline_step_keeps(rank: int, world: int) -> list[int]:
     """One training step of pp=2 (1F1B, 4 microbatches): how many of the last stage's micro-batch outputs are still
     alive after it (weak references taken where the step reads them)."""
-    from framework.strategies.model_parallel.pipeline_run import StandIn
+    from framework.strategies.mesh.pipeline_run import StandIn
     from framework.training.engine import Weighting
     from framework.training.losses import SequenceCrossEntropy
     from framework.training.step import Supervised
@@ -133,7 +133,7 @@ def test_the_pipelines_last_stage_keeps_no_output_after_a_step(world2):
 
 def _embedding_split_by_rows(rank: int, world: int) -> bool:
     """A GPT's token embedding split `rowwise` over tp=2: whether its output is the whole embedding's."""
-    from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel
+    from framework.strategies.mesh.tensor_parallel import apply_tensor_parallel
     from support.driver import strategy_for
 
     strategy = strategy_for("strategy=tp", "trainer.accelerator=cpu", "+strategy.plan={wte:rowwise}")
@@ -223,11 +223,11 @@ def _tie_after_sharding_two_stages_of_one_rank(rank: int, world: int) -> list[bo
     parallelize() makes of them, each sharded as its own FSDP2 root over dp_shard=2, as MeshStrategy._split does.
     Whether the head is still the embedding's parameter, before and after."""
     from framework.models.blocks import auto_units, innermost_first
-    from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
-    from framework.strategies.fsdp_units import without_tied
-    from framework.strategies.model_parallel.group import MeshGroup
-    from framework.strategies.model_parallel.pipeline_cut import stage_pieces, view
-    from framework.strategies.model_parallel.shape import MeshShape
+    from framework.strategies.mesh.fsdp_apply import ShardPrecision, shard_with_fsdp2
+    from framework.strategies.mesh.fsdp_units import without_tied
+    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.pipeline_cut import stage_pieces, view
+    from framework.strategies.mesh.shape import MeshShape
 
     from framework.models.gpt import GPT
 

@@ -1,4 +1,4 @@
-"""strategy.sync_batchnorm=true on CPU workers (framework/strategies/sync_batchnorm.py), on a persistent gloo world:
+"""strategy.sync_batchnorm=true on CPU workers (framework/strategies/mesh/sync_batchnorm.py), on a persistent gloo world:
 ddp's converted BatchNorm gives each rank exactly its rows of what one process computes on the whole batch (outputs,
 loss), DDP's averaged gradients equal that process's, and every rank's running statistics are its statistics. Torch's
 own SyncBatchNorm refuses CPU tensors (its kernels are GPU-only): without the CPU forward this fails on the first

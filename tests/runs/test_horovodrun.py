@@ -80,5 +80,9 @@ def test_ctrl_c_under_horovodrun_leaves_no_process(tmp_path):
     proc.wait(timeout=60)
     out = (tmp_path / "train.out").read_text()
     assert gone_within(tag, 15) == [], out
-    assert proc.returncode != 0, out
+    # Not asserted: horovodrun's own exit code, which races. Its middleman process reaps the worker's shell from two
+    # threads (horovod/runner/common/util/safe_shell_exec.py: psutil's wait in terminate_executor_shell_and_children
+    # and the main thread's Popen.wait); the loser gets ECHILD, which Popen reads as exit code 0 (seen in CI once).
+    # python train.py strategy=horovod, which runs horovod's runner itself, reports the stop whatever it returns.
+    assert "done: test accuracy" not in out and not re.search(r"step ([7-9]|\d\d+)/", out), out  # stopped where held
     assert OUR_TRACEBACK not in out, out  # horovodrun stops the workers with SIGTERM

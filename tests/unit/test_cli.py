@@ -13,7 +13,7 @@ def test_train_py_cfg_job_shows_the_composed_config(tmp_path, monkeypatch, capsy
     code, out, _ = command_in_process("main", ["train.py", "--cfg", "job", "strategy=ddp", "trainer.batch_size=256"],
                                       tmp_path, monkeypatch, capsys)
     assert code == 0
-    assert out.startswith("model:") and "strategy:\n  _target_: framework.strategies.model_parallel.strategy.MeshStrategy\n  name: ddp\n" in out \
+    assert out.startswith("model:") and "strategy:\n  _target_: framework.strategies.mesh.engine.MeshStrategy\n  name: ddp\n" in out \
         and "batch_size: 256" in out
     assert "hydra:" not in out, "--cfg job leaves Hydra's own settings out"
     assert not (tmp_path / "outputs").exists()

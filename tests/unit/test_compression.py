@@ -9,7 +9,7 @@ import torch
 
 from framework.config.strategy_options import PowerSGDOptions
 from framework.results.run_result import RunResult
-from framework.strategies.ddp_compression import GradientHook
+from framework.strategies.mesh.ddp_hooks import GradientHook
 from framework.telemetry.meters import (BYTES_SENT, BYTES_UNCOMPRESSED, COLUMNS, COMPRESSED_STEPS, SAMPLES, SECONDS,
                                         STEPS, WAIT_SECONDS, IntervalMeter, IntervalSummary)
 from framework.telemetry.traffic import Traffic

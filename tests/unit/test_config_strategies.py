@@ -105,6 +105,21 @@ def test_a_yaml_naming_an_old_engine_class_trains_as_its_preset_and_says_what_to
     cls, note = choose_strategy(cfg, None)
     assert cls.__name__ == "MeshStrategy" and cfg.strategy[degree] == -1
     assert note == (f"strategy._target_={old} is the old name of the mesh engine's {preset} preset: write _target_: "
-                    f"framework.strategies.model_parallel.strategy.MeshStrategy with {degree}: -1 (or start from "
+                    f"framework.strategies.mesh.engine.MeshStrategy with {degree}: -1 (or start from "
                     f"conf/strategy/{preset}.yaml)")
     assert driver_says(["strategy=old"], tmp_path / "run", config_dir=tmp_path) == ""
+
+
+def test_a_yaml_naming_the_mesh_by_its_old_path_trains_on_the_mesh_with_its_own_degrees(tmp_path):
+    from framework.common.paths import config_dir_override
+    from framework.strategies import choose_strategy
+
+    old = "framework.strategies.model_parallel.strategy.MeshStrategy"
+    (tmp_path / "strategy").mkdir()
+    (tmp_path / "strategy" / "old.yaml").write_text("defaults: [/schema/strategy/tp@_here_, _self_]\n"
+                                                    f"_target_: {old}\nname: old_tp\ntp: 2\n")
+    cfg = composed("strategy=old", config_dir_override(str(tmp_path)))
+    cls, note = choose_strategy(cfg, None)
+    assert cls.__name__ == "MeshStrategy" and cfg.strategy.tp == 2 and cfg.strategy.name == "old_tp"
+    assert note == (f"strategy._target_={old} is the mesh engine's old path: write _target_: "
+                    "framework.strategies.mesh.engine.MeshStrategy")

@@ -277,7 +277,7 @@ def _defines_a_strategy(path: Path) -> bool:
 
 
 def engine_of(module: str) -> str:
-    """The engine a module of strategies/ belongs to: its package below strategies/ (the mesh's model_parallel/),
+    """The engine a module of strategies/ belongs to: its package below strategies/ (the mesh's mesh/),
     else the module itself."""
     return ".".join(module.split(".")[:3])
 
@@ -301,8 +301,8 @@ def sibling_engine_imports(edges: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_engines_are_found():
-    """ddp, fsdp, hsdp, tp and pp are presets of the one mesh engine (model_parallel/), not engines of their own."""
-    assert engines() == {f"{STRATEGIES}.{e}" for e in ("single", "dp", "deepspeed", "horovod", "model_parallel")}
+    """ddp, fsdp, hsdp, tp and pp are presets of the one mesh engine (mesh/), not engines of their own."""
+    assert engines() == {f"{STRATEGIES}.{e}" for e in ("single", "dp", "deepspeed", "horovod", "mesh")}
 
 
 def test_no_engine_imports_a_sibling_engine():

@@ -180,7 +180,7 @@ def test_a_users_strategy_yaml_with_a_bad_pattern_is_refused(tmp_path, user_proj
         defaults:
           - /schema/strategy/tp@_here_
           - _self_
-        _target_: framework.strategies.model_parallel.strategy.MeshStrategy
+        _target_: framework.strategies.mesh.engine.MeshStrategy
         name: bad_plan
         tp: 2
         plan:
@@ -193,7 +193,7 @@ def test_a_users_strategy_yaml_with_a_bad_pattern_is_refused(tmp_path, user_proj
 # ---- what the workers rely on, in-process ------------------------------------------------------------------
 
 def test_a_degree_of_minus_one_takes_the_rest_of_the_world(tmp_path):
-    from framework.strategies.model_parallel.shape import MeshShape
+    from framework.strategies.mesh.shape import MeshShape
 
     assert MeshShape(dp_replicate=2, dp_shard=-1).filled(8) == MeshShape(dp_replicate=2, dp_shard=4)
     assert MeshShape(dp_replicate=-1, dp_shard=2, tp=2).filled(8) == MeshShape(dp_replicate=2, dp_shard=2, tp=2)
@@ -205,7 +205,7 @@ def test_a_degree_of_minus_one_takes_the_rest_of_the_world(tmp_path):
 
 
 def test_each_rank_knows_its_place_and_its_data_parallel_rank():
-    from framework.strategies.model_parallel.shape import MeshShape
+    from framework.strategies.mesh.shape import MeshShape
 
     shape = MeshShape(pp=2, dp_shard=2, tp=2)
     assert shape.workers == 8 and shape.dp_size == 2
@@ -223,7 +223,7 @@ def test_each_rank_knows_its_place_and_its_data_parallel_rank():
 
 def test_the_gpt_cuts_into_stages_that_run_as_the_whole_model():
     from framework.models.gpt import GPT
-    from framework.strategies.model_parallel.pipeline_cut import pieces, stage_pieces, view
+    from framework.strategies.mesh.pipeline_cut import pieces, stage_pieces, view
 
     torch.manual_seed(0)
     model = GPT((8,), 11, n_layer=4, n_head=2, n_embd=8)
@@ -243,7 +243,7 @@ def test_the_gpt_cuts_into_stages_that_run_as_the_whole_model():
 
 def test_plan_patterns_match_one_name_part_per_star():
     from framework.models.gpt import GPT
-    from framework.strategies.model_parallel.tensor_parallel import matches, resolve
+    from framework.strategies.mesh.tensor_parallel import matches, resolve
 
     assert matches("blocks.*.mlp.0", "blocks.11.mlp.0") and not matches("blocks.*", "blocks.1.mlp")
     model = GPT((8,), 11, n_layer=2, n_head=2, n_embd=8)
@@ -276,7 +276,7 @@ def test_sequential_models_and_models_of_sequentials_pass_the_driver(tmp_path):
 
 def test_a_stage_of_a_sequential_is_the_sequential_of_its_own_entries_under_their_names():
     from framework.models.lenet import LeNet
-    from framework.strategies.model_parallel.pipeline_cut import cut, pieces, stage_pieces, view
+    from framework.strategies.mesh.pipeline_cut import cut, pieces, stage_pieces, view
     from sequential_models import mlp
 
     torch.manual_seed(0)
@@ -300,7 +300,7 @@ def test_a_stage_of_a_sequential_is_the_sequential_of_its_own_entries_under_thei
 def test_zbv_lays_its_stages_down_the_ranks_and_back_as_torch_does():
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping  # what the schedule itself uses
 
-    from framework.strategies.model_parallel.pipeline_cut import stage_ranks
+    from framework.strategies.mesh.pipeline_cut import stage_ranks
 
     assert stage_ranks(4, 2, "ZBVZeroBubble") == [0, 1, 1, 0]
     assert stage_ranks(4, 2, "Interleaved1F1B") == stage_ranks(4, 2, "InterleavedZeroBubble") == [0, 1, 0, 1]
@@ -315,7 +315,7 @@ def test_a_stage_that_changes_its_input_in_place_copies_it_first():
     Variable that requires grad is being used in an in-place operation"). The driver's check runs each stage on such
     a leaf (meta tensors), with the copy the worker makes."""
     from framework.models.lenet import LeNet
-    from framework.strategies.model_parallel.pipeline_cut import changes_its_input, check_stages, stage_pieces
+    from framework.strategies.mesh.pipeline_cut import changes_its_input, check_stages, stage_pieces
 
     model = LeNet((1, 28, 28), 10)
     stages = stage_pieces(model, 2, None)

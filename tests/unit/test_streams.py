@@ -255,7 +255,7 @@ def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ran
     """A 2 x 2 mesh (dp_shard=2 x tp=2): the worker deals a stream by the data-parallel place (group.dp_rank,
     dp_size), so both tensor-parallel peers of a data-parallel rank get its batches, and the two data-parallel ranks
     share the stream out between them."""
-    from framework.strategies.model_parallel.shape import MeshShape
+    from framework.strategies.mesh.shape import MeshShape
 
     shape = MeshShape(dp_shard=2, tp=2)
     by_rank = {rank: _steps(_loader(CountingStream(40), shape.dp_rank(rank), shape.dp_size,

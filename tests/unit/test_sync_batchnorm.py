@@ -1,4 +1,4 @@
-"""strategy.sync_batchnorm's BatchNorm in this process (framework/strategies/sync_batchnorm.py): a world of one (or no
+"""strategy.sync_batchnorm's BatchNorm in this process (framework/strategies/mesh/sync_batchnorm.py): a world of one (or no
 process group) is plain BatchNorm. On the ranks of a gloo world: tests/dist/test_sync_batchnorm.py."""
 import pytest
 import torch
@@ -10,7 +10,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_one_worker_is_plain_batchnorm(momentum):
     """A world of one (or no process group): BatchNorm's own statistics, momentum or cumulative average."""
-    from framework.strategies.sync_batchnorm import convert_sync_batchnorm
+    from framework.strategies.mesh.sync_batchnorm import convert_sync_batchnorm
 
     torch.manual_seed(0)
     plain = nn.BatchNorm2d(3, momentum=momentum)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from framework.strategies.model_parallel.shape import NAMES, MeshShape
+from framework.strategies.mesh.shape import NAMES, MeshShape
 
 
 @dataclass(frozen=True)

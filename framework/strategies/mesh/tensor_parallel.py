@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from framework.config.strategy_options import MeshOptions
 from framework.common.errors import ConfigError
-from framework.strategies.model_parallel.pipeline_cut import blocks
+from framework.strategies.mesh.pipeline_cut import blocks
 
 # style name -> (what it does, the ParallelStyle for a module). Sequence styles keep the residual stream split along
 # dim 1. A rowwise nn.Embedding takes token ids whole on every rank (tensor-parallel peers read the same batch):

@@ -8,7 +8,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from framework.strategies.fsdp_wire import WireDtype
+from framework.strategies.mesh.fsdp_wire import WireDtype
 from framework.telemetry.traffic import CountedReduceScatter, Traffic
 
 

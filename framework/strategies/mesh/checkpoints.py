@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_
 from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
-from framework.strategies.dcp_checkpoints import DCP, DcpCheckpoints, buffers_in_cpu_memory
+from framework.strategies.mesh.dcp_checkpoints import DCP, DcpCheckpoints, buffers_in_cpu_memory
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup
 

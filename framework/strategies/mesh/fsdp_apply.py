@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from framework.strategies.fsdp_units import with_running_statistics
+from framework.strategies.mesh.fsdp_units import with_running_statistics
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ShardPrecision:
     def of(cls, precision: str) -> "ShardPrecision":
         """trainer.precision's policy: bf16 parameters for compute, gradients reduced in fp32 (the sharded fp32 master
         copy is what steps; reduce_dtype is also what an accumulation's gradients are held in between micro-batches,
-        so compression casts on the wire only: framework/strategies/fsdp_wire.py); fp32: no casts."""
+        so compression casts on the wire only: framework/strategies/mesh/fsdp_wire.py); fp32: no casts."""
         compute = {"bf16": torch.bfloat16}.get(precision)
         return cls(compute, torch.float32 if compute else None)
 

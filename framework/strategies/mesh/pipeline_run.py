@@ -17,7 +17,7 @@ from torch import nn
 from framework.config.strategy_options import MULTI_STAGE, MeshOptions
 from framework.data.batches import batch_size, tree_map
 from framework.data.build import is_pair
-from framework.strategies.model_parallel import p2p
+from framework.strategies.mesh import p2p
 from framework.telemetry.pipeline_clock import Link, PipelineClock
 from framework.training.metrics import per_sample_losses
 from framework.training.engine import Weighting

@@ -3,8 +3,8 @@ build one DeviceMesh of the degrees dp_replicate x dp_shard x tp x pp, and paral
 torchtitan's order: the pipeline stages this rank holds (the other stages' pieces dropped), tensor parallel by the
 plan, activation checkpointing and compile (the blocks, from framework/assemble.py's speed-ups, which wrap lazily:
 they take effect around the parallelized blocks), FSDP2 over the data-parallel axes (bf16 by its
-MixedPrecisionPolicy; framework/strategies/fsdp_apply.py), all in CPU memory, then what is left moved to the device.
-The 1-D replicate mesh (dp_replicate alone) is DDP itself instead (model_parallel/ddp.py), with one-file checkpoints;
+MixedPrecisionPolicy; framework/strategies/mesh/fsdp_apply.py), all in CPU memory, then what is left moved to the device.
+The 1-D replicate mesh (dp_replicate alone) is DDP itself instead (mesh/ddp.py), with one-file checkpoints;
 every other mesh writes DCP. The loop runs as for any engine: a Wrapped whose precision clips over the whole mesh,
 whose checkpoints are DCP under the whole model's names, and, for pipeline parallel, which runs forward and backward
 itself (OwnsForwardBackward) and times its stages (OwnClock)."""
@@ -25,24 +25,24 @@ from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZE
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first, named_units
 from framework.session.environment import Ranks
-from framework.strategies.dcp_checkpoints import DCP
-from framework.strategies.fsdp_apply import ShardPrecision, shard_with_fsdp2
-from framework.strategies.fsdp_traffic import counted_reduce_scatters
-from framework.strategies.fsdp_units import tied_parameters, without_tied
-from framework.strategies.fsdp_wire import WireDtype
+from framework.strategies.mesh.dcp_checkpoints import DCP
+from framework.strategies.mesh.fsdp_apply import ShardPrecision, shard_with_fsdp2
+from framework.strategies.mesh.fsdp_traffic import counted_reduce_scatters
+from framework.strategies.mesh.fsdp_units import tied_parameters, without_tied
+from framework.strategies.mesh.fsdp_wire import WireDtype
 from framework.strategies.groups import TorchGroup
-from framework.strategies.model_parallel.checkpoints import MeshCheckpoints, WholeModel
-from framework.strategies.model_parallel.ddp import wrap_with_ddp
-from framework.strategies.model_parallel.foreach import per_tensor_where_mixed
-from framework.strategies.model_parallel.group import MeshGroup
-from framework.strategies.model_parallel.pipeline_cut import (blocks, changes_its_input, check_stages,
+from framework.strategies.mesh.checkpoints import MeshCheckpoints, WholeModel
+from framework.strategies.mesh.ddp import wrap_with_ddp
+from framework.strategies.mesh.foreach import per_tensor_where_mixed
+from framework.strategies.mesh.group import MeshGroup
+from framework.strategies.mesh.pipeline_cut import (blocks, changes_its_input, check_stages,
                                                               copy_input_first, cut, pieces, stage_pieces,
                                                               stage_ranks, view)
-from framework.strategies.model_parallel.pipeline_run import PipelineRunner
-from framework.strategies.model_parallel.precision import MeshPrecision
-from framework.strategies.model_parallel.shape import MeshShape
-from framework.strategies.model_parallel.tensor_parallel import apply_tensor_parallel, check_plan
-from framework.strategies.model_parallel.tied import TiedGradients, find_ties, tied_on_one_rank
+from framework.strategies.mesh.pipeline_run import PipelineRunner
+from framework.strategies.mesh.precision import MeshPrecision
+from framework.strategies.mesh.shape import MeshShape
+from framework.strategies.mesh.tensor_parallel import apply_tensor_parallel, check_plan
+from framework.strategies.mesh.tied import TiedGradients, find_ties, tied_on_one_rank
 from framework.strategies.torch_distributed import ElasticStrategy, refuse_bf16_reduce_without_support
 from framework.training.checkpoint_io import FILE
 from framework.training.engine import ProcessGroup, Wrapped
@@ -242,7 +242,7 @@ class MeshStrategy(ElasticStrategy):
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """The modules FSDP2 shards (and all-gathers) as one unit each, innermost first; the root comes last
         (strategy.shard_modules' classes, or each block holding parameters: containers are descended into, tied
-        parameters stay in one unit, framework/strategies/fsdp_units.py)."""
+        parameters stay in one unit, framework/strategies/mesh/fsdp_units.py)."""
         names = self.options.shard_class_names
         units = auto_units(model) if names is None else named_units(model, names)
         return innermost_first(model, without_tied(model, units))
@@ -332,7 +332,7 @@ class MeshStrategy(ElasticStrategy):
         # the name the whole model has it under): what optimizer.param_groups' patterns match
         optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
         per_tensor_where_mixed(optimizer)
-        # strategy.compression=bf16: cast for the wire only (framework/strategies/fsdp_wire.py)
+        # strategy.compression=bf16: cast for the wire only (framework/strategies/mesh/fsdp_wire.py)
         wire = WireDtype(torch.bfloat16) if o.compression == "bf16" else None
         traffic = counted_reduce_scatters(model, o.compression, wire) if shape.sharded else None
         if o.pp == 1:

@@ -6,7 +6,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from framework.session.environment import Ranks
 from framework.strategies.groups import TorchGroup
-from framework.strategies.model_parallel.shape import NAMES, MeshShape
+from framework.strategies.mesh.shape import NAMES, MeshShape
 
 
 class MeshGroup(TorchGroup):

@@ -1,5 +1,5 @@
 """The 1-D replicate mesh (dp_replicate alone, strategy=ddp): DistributedDataParallel itself, with its gradient
-buckets, communication hooks (strategy.compression: fp16, bf16, PowerSGD; framework/strategies/ddp_compression.py),
+buckets, communication hooks (strategy.compression: fp16, bf16, PowerSGD; framework/strategies/mesh/ddp_hooks.py),
 no_sync, fp16's GradScaler and SyncBatchNorm. Evaluation runs the module itself: ranks may hold different numbers of
 test batches, and DDP's forward would wait on a buffer broadcast."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from framework.config.strategy_options import MeshOptions
-from framework.strategies.ddp_compression import GradientHook, gradient_hook
-from framework.strategies.sync_batchnorm import convert_sync_batchnorm
+from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
+from framework.strategies.mesh.sync_batchnorm import convert_sync_batchnorm
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from framework.strategies.model_parallel.tied import TiedGradients
+from framework.strategies.mesh.tied import TiedGradients
 from framework.training.precision import Precision
 
 
