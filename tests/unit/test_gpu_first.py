@@ -68,3 +68,13 @@ def test_the_invariant_verdict_wants_every_loss_and_the_last_checkpoint_bitwise_
     assert verdict({"run 1 (single)": (curve, "ab"), "run 2 (single)": ({1: 4.17, 2: 4.05}, "ab")}).startswith(
         "failed: run 2 (single)'s loss differs from run 1 (single)'s from step 3")
     assert verdict({"run 1 (single)": ({}, "ab"), "run 2 (single)": ({}, "ab")}) == "failed: run 1 (single) logged no loss"
+
+
+def test_the_fsdp_accumulation_check_builds_the_engine_of_today(monkeypatch):
+    """Its one-rank group is the mesh's (fsdp is a preset of the mesh engine): the check ran on an H200 with the
+    group of the fsdp engine that was, and failed before it trained (AttributeError: no coords). On one rank the preset
+    shards nothing, which the check now says instead of failing on a plain gradient."""
+    gpu_first = _gpu_first()
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    line = gpu_first.accumulated_in_one_rank("cpu")
+    assert line.startswith("not run: the fsdp preset on one rank shards nothing"), line
