@@ -93,13 +93,11 @@ class MeshCheckpoints(CheckpointIO):
         """A single-file checkpoint (single, ddp): the whole model's state and its optimizer's by parameter index;
         each rank takes what it holds, shards made by set_state_dict."""
         held = set(self.module.state_dict())
-        names = self.whole.parameter_names
         back = {name: held_name for held_name, name in self.renamed.items()}
+        names = [back.get(name, name) for name in self.whole.parameter_names]  # by index, as this rank holds them
         saved = state["optimizer"]
-        by_name = {"state": {back.get(names[i], names[i]): s for i, s in saved["state"].items()
-                             if back.get(names[i], names[i]) in held},
-                   "param_groups": [{**g, "params": [back.get(names[i], names[i]) for i in g["params"]
-                                                     if back.get(names[i], names[i]) in held]}
+        by_name = {"state": {names[i]: s for i, s in saved["state"].items() if names[i] in held},
+                   "param_groups": [{**g, "params": [names[i] for i in g["params"] if names[i] in held]}
                                     for g in saved["param_groups"]]}
         model_state = {key: value for key, value in state["model"].items() if key in held}
         with buffers_in_cpu_memory(self.module, self.cpu_offload):

@@ -1,10 +1,8 @@
-"""The mesh engine (strategy=ddp, fsdp, hsdp, tp, pp: presets of its degrees): workers start and join like torchrun's,
-build one DeviceMesh of the degrees dp_replicate x dp_shard x tp x pp, and parallelize() makes of the model, in
-torchtitan's order, pipeline stages, tensor parallel, activation checkpointing and compile, then data parallel
-(framework/strategies/mesh/parallelize.py). The degrees choose once which data parallel runs: DDP itself on the 1-D
-replicate mesh (mesh/ddp.py, one-file checkpoints), FSDP2 and DTensors on every other (mesh/sharded.py, DCP); what
-differs between the two (validation, the group joined, the blocks compiled, the wrapper) is theirs. Checked here,
-in the driver: the degrees against the workers, the plan, the pipeline's schedule and stages."""
+"""The mesh engine (strategy=ddp, fsdp, hsdp, tp, pp: presets of its degrees dp_replicate x dp_shard x tp x pp):
+workers start and join like torchrun's on one DeviceMesh; parallelize() is mesh/parallelize.py's, in torchtitan's
+order, with the data parallel the degrees chose once (DDP itself on the 1-D replicate mesh: mesh/ddp.py; FSDP2 and
+DTensors on every other: mesh/sharded.py). Checked here, in the driver: the degrees against the workers, the plan,
+the pipeline's schedule and stages."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,15 +15,14 @@ from torch import nn
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
-from framework.models.blocks import named_units
 from framework.session.environment import Ranks
-from framework.strategies.mesh.fsdp import tied_parameters
+from framework.strategies.mesh.fsdp import check_shard_modules
 from framework.strategies.mesh.parallelize import data_parallel_for, parallelize
 from framework.strategies.mesh.pipeline_cut import check_stages, stage_pieces, stage_ranks
 from framework.strategies.mesh.shape import MeshShape
 from framework.strategies.mesh.tensor_parallel import check_plan
 from framework.strategies.mesh.tied import tied_on_one_rank
-from framework.strategies.torch_distributed import ElasticStrategy, refuse_bf16_reduce_without_support
+from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
@@ -48,10 +45,10 @@ class MeshStrategy(ElasticStrategy):
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
         # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
-        unfilled = REST_OF_THE_WORLD in self._shape(options).sizes
+        unfilled = REST_OF_THE_WORLD in MeshShape(**options.degrees).sizes
         if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
-            workers = self._shape(options).workers
+            workers = MeshShape(**options.degrees).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
         self.data_parallel = dp = data_parallel_for(options, trainer)
         self.channels_last_refusal, self.moves_model_itself = dp.channels_last_refusal, dp.moves_model_itself
@@ -70,14 +67,10 @@ class MeshStrategy(ElasticStrategy):
     def gloo_shares_gpus(self) -> bool:
         return self.data_parallel.gloo_shares_gpus
 
-    @staticmethod
-    def _shape(o: MeshOptions) -> MeshShape:
-        return MeshShape(pp=o.pp, dp_replicate=o.dp_replicate, dp_shard=o.dp_shard, tp=o.tp)
-
     @property
     def shape(self) -> MeshShape:
         """The degrees, a -1 among them made the rest of the world (the workers the starter starts or was given)."""
-        return self._shape(self.options).filled(self.starter.processes())
+        return MeshShape(**self.options.degrees).filled(self.starter.processes())
 
     def batch_shares(self) -> int:
         return self.shape.dp_size
@@ -122,8 +115,10 @@ class MeshStrategy(ElasticStrategy):
         self._validate_pipeline()
 
     def _validate_data_parallel(self) -> None:
-        if self.options.compression == "bf16" and self.on_nccl_gpus():
-            refuse_bf16_reduce_without_support(self.data_parallel.other_compressions)
+        if self.options.compression == "bf16" and self.on_nccl_gpus() and not _nccl_reduces_bf16():
+            raise ConfigError("strategy.compression=bf16 is not allowed on these GPUs: gradients reduced in bf16 need "
+                              "GPUs with bf16 (torch.cuda.is_bf16_supported) and NCCL >= 2.10; use strategy."
+                              f"compression={self.data_parallel.other_compressions}")
         self.data_parallel.validate()
 
     def _validate_pipeline(self) -> None:
@@ -172,28 +167,13 @@ class MeshStrategy(ElasticStrategy):
     def check_model(self, model: nn.Module) -> None:
         o = self.options
         if o.shard_class_names is not None:
-            self._check_shard_modules(model)
+            check_shard_modules(model, o.shard_class_names)
         if o.tp > 1:
             check_plan(model, o)
         if o.pp > 1:
             stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
             if self.shape.sharded:
                 self._check_ties_on_one_rank(model, stages)
-
-    def _check_shard_modules(self, model: nn.Module) -> None:
-        names = self.options.shard_class_names
-        present = {type(m).__name__ for m in model.modules() if m is not model}
-        missing = [n for n in names if n not in present]
-        if missing:
-            raise ConfigError(f"strategy.shard_modules={names} is not allowed: {type(model).__name__} has no submodule "
-                              f"of class {', '.join(missing)}; its submodule classes are {', '.join(sorted(present))}")
-        tied = tied_parameters(model, named_units(model, names))
-        if tied:
-            shared = "; ".join(" = ".join(n) for n in tied.values())
-            raise ConfigError(f"strategy.shard_modules={names} is not allowed for {type(model).__name__}: tied "
-                              f"parameters ({shared}) would live in two units, and fully_shard needs each parameter in "
-                              "one; list classes that keep them together, or use strategy.shard_modules=auto (which "
-                              "leaves tied modules to the root)")
 
     def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
         o = self.options
@@ -237,3 +217,7 @@ class MeshStrategy(ElasticStrategy):
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
         return parallelize(model, make_optimizer, group, self.options, self.data_parallel)
+
+
+def _nccl_reduces_bf16() -> bool:
+    return torch.cuda.is_bf16_supported(including_emulation=False) and torch.cuda.nccl.version() >= (2, 10)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from framework.common.errors import ConfigError
 from framework.models.blocks import auto_units, innermost_first, named_units
 
 
@@ -60,6 +61,23 @@ def without_tied(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
             if innermost is not None:
                 dropped.add(innermost)
         units = [u for u in units if id(u) not in dropped]
+
+
+def check_shard_modules(model: nn.Module, names: list[str]) -> None:
+    """ConfigError unless each of strategy.shard_modules' classes is in the model and no tied parameter spans two
+    of their units."""
+    present = {type(m).__name__ for m in model.modules() if m is not model}
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise ConfigError(f"strategy.shard_modules={names} is not allowed: {type(model).__name__} has no submodule "
+                          f"of class {', '.join(missing)}; its submodule classes are {', '.join(sorted(present))}")
+    tied = tied_parameters(model, named_units(model, names))
+    if tied:
+        shared = "; ".join(" = ".join(n) for n in tied.values())
+        raise ConfigError(f"strategy.shard_modules={names} is not allowed for {type(model).__name__}: tied "
+                          f"parameters ({shared}) would live in two units, and fully_shard needs each parameter in "
+                          "one; list classes that keep them together, or use strategy.shard_modules=auto (which "
+                          "leaves tied modules to the root)")
 
 
 def shard_units(model: nn.Module, class_names: list[str] | None) -> list[nn.Module]:

@@ -63,7 +63,7 @@ class Sharded:
                               "bf16 (no loss scaling needed) or fp32 (or strategy=ddp, which scales fp16 losses)")
 
     def join(self, ranks: Ranks, backend: str, timeout_s: float, shape: MeshShape) -> MeshGroup:
-        return MeshGroup.join_mesh(ranks, backend, self.trainer.cuda, timeout_s, shape)
+        return MeshGroup.join(ranks, backend, self.trainer.cuda, timeout_s).on_mesh(shape)
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """FSDP2 alone: each of its units recomputed (fully_shard's hooks stay outside the recomputed forward) and
