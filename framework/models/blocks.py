@@ -4,7 +4,7 @@ recomputes one at a time (trainer.compile compiles them one at a time under fsdp
 fully_shard needs a module with a forward (a ModuleList or ModuleDict is only a container: its children become the
 blocks), so the choice descends through containers, and to the lists of repeated blocks a library's model keeps
 inside its body (transformers' layer lists, timm's blocks); which blocks hold a tied parameter is fsdp's own concern
-(framework/strategies/mesh/fsdp_units.py)."""
+(framework/strategies/mesh/fsdp.py)."""
 from __future__ import annotations
 
 from torch import nn

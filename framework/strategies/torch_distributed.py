@@ -83,14 +83,3 @@ class ElasticStrategy(Strategy):
     def join(self) -> ProcessGroup:
         return TorchGroup.join(self.starter.ranks, self.backend, self.trainer.cuda, self.options.timeout)
 
-
-def refuse_bf16_reduce_without_support(alternatives: str) -> None:
-    """ConfigError unless these GPUs and NCCL reduce gradients in bf16 (strategy.compression=bf16 on nccl)."""
-    if not _nccl_reduces_bf16():
-        raise ConfigError("strategy.compression=bf16 is not allowed on these GPUs: gradients reduced in bf16 need GPUs "
-                          "with bf16 (torch.cuda.is_bf16_supported) and NCCL >= 2.10; use strategy.compression="
-                          f"{alternatives}")
-
-
-def _nccl_reduces_bf16() -> bool:
-    return torch.cuda.is_bf16_supported(including_emulation=False) and torch.cuda.nccl.version() >= (2, 10)

@@ -220,11 +220,10 @@ def test_the_mesh_shards_the_model_before_it_moves_what_is_left_to_the_device(wo
 
 def _tie_after_sharding_two_stages_of_one_rank(rank: int, world: int) -> list[bool]:
     """ZBVZeroBubble's rank 0 with a data-parallel axis: the GPT's first and last stage (of 4) as the views
-    parallelize() makes of them, each sharded as its own FSDP2 root over dp_shard=2, as MeshStrategy._split does.
+    parallelize() makes of them, each sharded as its own FSDP2 root over dp_shard=2, as Sharded.wrap does.
     Whether the head is still the embedding's parameter, before and after."""
     from framework.models.blocks import auto_units, innermost_first
-    from framework.strategies.mesh.fsdp_apply import ShardPrecision, shard_with_fsdp2
-    from framework.strategies.mesh.fsdp_units import without_tied
+    from framework.strategies.mesh.fsdp import ShardPrecision, shard_with_fsdp2, without_tied
     from framework.strategies.mesh.group import MeshGroup
     from framework.strategies.mesh.pipeline_cut import stage_pieces, view
     from framework.strategies.mesh.shape import MeshShape

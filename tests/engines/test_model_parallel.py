@@ -124,7 +124,7 @@ def test_a_pipeline_run_killed_resumes_under_tensor_parallel(runs, tmp_path):
 def test_a_batchnorm_model_trains_in_bf16_under_the_meshs_fsdp2(runs):
     """ResNet-18 (BatchNorm) on dp_shard=2 in bf16: the mesh's FSDP2 cast BatchNorm's weight to bf16 but not its
     running statistics, and the first forward failed ("expected scalar type BFloat16 but found Float"); fsdp.py had
-    the fix, and both now apply FSDP2 by one function (framework/strategies/mesh/fsdp_apply.py)."""
+    the fix, and both now apply FSDP2 by one function (framework/strategies/mesh/fsdp.py)."""
     run = runs.train(["strategy=tp", "strategy.tp=1", "strategy.dp_shard=2", "model=resnet18",
                       "trainer.precision=bf16", "trainer.max_steps=2", "trainer.batch_size=8",
                       "dataset.max_train_samples=64", "dataset.max_test_samples=16"]).ok()

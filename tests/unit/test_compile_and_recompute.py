@@ -9,6 +9,7 @@ from torch import nn
 
 from framework.models.blocks import auto_units
 from framework.models.gpt import GPT
+from framework.strategies.mesh.fsdp import shard_units
 from framework.training.speedups import apply_speedups
 from support.driver import driver_says, strategy_for
 
@@ -55,7 +56,7 @@ def test_each_strategy_names_its_blocks_and_what_it_compiles():
     fsdp = strategy_for("strategy=fsdp")
     modules = fsdp.speedup_modules(model)
     # fully_shard's units, each compiled and recomputed: the tied embedding and head are left to the root
-    assert modules.recomputed == modules.compiled == fsdp.shard_units(model)
+    assert modules.recomputed == modules.compiled == shard_units(model, None)
     assert all(any(b is u for u in modules.recomputed) for b in model.blocks)
     assert not any(u is model.wte or u is model.head for u in modules.recomputed)
     deepspeed = strategy_for("strategy=deepspeed").speedup_modules(model)

@@ -91,6 +91,21 @@ def test_ddp_and_fsdp_are_presets_of_the_mesh_that_keep_their_names_and_checkpoi
                                                                                               "dcp")
 
 
+@pytest.mark.parametrize("overrides,chosen", [
+    (["strategy=ddp"], ("DDP", "file", True, False)),
+    (["strategy=fsdp"], ("Sharded", "dcp", False, True)),
+    (["strategy=hsdp"], ("Sharded", "dcp", False, True)),
+    (["strategy=tp", "strategy.dp_replicate=2"], ("Sharded", "dcp", False, True)),  # never DDP beside another axis
+    (["strategy=pp"], ("Sharded", "dcp", False, True)),
+], ids=["ddp", "fsdp", "hsdp", "tp_with_replicas", "pp"])
+def test_the_degrees_choose_the_data_parallel_once_and_the_engine_answers_from_it(overrides, chosen):
+    """DDP itself only on the 1-D replicate mesh (framework/strategies/mesh/parallelize.py: data_parallel_for); the
+    checkpoint format, gloo on GPUs and who moves the model are the chosen one's."""
+    s = strategy_for(*overrides)
+    assert (type(s.data_parallel).__name__, s.checkpoint_format.name, s.gloo_shares_gpus,
+            s.moves_model_itself) == chosen
+
+
 @pytest.mark.parametrize("old,preset,degree", [("framework.strategies.ddp.DDPStrategy", "ddp", "dp_replicate"),
                                                 ("framework.strategies.fsdp.FSDPStrategy", "fsdp", "dp_shard")])
 def test_a_yaml_naming_an_old_engine_class_trains_as_its_preset_and_says_what_to_write(tmp_path, old, preset, degree):

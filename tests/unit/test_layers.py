@@ -306,7 +306,7 @@ def test_the_engines_are_found():
 
 
 def test_no_engine_imports_a_sibling_engine():
-    """An engine builds on base.py and torch_distributed.py and on shared pieces (dcp_checkpoints.py, fsdp_apply.py,
+    """An engine builds on base.py and torch_distributed.py and on shared pieces (groups.py, starters.py,
     ...); what another engine needs from it moves to a shared module, and what the driver asks of every engine is a
     property of the engine (Strategy.muon_steps), not an isinstance check across engines."""
     found = sibling_engine_imports(graph())

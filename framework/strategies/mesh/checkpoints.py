@@ -5,6 +5,7 @@ writes it (both pipeline holders write the same values, and DCP keeps one). weig
 parameter made whole in its stage and sent from the stage's first rank to rank 0, one tensor at a time."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -14,17 +15,21 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_
 from torch.distributed.tensor import DTensor
 
 from framework.checkpoints.position import Position
-from framework.strategies.mesh.dcp_checkpoints import DCP, DcpCheckpoints, buffers_in_cpu_memory
+from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.dcp import load_sharded, save_sharded, sharded_state
 from framework.training.engine import ProcessGroup
 
+# every mesh but the 1-D replicate one (whose DDP writes one file); it reads a single-file checkpoint too
+DCP = CheckpointFormat("dcp", ("dcp", "file"), sharded=True, reshards=True)
 
-class MeshCheckpoints(DcpCheckpoints):
+
+class MeshCheckpoints(CheckpointIO):
     format = DCP
 
     def __init__(self, group: ProcessGroup, module: nn.Module, whole: "WholeModel", canonical: dict[str, str], *,
                  gathers: bool, cpu_offload: bool):
-        super().__init__(group.rank, group.world_size, group.cuda_devices, cpu_offload)
+        super().__init__(group.rank, group.world_size, group.cuda_devices)
+        self.cpu_offload = cpu_offload
         self.module = module  # the pieces this rank holds, under the whole model's names
         self.whole = whole
         # a name this rank holds a tied copy under -> the name checkpoints use for it (where they differ)
@@ -88,19 +93,33 @@ class MeshCheckpoints(DcpCheckpoints):
         """A single-file checkpoint (single, ddp): the whole model's state and its optimizer's by parameter index;
         each rank takes what it holds, shards made by set_state_dict."""
         held = set(self.module.state_dict())
-        names = self.whole.parameter_names
         back = {name: held_name for held_name, name in self.renamed.items()}
+        names = [back.get(name, name) for name in self.whole.parameter_names]  # by index, as this rank holds them
         saved = state["optimizer"]
-        by_name = {"state": {back.get(names[i], names[i]): s for i, s in saved["state"].items()
-                             if back.get(names[i], names[i]) in held},
-                   "param_groups": [{**g, "params": [back.get(names[i], names[i]) for i in g["params"]
-                                                     if back.get(names[i], names[i]) in held]}
+        by_name = {"state": {names[i]: s for i, s in saved["state"].items() if names[i] in held},
+                   "param_groups": [{**g, "params": [names[i] for i in g["params"] if names[i] in held]}
                                     for g in saved["param_groups"]]}
         model_state = {key: value for key, value in state["model"].items() if key in held}
         with buffers_in_cpu_memory(self.module, self.cpu_offload):
             set_state_dict(self.module, optimizer, model_state_dict=model_state, optim_state_dict=by_name,
                            options=StateDictOptions(full_state_dict=True))
         return self.progress(state)
+
+
+@contextlib.contextmanager
+def buffers_in_cpu_memory(model: nn.Module, offloaded: bool):
+    """With cpu_offload the parameters' shards live in CPU memory while buffers (BatchNorm's statistics) stay on the
+    GPU, and loading a full state dict refuses a model on two devices ("Multiple devices found"): the buffers join
+    the parameters in CPU memory for the load and go back afterwards."""
+    buffers = list(model.buffers()) if offloaded else []
+    devices = [b.device for b in buffers]
+    for b in buffers:
+        b.data = b.data.cpu()
+    try:
+        yield
+    finally:
+        for b, device in zip(buffers, devices):
+            b.data = b.data.to(device)
 
 
 class WholeModel:

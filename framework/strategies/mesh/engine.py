@@ -1,16 +1,10 @@
-"""The mesh engine (strategy=ddp, fsdp, hsdp, tp, pp: presets of its degrees): workers start and join like torchrun's,
-build one DeviceMesh of the degrees dp_replicate x dp_shard x tp x pp, and parallelize() makes of the model, in
-torchtitan's order: the pipeline stages this rank holds (the other stages' pieces dropped), tensor parallel by the
-plan, activation checkpointing and compile (the blocks, from framework/assemble.py's speed-ups, which wrap lazily:
-they take effect around the parallelized blocks), FSDP2 over the data-parallel axes (bf16 by its
-MixedPrecisionPolicy; framework/strategies/mesh/fsdp_apply.py), all in CPU memory, then what is left moved to the device.
-The 1-D replicate mesh (dp_replicate alone) is DDP itself instead (mesh/ddp.py), with one-file checkpoints;
-every other mesh writes DCP. The loop runs as for any engine: a Wrapped whose precision clips over the whole mesh,
-whose checkpoints are DCP under the whole model's names, and, for pipeline parallel, which runs forward and backward
-itself (OwnsForwardBackward) and times its stages (OwnClock)."""
+"""The mesh engine (strategy=ddp, fsdp, hsdp, tp, pp: presets of its degrees dp_replicate x dp_shard x tp x pp):
+workers start and join like torchrun's on one DeviceMesh; parallelize() is mesh/parallelize.py's, in torchtitan's
+order, with the data parallel the degrees chose once (DDP itself on the 1-D replicate mesh: mesh/ddp.py; FSDP2 and
+DTensors on every other: mesh/sharded.py). Checked here, in the driver: the degrees against the workers, the plan,
+the pipeline's schedule and stages."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 
@@ -18,35 +12,18 @@ import torch
 import torch.distributed.config as dist_config
 from torch import nn
 
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZERO_BUBBLE, MeshOptions
 from framework.data.streams import is_stream, shards_itself
-from framework.models.blocks import auto_units, holds_parameters, innermost_first, named_units
 from framework.session.environment import Ranks
-from framework.strategies.mesh.dcp_checkpoints import DCP
-from framework.strategies.mesh.fsdp_apply import ShardPrecision, shard_with_fsdp2
-from framework.strategies.mesh.fsdp_traffic import counted_reduce_scatters
-from framework.strategies.mesh.fsdp_units import tied_parameters, without_tied
-from framework.strategies.mesh.fsdp_wire import WireDtype
-from framework.strategies.groups import TorchGroup
-from framework.strategies.mesh.checkpoints import MeshCheckpoints, WholeModel
-from framework.strategies.mesh.ddp import wrap_with_ddp
-from framework.strategies.mesh.foreach import per_tensor_where_mixed
-from framework.strategies.mesh.group import MeshGroup
-from framework.strategies.mesh.pipeline_cut import (blocks, changes_its_input, check_stages,
-                                                              copy_input_first, cut, pieces, stage_pieces,
-                                                              stage_ranks, view)
-from framework.strategies.mesh.pipeline_run import PipelineRunner
-from framework.strategies.mesh.precision import MeshPrecision
+from framework.strategies.mesh.fsdp import check_shard_modules
+from framework.strategies.mesh.parallelize import data_parallel_for, parallelize
+from framework.strategies.mesh.pipeline_cut import check_stages, stage_pieces, stage_ranks
 from framework.strategies.mesh.shape import MeshShape
-from framework.strategies.mesh.tensor_parallel import apply_tensor_parallel, check_plan
-from framework.strategies.mesh.tied import TiedGradients, find_ties, tied_on_one_rank
-from framework.strategies.torch_distributed import ElasticStrategy, refuse_bf16_reduce_without_support
-from framework.training.checkpoint_io import FILE
+from framework.strategies.mesh.tensor_parallel import check_plan
+from framework.strategies.mesh.tied import tied_on_one_rank
+from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.engine import ProcessGroup, Wrapped
-from framework.training.precision import Precision
 from framework.training.speedups import SpeedupModules
 
 
@@ -67,22 +44,16 @@ class MeshStrategy(ElasticStrategy):
     options: MeshOptions
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
-        if not options.runs_ddp:
-            self.channels_last_refusal = ("fully_shard and DTensor shard contiguous parameters, and channels_last "
-                                          "conv weights are not")
-            # a pipeline rank puts only its own stages on its device; fully_shard one unit at a time (and with
-            # cpu_offload only its shard): a model larger than one GPU never sits there whole
-            self.moves_model_itself = True
-            self._describe_note = ("; parameters, gradients and optimizer state sharded by fully_shard"
-                                   if options.tp == options.pp == 1 else
-                                   "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)")
         # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
-        unfilled = REST_OF_THE_WORLD in self._shape(options).sizes
+        unfilled = REST_OF_THE_WORLD in MeshShape(**options.degrees).sizes
         if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
-            workers = self._shape(options).workers
+            workers = MeshShape(**options.degrees).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
-        super().__init__(options, trainer, ranks, FILE if options.runs_ddp else DCP)
+        self.data_parallel = dp = data_parallel_for(options, trainer)
+        self.channels_last_refusal, self.moves_model_itself = dp.channels_last_refusal, dp.moves_model_itself
+        self._describe_note = dp.describe_note
+        super().__init__(options, trainer, ranks, dp.checkpoint_format)
 
     def backend_for(self, options: MeshOptions, cuda: bool) -> str:
         """With cpu_offload the sharded gradients live in CPU memory, and clipping and the non-finite check
@@ -94,26 +65,19 @@ class MeshStrategy(ElasticStrategy):
 
     @property
     def gloo_shares_gpus(self) -> bool:
-        """DDP takes gloo on GPUs (several workers per GPU); the mesh's collectives run on CUDA tensors: nccl."""
-        return self.options.runs_ddp
-
-    @staticmethod
-    def _shape(o: MeshOptions) -> MeshShape:
-        return MeshShape(pp=o.pp, dp_replicate=o.dp_replicate, dp_shard=o.dp_shard, tp=o.tp)
+        return self.data_parallel.gloo_shares_gpus
 
     @property
     def shape(self) -> MeshShape:
         """The degrees, a -1 among them made the rest of the world (the workers the starter starts or was given)."""
-        return self._shape(self.options).filled(self.starter.processes())
+        return MeshShape(**self.options.degrees).filled(self.starter.processes())
 
     def batch_shares(self) -> int:
         return self.shape.dp_size
 
     @property
     def muon_steps(self) -> str:
-        if self.options.runs_ddp:
-            return "whole"  # tests/dist/test_muon.py
-        return "shards" if self.shape.tp > 1 or self.shape.dp_shard > 1 else "unproven"
+        return self.data_parallel.muon_steps(self.shape)
 
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
@@ -124,7 +88,7 @@ class MeshStrategy(ElasticStrategy):
                               f"needs torch >= {tested}, what it is tested with (torch.distributed.pipelining's "
                               "pre-split micro-batches and zero-bubble schedules, DTensor's norms); pip install "
                               f"'torch>={tested}' (ddp, fsdp and the other strategies take torch >= 2.4)")
-        if t.cuda and "nccl" not in self.backend and not o.runs_ddp:
+        if t.cuda and "nccl" not in self.backend and not self.gloo_shares_gpus:
             raise ConfigError(f"strategy.backend={o.backend} is not allowed with strategy={self.name} on GPUs: the "
                               "mesh's collectives (FSDP2's reduce-scatter, tensor parallel's all-reduces, the "
                               "pipeline's sends) run on CUDA tensors, which gloo does not take; use strategy.backend="
@@ -151,24 +115,11 @@ class MeshStrategy(ElasticStrategy):
         self._validate_pipeline()
 
     def _validate_data_parallel(self) -> None:
-        o, t = self.options, self.trainer
-        if o.compression == "bf16" and self.on_nccl_gpus():
-            refuse_bf16_reduce_without_support("none or fp16" if o.runs_ddp else "none")
-        if o.runs_ddp:
-            if o.compression == "powersgd" and not t.cuda and torch.cuda.is_available():
-                # powerSGD_hook.py: `if torch.cuda.is_available(): torch.cuda.synchronize(device)` with the bucket's
-                # device, which for CPU workers is the CPU (ValueError: Expected a cuda device)
-                raise ConfigError("strategy.compression=powersgd is not allowed with CPU workers on a machine with "
-                                  "GPUs: torch's PowerSGD hook synchronizes the bucket's device as a GPU whenever one "
-                                  "is visible; train on the GPUs, or hide them (CUDA_VISIBLE_DEVICES=)")
-            return
-        if o.cpu_offload and not t.cuda:
-            raise ConfigError("strategy.cpu_offload=true is not allowed without GPUs: the parameters and optimizer "
-                              "state already live in CPU memory; use strategy.cpu_offload=false")
-        if t.precision == "fp16":
-            raise ConfigError(f"trainer.precision=fp16 is not allowed with strategy={self.name}: fp16 needs a loss "
-                              "scaler for DTensor gradients across the mesh, which torch.amp.GradScaler is not; use "
-                              "bf16 (no loss scaling needed) or fp32 (or strategy=ddp, which scales fp16 losses)")
+        if self.options.compression == "bf16" and self.on_nccl_gpus() and not _nccl_reduces_bf16():
+            raise ConfigError("strategy.compression=bf16 is not allowed on these GPUs: gradients reduced in bf16 need "
+                              "GPUs with bf16 (torch.cuda.is_bf16_supported) and NCCL >= 2.10; use strategy."
+                              f"compression={self.data_parallel.other_compressions}")
+        self.data_parallel.validate()
 
     def _validate_pipeline(self) -> None:
         o, t = self.options, self.trainer
@@ -216,36 +167,13 @@ class MeshStrategy(ElasticStrategy):
     def check_model(self, model: nn.Module) -> None:
         o = self.options
         if o.shard_class_names is not None:
-            self._check_shard_modules(model)
+            check_shard_modules(model, o.shard_class_names)
         if o.tp > 1:
             check_plan(model, o)
         if o.pp > 1:
             stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
             if self.shape.sharded:
                 self._check_ties_on_one_rank(model, stages)
-
-    def _check_shard_modules(self, model: nn.Module) -> None:
-        names = self.options.shard_class_names
-        present = {type(m).__name__ for m in model.modules() if m is not model}
-        missing = [n for n in names if n not in present]
-        if missing:
-            raise ConfigError(f"strategy.shard_modules={names} is not allowed: {type(model).__name__} has no submodule "
-                              f"of class {', '.join(missing)}; its submodule classes are {', '.join(sorted(present))}")
-        tied = tied_parameters(model, named_units(model, names))
-        if tied:
-            shared = "; ".join(" = ".join(n) for n in tied.values())
-            raise ConfigError(f"strategy.shard_modules={names} is not allowed for {type(model).__name__}: tied "
-                              f"parameters ({shared}) would live in two units, and fully_shard needs each parameter in "
-                              "one; list classes that keep them together, or use strategy.shard_modules=auto (which "
-                              "leaves tied modules to the root)")
-
-    def shard_units(self, model: nn.Module) -> list[nn.Module]:
-        """The modules FSDP2 shards (and all-gathers) as one unit each, innermost first; the root comes last
-        (strategy.shard_modules' classes, or each block holding parameters: containers are descended into, tied
-        parameters stay in one unit, framework/strategies/mesh/fsdp_units.py)."""
-        names = self.options.shard_class_names
-        units = auto_units(model) if names is None else named_units(model, names)
-        return innermost_first(model, without_tied(model, units))
 
     def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
         o = self.options
@@ -281,135 +209,15 @@ class MeshStrategy(ElasticStrategy):
                               "framework shards (shards_itself = False), or strategy.tp=1")
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
-        """DDP: the blocks recomputed, the whole model compiled inside DDP. FSDP2 alone: each of its units recomputed
-        (fully_shard's hooks stay outside the recomputed forward) and compiled on its own before fully_shard
-        (torchtitan's way: the all-gathers between units stay in its eager hooks). Tensor and pipeline parallel: the
-        blocks holding parameters, one by one (on a pipeline rank, those of its own stages; a Sequential's activations
-        and poolings are left to the layers around them)."""
-        o = self.options
-        if o.runs_ddp:
-            return super().speedup_modules(model)
-        if o.tp == o.pp == 1:
-            units = self.shard_units(model)
-            return SpeedupModules(recomputed=units, compiled=units)
-        units = [m for m in (model.get_submodule(name) for name in blocks(model)) if holds_parameters(m)]
-        units = units or auto_units(model)
-        return SpeedupModules(recomputed=units, compiled=units)
+        return self.data_parallel.speedup_modules(model)
 
     # ---- the workers ----------------------------------------------------------------------------------------
     def join(self) -> ProcessGroup:
-        o = self.options
-        if o.runs_ddp:  # DDP takes the default group: the 1-D replicate mesh needs no DeviceMesh
-            return TorchGroup.join(self.starter.ranks, self.backend, self.trainer.cuda, o.timeout)
-        return MeshGroup.join_mesh(self.starter.ranks, self.backend, self.trainer.cuda, o.timeout, self.shape)
+        return self.data_parallel.join(self.starter.ranks, self.backend, self.options.timeout, self.shape)
 
-    def parallelize(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
-        o, shape = self.options, self.shape
-        if o.runs_ddp:
-            return wrap_with_ddp(model, make_optimizer, group, o, self._precision(group.device))
-        coords = group.coords
-        whole = WholeModel(model)
-        stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points) if o.pp > 1 else [pieces(model)]
-        holders = stage_ranks(len(stages), o.pp, o.schedule)
-        mine = [s for s in range(len(stages)) if holders[s] == coords["pp"]]
-        ties = find_ties(model, {p: holders[s] for s, names in enumerate(stages) for p in names}) if o.pp > 1 else []
-        if o.pp > 1:
-            cut(model, {p for s in mine for p in stages[s]})
-        parts = {s: model if len(mine) == 1 else view(model, set(stages[s])) for s in mine}
-        for s, part in parts.items():
-            if s > 0 and changes_its_input(model, stages[s]):
-                copy_input_first(part)
-        self._split(list(parts.values()), group)
-        model.to(group.device)  # what tensor parallel and FSDP2 left: plain parameters, buffers
-        named = list(model.named_parameters())
-        params = [p for _, p in named]
-        pp_group = group.axis("pp").get_group() if o.pp > 1 else None
-        tied = TiedGradients(ties, model, shape, group.rank, pp_group)
-        precision = self._precision(group.device, params, tied, pp_group)
-        gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
-        io = MeshCheckpoints(group, model, whole, tied.canonical, gathers=gathers, cpu_offload=o.cpu_offload)
-        # the stage's parameters, tensor parallel's DTensors among them, by the whole model's names (a tied copy by
-        # the name the whole model has it under): what optimizer.param_groups' patterns match
-        optimizer = make_optimizer(params, names=[tied.canonical.get(name, name) for name, _ in named])
-        per_tensor_where_mixed(optimizer)
-        # strategy.compression=bf16: cast for the wire only (framework/strategies/mesh/fsdp_wire.py)
-        wire = WireDtype(torch.bfloat16) if o.compression == "bf16" else None
-        traffic = counted_reduce_scatters(model, o.compression, wire) if shape.sharded else None
-        if o.pp == 1:
-            return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded, traffic=traffic,
-                               reshard_after_forward=o.reshard_after_forward)
-        runner = PipelineRunner(parts, holders, o, coords["pp"], pp_group, group.device, precision=precision)
-        runner.measure_links()
-        pipeline = Pipeline(runner)
-        return PipelineWrapped(pipeline, optimizer, precision, io, model, runner=runner, traffic=traffic)
-
-    def _precision(self, device, params=(), tied=None, pp_group=None) -> Precision:
-        """The run's one Precision: DDP's autocast and fp16 loss scaling; on any other mesh, clipping over it
-        (DTensor gradients, pipeline stages) and autocast where FSDP2 does not cast."""
-        if self.options.runs_ddp:
-            return Precision(self.trainer.precision, device)
-        return MeshPrecision(self.trainer.precision, device, list(params), self.shape.sharded, tied, pp_group)
-
-    def _split(self, parts: list[nn.Module], group: MeshGroup) -> None:
-        """Tensor parallel by the plan, then FSDP2 over the data-parallel axes (each block a unit, tied parameters
-        left to the root), on each of this rank's stages, while they are still in CPU memory: tensor parallel moves
-        each parameter to the mesh's device as it splits it, fully_shard each unit as it shards it, so no GPU ever
-        holds a whole stage in fp32 (a model.to(device) first would)."""
-        o, precision = self.options, ShardPrecision.of(self.trainer.precision)
-        if o.tp > 1:
-            for part in parts:
-                apply_tensor_parallel(part, o, group.axis("tp"))
-        if self.shape.sharded:
-            offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
-            for part in parts:
-                # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
-                # torchtitan does: resharding would gather them again for every micro-batch)
-                shard_with_fsdp2(part, self.shard_units(part), group.dp_mesh(), precision,
-                                 reshard_after_forward=o.reshard_after_forward and o.pp == 1, offload=offload)
+    def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
+        return parallelize(model, make_optimizer, group, self.options, self.data_parallel)
 
 
-class MeshWrapped(Wrapped):
-    """Tensor parallel and FSDP2 (no pipeline). GradientSync where FSDP2 runs: an accumulation's non-final
-    micro-batches keep their gradients unreduced and unsharded; with reshard_after_forward=false (memory traded for
-    speed) the parameters also stay unsharded until the last micro-batch, so its forward gathers nothing again."""
-
-    def __init__(self, *args, fsdp: bool, reshard_after_forward: bool, traffic=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fsdp, self.reshard_after_forward = fsdp, reshard_after_forward
-        self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
-
-    def gradient_sync(self, on: bool):
-        if self.fsdp:
-            self.model.set_requires_gradient_sync(on)
-            if not self.reshard_after_forward:
-                self.model.set_reshard_after_backward(on)
-        return contextlib.nullcontext()
-
-
-class Pipeline(nn.Module):
-    """This rank's stages as one module: what the loop trains (train()/eval() reach every stage) and evaluates (its
-    forward: the forward-only pass, the outputs on every rank). Training steps go through the schedule."""
-
-    def __init__(self, runner: PipelineRunner):
-        super().__init__()
-        self.stages = nn.ModuleList(module for _, module in sorted(runner.stage_modules.items()))
-        self.runner = runner
-
-    def forward(self, inputs):
-        return self.runner.forward(inputs)
-
-
-class PipelineWrapped(Wrapped):
-    """OwnsForwardBackward (the schedule runs the micro-batch's forwards and backwards) and OwnClock (each stage's
-    compute, bubble and communication)."""
-
-    def __init__(self, *args, runner: PipelineRunner, traffic=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.runner = runner
-        self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
-
-    def forward_backward(self, step, batch, loss, weighting):
-        return self.runner.forward_backward(step, batch, loss, weighting)
-
-    def wait_clock(self):
-        return self.runner.clock
+def _nccl_reduces_bf16() -> bool:
+    return torch.cuda.is_bf16_supported(including_emulation=False) and torch.cuda.nccl.version() >= (2, 10)

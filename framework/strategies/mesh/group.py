@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from framework.session.environment import Ranks
 from framework.strategies.groups import TorchGroup
 from framework.strategies.mesh.shape import NAMES, MeshShape
 
@@ -12,10 +11,6 @@ from framework.strategies.mesh.shape import NAMES, MeshShape
 class MeshGroup(TorchGroup):
     mesh: DeviceMesh
     shape: MeshShape
-
-    @classmethod
-    def join_mesh(cls, ranks: Ranks, backend: str, cuda: bool, timeout_s: float, shape: MeshShape) -> "MeshGroup":
-        return cls.join(ranks, backend, cuda, timeout_s).on_mesh(shape)
 
     def on_mesh(self, shape: MeshShape) -> "MeshGroup":
         """This rank of torch.distributed's default group, placed on the mesh of `shape` (every rank calls it)."""

@@ -20,7 +20,7 @@ from framework.data.build import is_pair
 from framework.strategies.mesh import p2p
 from framework.telemetry.pipeline_clock import Link, PipelineClock
 from framework.training.metrics import per_sample_losses
-from framework.training.engine import Weighting
+from framework.training.engine import Weighting, Wrapped
 from framework.training.step import StepOutput
 
 
@@ -232,3 +232,32 @@ def split(batch, m: int) -> list:
     """The batch cut into m equal pipeline micro-batches along its first dimension (every tensor of the nesting)."""
     step = batch_size(batch) // m
     return [tree_map(lambda t, i=i: t[i * step:(i + 1) * step], batch) for i in range(m)]
+
+
+class Pipeline(nn.Module):
+    """This rank's stages as one module: what the loop trains (train()/eval() reach every stage) and evaluates (its
+    forward: the forward-only pass, the outputs on every rank). Training steps go through the schedule."""
+
+    def __init__(self, runner: PipelineRunner):
+        super().__init__()
+        self.stages = nn.ModuleList(module for _, module in sorted(runner.stage_modules.items()))
+        self.runner = runner
+
+    def forward(self, inputs):
+        return self.runner.forward(inputs)
+
+
+class PipelineWrapped(Wrapped):
+    """OwnsForwardBackward (the schedule runs the micro-batch's forwards and backwards) and OwnClock (each stage's
+    compute, bubble and communication)."""
+
+    def __init__(self, *args, runner: PipelineRunner, traffic=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runner = runner
+        self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
+
+    def forward_backward(self, step, batch, loss, weighting):
+        return self.runner.forward_backward(step, batch, loss, weighting)
+
+    def wait_clock(self):
+        return self.runner.clock
