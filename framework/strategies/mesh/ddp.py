@@ -12,6 +12,7 @@ from torch import nn
 from framework.config.strategy_options import MeshOptions
 from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
 from framework.strategies.mesh.sync_batchnorm import convert_sync_batchnorm
+from framework.telemetry.wait_clock import WaitClock
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -20,7 +21,7 @@ from framework.training.precision import Precision
 @dataclass(kw_only=True)
 class DDPWrapped(Wrapped):
     """GradientSync: a micro-batch that is not the last of an accumulation keeps its gradients local (no_sync).
-    CountsTraffic and EngineState: its communication hook (strategy.compression) counts the bytes it sends and keeps
+    CountsTraffic, OwnClock and EngineState: its communication hook (strategy.compression) counts the bytes it sends and keeps
     PowerSGD's state, which checkpoints hold."""
 
     comm_hook: GradientHook | None = None
@@ -31,6 +32,11 @@ class DDPWrapped(Wrapped):
     @property
     def traffic(self):
         return self.comm_hook.traffic
+
+    def wait_clock(self, group: ProcessGroup) -> WaitClock:
+        """OwnClock: the comm hook sees each bucket become ready; the last micro-batch's backward releases the rank."""
+        self.comm_hook.clock = WaitClock(group.device, ends_with_backward=True)
+        return self.comm_hook.clock
 
     def engine_state(self) -> dict:
         return self.comm_hook.state_dict()

@@ -25,6 +25,7 @@ from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZE
 from framework.data.streams import is_stream, shards_itself
 from framework.models.blocks import auto_units, holds_parameters, innermost_first, named_units
 from framework.session.environment import Ranks
+from framework.strategies.mesh.comm_clock import CommClock
 from framework.strategies.mesh.dcp_checkpoints import DCP
 from framework.strategies.mesh.fsdp_apply import ShardPrecision, shard_with_fsdp2
 from framework.strategies.mesh.fsdp_traffic import counted_reduce_scatters
@@ -377,13 +378,18 @@ class MeshWrapped(Wrapped):
         super().__init__(*args, **kwargs)
         self.fsdp, self.reshard_after_forward = fsdp, reshard_after_forward
         self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
+        self.comm_clock = None  # OwnClock: every micro-batch's collectives (mesh/comm_clock.py)
 
     def gradient_sync(self, on: bool):
         if self.fsdp:
             self.model.set_requires_gradient_sync(on)
             if not self.reshard_after_forward:
                 self.model.set_reshard_after_backward(on)
-        return contextlib.nullcontext()
+        return self.comm_clock.timing() if self.comm_clock else contextlib.nullcontext()
+
+    def wait_clock(self, group: ProcessGroup) -> CommClock:
+        self.comm_clock = CommClock(group.device)
+        return self.comm_clock
 
 
 class Pipeline(nn.Module):
@@ -411,5 +417,5 @@ class PipelineWrapped(Wrapped):
     def forward_backward(self, step, batch, loss, weighting):
         return self.runner.forward_backward(step, batch, loss, weighting)
 
-    def wait_clock(self):
+    def wait_clock(self, group: ProcessGroup | None = None):
         return self.runner.clock
