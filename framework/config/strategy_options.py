@@ -140,6 +140,10 @@ class MeshOptions(ElasticOptions):
     shard_modules: Any = "auto"
     reshard_after_forward: bool = True  # free gathered parameters after forward (less memory)
     cpu_offload: bool = False  # sharded parameters, gradients and the optimizer step in CPU memory (GPUs only)
+    # time tp's and FSDP2's collectives of each micro-batch as time/wait_ms (framework/strategies/mesh/comm_clock.py):
+    # null: on CPU workers (gloo's collectives block anyway), off on GPUs, where waiting for each collective where it
+    # starts would take away its overlap with compute; true/false: always/never (its cost: a Python call per operator)
+    comm_clock: Optional[bool] = None
     # DDP (the 1-D replicate mesh)
     sync_batchnorm: bool = False
     find_unused_parameters: bool = False

@@ -14,7 +14,7 @@ compile) weighs by its steps. Per optimizer step, from the per-rank tags (docs/t
                    what compute did not hide), plus time/comm_ms where pipeline stages measure it
     slowest rank   the mean rank's time/wait_ms beyond that: waiting for the slowest rank to get there
 
-They add up to time/step_ms. Where a strategy does not measure its waits (single, fsdp, deepspeed ZeRO-3) the two
+They add up to time/step_ms. Where a strategy does not measure its waits (single, deepspeed ZeRO-3) the two
 waits are not known and busy is the whole step."""
 from __future__ import annotations
 

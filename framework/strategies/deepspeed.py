@@ -21,6 +21,7 @@ from framework.common.errors import ConfigError
 from framework.session.environment import Ranks
 from framework.strategies.deepspeed_config import CONFIG_FILE, deepspeed_config
 from framework.strategies.torch_distributed import ElasticStrategy
+from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done
 from framework.training.checkpoint_io import CheckpointFormat, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -63,6 +64,15 @@ class DeepSpeedPrecision(Precision):
 
 
 class DeepSpeedWrapped(Wrapped):
+    def wait_clock(self, group: ProcessGroup) -> WaitClock | None:
+        """OwnClock: ZeRO 0-2 reduce inside the backward of an accumulation's last micro-batch. ZeRO-3 gathers every
+        layer's parameters in forward, inside its prefetching, where a wait cannot be told from work: None."""
+        if self.model.zero_optimization_stage() >= 3:
+            return None
+        clock = WaitClock(group.device, ends_with_backward=True)
+        start_when_gradients_are_done(self.module, clock)
+        return clock
+
     def close(self) -> None:
         self.model.destroy()  # the engine's hooks and buffers, before the process group goes
 

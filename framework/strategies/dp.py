@@ -12,6 +12,7 @@ from framework.common.errors import ConfigError
 from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
 from framework.strategies.starters import InProcess
+from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import LocalGroup, ProcessGroup, Wrapped
 from framework.training.precision import Precision, autocast_dtype
@@ -68,7 +69,7 @@ class DataParallelStrategy(Strategy):
 
 
 class DPWrapped(Wrapped):
-    """SlotSplit: the replicas a micro-batch runs on."""
+    """SlotSplit: the replicas a micro-batch runs on; OwnClock: each replica's forward and backward."""
 
     def __init__(self, *args, replicas: int, **kwargs):
         super().__init__(*args, **kwargs)
@@ -76,6 +77,14 @@ class DPWrapped(Wrapped):
 
     def slot_sizes(self, micro_batch: int) -> list[int]:
         return chunk_sizes(micro_batch, self.replicas)
+
+    def wait_clock(self, group: ProcessGroup) -> ReplicaClock:
+        """OwnClock: every replica's forward and backward on its own GPU."""
+        clock = ReplicaClock(group.devices)
+        self.model.register_forward_pre_hook(lambda *_: clock.begin_micro_batch())  # before the replicas' own hooks
+        time_replicas(self.model.module if isinstance(self.model, nn.DataParallel) else self.model, clock,
+                      len(group.devices) > 1)
+        return clock
 
 
 class Replica(nn.Module):

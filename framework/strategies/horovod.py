@@ -15,6 +15,7 @@ from framework.strategies.base import Strategy
 from framework.strategies.groups import HorovodGroup
 from framework.strategies.starters import Horovod
 from framework.telemetry.traffic import Traffic, nbytes
+from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done, stop_after
 from framework.training.checkpoint_io import CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -51,9 +52,16 @@ class CountedCompression:
 
 @dataclass(kw_only=True)
 class HorovodWrapped(Wrapped):
-    """CountsTraffic: its compressor counts the bytes each all-reduce is handed."""
+    """CountsTraffic: its compressor counts the bytes each all-reduce is handed. OwnClock: gradients are reduced
+    from their hooks and waited for in the DistributedOptimizer's synchronize()."""
 
     traffic: Traffic | None = None
+
+    def wait_clock(self, group: ProcessGroup) -> WaitClock:
+        clock = WaitClock(group.device)
+        start_when_gradients_are_done(self.module, clock)
+        stop_after(self.optimizer, "synchronize", clock)
+        return clock
 
 
 class HorovodStrategy(Strategy):

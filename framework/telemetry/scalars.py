@@ -1,8 +1,7 @@
 """The scalars of a log interval by their tag names (framework/telemetry/tensorboard_logger.py lists them), for every
-logger alike: TensorBoard, MLflow and CSV log the same names."""
+logger alike: TensorBoard, MLflow and CSV log the same names. The frame's are named here; every registered meter names
+its own (framework/telemetry/meter.py), and they come with the interval's."""
 from __future__ import annotations
-
-import math
 
 from framework.telemetry.meters import IntervalSummary
 
@@ -31,35 +30,17 @@ def interval_scalars(s: IntervalSummary, lr: float | dict[str, float], cuda: boo
         if cuda:
             scalars[f"memory/max_allocated_gib/rank{r}"] = s.per_slot_max_mem_gib[r]
             scalars[f"memory/max_reserved_gib/rank{r}"] = s.per_slot_max_reserved_gib[r]
-    if s.per_slot_tokens_per_sec and s.trained:  # the step counts tokens
-        scalars["throughput/tokens_per_sec"] = s.tokens_per_sec
-        for r, rate in enumerate(s.per_slot_tokens_per_sec):
-            scalars[f"throughput/tokens_per_sec/rank{r}"] = rate
-    return scalars
+    return {**scalars, **s.tags}  # the registered meters' (framework/telemetry/meter_registry.py)
 
 
 def per_gpu_scalars(s: IntervalSummary, tflops: list[float], mfu: list[float | None],
                     stragglers: list[tuple[int, float, str]]) -> dict[str, float]:
     scalars = {}
-    for r, (busy, wait) in enumerate(zip(s.per_slot_busy_ms, s.per_slot_wait_ms)):
+    for r, busy in enumerate(s.per_slot_busy_ms):  # the step less the waits the wait meter counted
         scalars[f"time/busy_ms/rank{r}"] = busy
-        if wait == wait:  # NaN: this strategy cannot see its waits
-            scalars[f"time/wait_ms/rank{r}"] = wait
-        comm = s.per_slot_comm_ms[r] if s.per_slot_comm_ms else math.nan
-        if comm == comm:  # pipeline parallel only
-            scalars[f"time/comm_ms/rank{r}"] = comm
-        forward, backward = s.per_slot_forward_ms[r], s.per_slot_backward_ms[r]
-        if forward == forward:  # dp replicas, pipeline stages
-            scalars[f"time/forward_ms/rank{r}"] = forward
-            scalars[f"time/backward_ms/rank{r}"] = backward
         if busy > 0 and s.trained:
             scalars[f"throughput/device/samples_per_busy_sec/rank{r}"] = s.per_slot_samples[r] / max(1, s.steps) / (
                 busy / 1000)
-    for r, sent in enumerate(s.per_slot_bytes_sent):
-        if sent == sent:  # NaN: this engine's gradient bytes are not counted
-            scalars[f"comm/bytes_sent/rank{r}"] = sent
-    if s.compression_ratio == s.compression_ratio:
-        scalars["comm/compression_ratio"] = s.compression_ratio
     for r, rate in enumerate(tflops if s.trained else []):
         scalars[f"throughput/device/tflops/rank{r}"] = rate
         if mfu[r] is not None:

@@ -28,28 +28,24 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
 from framework.telemetry.gpu_monitor import GpuMonitor
+from framework.telemetry.meter_registry import METERS
 from framework.telemetry.meters import IntervalSummary
 from framework.telemetry.scalars import eval_scalars, interval_scalars, per_gpu_scalars
 
-# (chart title, regex over tags): one multiline chart each in the Custom Scalars tab, one line per rank / GPU
+# (chart title, regex over tags): one multiline chart each in the Custom Scalars tab, one line per rank / GPU; the
+# meters add theirs (per_rank_layout)
 PER_RANK_CHARTS = {
     "time": [
         ("busy ms per step per rank", r"^time/busy_ms/rank\d+$"),
-        ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
-        ("communication ms per step per pipeline stage", r"^time/comm_ms/rank\d+$"),
-        ("forward ms per step per dp replica or pipeline stage", r"^time/forward_ms/rank\d+$"),
-        ("backward ms per step per dp replica or pipeline stage", r"^time/backward_ms/rank\d+$"),
         ("straggler busy ratio (rank's busy time / median)", r"^stragglers/busy_ratio/rank\d+$"),
     ],
     "throughput": [
         ("samples/s per rank", r"^throughput/samples_per_sec/rank\d+$"),
-        ("tokens/s per rank", r"^throughput/tokens_per_sec/rank\d+$"),
         ("samples per busy second per rank (what the device does alone)",
          r"^throughput/device/samples_per_busy_sec/rank\d+$"),
         ("TFLOP/s per rank", r"^throughput/device/tflops/rank\d+$"),
         ("MFU per rank", r"^throughput/device/mfu/rank\d+$"),
     ],
-    "comm": [("gradient bytes sent per step per rank", r"^comm/bytes_sent/rank\d+$")],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
     "lr": [("lr per parameter group", r"^lr/.+$")],
     "memory": [
@@ -65,9 +61,14 @@ PER_RANK_CHARTS = {
 
 
 def per_rank_layout() -> dict:
-    """SummaryWriter.add_custom_scalars' layout: {category: {title: ["Multiline", [regex]]}}."""
-    return {category: {title: ["Multiline", [regex]] for title, regex in charts}
-            for category, charts in PER_RANK_CHARTS.items()}
+    """SummaryWriter.add_custom_scalars' layout: {category: {title: ["Multiline", [regex]]}}, the frame's charts and
+    every registered meter's (its `charts`)."""
+    layout = {category: {title: ["Multiline", [regex]] for title, regex in charts}
+              for category, charts in PER_RANK_CHARTS.items()}
+    for meter in METERS:
+        for category, charts in getattr(meter, "charts", {}).items():
+            layout.setdefault(category, {}).update({title: ["Multiline", [regex]] for title, regex in charts})
+    return layout
 
 
 class TensorBoardLogger:

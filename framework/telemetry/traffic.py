@@ -4,11 +4,16 @@ dtype. Counted per rank and read at each log boundary (comm/bytes_sent/rank{r}, 
 
 "Sent" is the payload handed to the collective, not what its algorithm moves (a ring all-reduce moves about twice
 the payload; the ratio of the two is the same with or without compression). Counting is two integer additions per
-collective call, on the thread that makes the call; nothing synchronizes the device."""
+collective call, on the thread that makes the call; nothing synchronizes the device. GradientBytesMeter is the
+number's meter (framework/telemetry/meter.py)."""
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
+
+from framework.telemetry.meter import Interval, MeterSources, StepRecord
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -42,6 +47,40 @@ class Traffic:
         if self._step_sent < self._step_uncompressed:
             self.compressed_steps += 1
         self._step_sent = self._step_uncompressed = 0
+
+
+class GradientBytesMeter:
+    """comm/bytes_sent/rank{r} (gradient bytes each rank handed to its collectives per optimizer step) and
+    comm/compression_ratio (what they weigh uncompressed over what was sent, all ranks); absent where the engine
+    counts none (CountsTraffic)."""
+
+    columns = ("bytes_sent", "bytes_uncompressed", "compressed_steps")
+    charts = {"comm": [("gradient bytes sent per step per rank", r"^comm/bytes_sent/rank\d+$")]}
+
+    def __init__(self, sources: MeterSources):
+        self.traffic, self.slots = sources.traffic, len(sources.slot_sizes)
+
+    def reset(self) -> None:
+        if self.traffic:
+            self.traffic.reset()
+
+    def add(self, record: StepRecord) -> None:
+        if self.traffic:
+            self.traffic.end_step()
+
+    def rows(self) -> torch.Tensor:
+        t = self.traffic
+        counts = [t.sent, t.uncompressed, t.compressed_steps] if t else [math.nan] * len(self.columns)
+        return torch.tensor([counts] * self.slots, dtype=torch.float64)
+
+    @staticmethod
+    def summary(interval: Interval) -> dict[str, float]:
+        tags = {f"comm/bytes_sent/rank{r}": sent for r, sent in enumerate(interval.per_step("bytes_sent"))
+                if sent == sent}
+        sent, full = (float(interval.columns[c].sum()) for c in ("bytes_sent", "bytes_uncompressed"))
+        if sent > 0:
+            tags["comm/compression_ratio"] = full / sent
+        return tags
 
 
 class CountedReduceScatter:

@@ -144,10 +144,12 @@ class OwnsForwardBackward(Protocol):
 
 @runtime_checkable
 class OwnClock(Protocol):
-    """An engine that times its own waits (pipeline parallel: each stage's compute, bubble and communication), for
-    the meters (framework/training/instrument.py)."""
+    """An engine that tells its own work from its waits for the others (framework/telemetry/wait_clock.py): ddp's
+    comm hook, dp's replicas, Horovod's synchronize, DeepSpeed ZeRO 0-2's backward, the mesh's collectives
+    (framework/strategies/mesh/comm_clock.py), pipeline parallel's stages. wait_clock(group) makes the clock, its hooks
+    attached (once, before the first forward); None where the waits cannot be told from the work."""
 
-    def wait_clock(self): ...
+    def wait_clock(self, group: "ProcessGroup"): ...
 
 
 @runtime_checkable

@@ -1,50 +1,19 @@
 """Telemetry's hooks into what parallelize() returned, and the per-GPU facts gathered once. The wait clock tells a
-rank's own work from its waits for the others (framework/telemetry/wait_clock.py, replica_clock.py); it is attached
-by what the engine is, not wired by each strategy. No clock where the engine's waits cannot be told apart from its
-work (single, fsdp, DeepSpeed ZeRO-3): busy is then the whole step, and no wait is reported."""
+rank's own work from its waits for the others (framework/telemetry/wait_clock.py, replica_clock.py, pipeline_clock.py,
+framework/strategies/mesh/comm_clock.py): each engine makes its own (OwnClock), so nothing here asks what an engine
+is. No clock where the engine's waits cannot be told apart from its work (single, DeepSpeed ZeRO-3): busy is then the
+whole step, and no wait is reported."""
 from __future__ import annotations
-
-from torch import nn
 
 from framework.config.trainer import TrainerConfig
 from framework.telemetry.per_gpu import PerGpu, local_slots
-from framework.telemetry.replica_clock import ReplicaClock, time_replicas
 from framework.telemetry.traffic import Traffic
-from framework.telemetry.wait_clock import WaitClock, start_when_gradients_are_done, stop_after, timed_allreduce
-from framework.training.engine import CountsTraffic, OwnClock, ProcessGroup, SlotSplit, Wrapped, slot_sizes
+from framework.training.engine import CountsTraffic, OwnClock, ProcessGroup, Wrapped, slot_sizes
 
 
 def wait_clock(wrapped: Wrapped, group: ProcessGroup):
-    """The clock for this engine, its hooks attached (before the first forward); None where none fits."""
-    model, optimizer = wrapped.model, wrapped.optimizer
-    if isinstance(wrapped, OwnClock):  # pipeline parallel: each stage's compute, bubble and communication
-        return wrapped.wait_clock()
-    if isinstance(wrapped, SlotSplit):  # dp: every replica's forward and backward on its own GPU
-        clock = ReplicaClock(group.devices)
-        model.register_forward_pre_hook(lambda *_: clock.begin_micro_batch())  # before the replicas' own hooks
-        time_replicas(model.module if isinstance(model, nn.DataParallel) else model, clock, len(group.devices) > 1)
-        return clock
-    if isinstance(model, nn.parallel.DistributedDataParallel):  # its comm hook sees each bucket become ready
-        clock = WaitClock(group.device, ends_with_backward=True)
-        hook = getattr(wrapped, "comm_hook", None)  # ddp's own (strategy.compression) keeps the clock; DDP takes one
-        if hook is not None:
-            hook.clock = clock
-        else:
-            model.register_comm_hook(clock, timed_allreduce)
-        return clock
-    if callable(getattr(optimizer, "synchronize", None)) and hasattr(optimizer, "skip_synchronize"):
-        # Horovod's DistributedOptimizer: gradients reduced from their hooks, waited for in synchronize()
-        clock = WaitClock(group.device)
-        start_when_gradients_are_done(wrapped.module, clock)
-        stop_after(optimizer, "synchronize", clock)
-        return clock
-    if callable(getattr(model, "zero_optimization_stage", None)) and model.zero_optimization_stage() < 3:
-        # DeepSpeed ZeRO 0-2 reduce inside the backward of an accumulation's last micro-batch. ZeRO-3 gathers every
-        # layer's parameters in forward, inside its prefetching, where a wait cannot be told from work.
-        clock = WaitClock(group.device, ends_with_backward=True)
-        start_when_gradients_are_done(wrapped.module, clock)
-        return clock
-    return None
+    """The engine's clock, its hooks attached (before the first forward); None where it has none."""
+    return wrapped.wait_clock(group) if isinstance(wrapped, OwnClock) else None
 
 
 def gradient_traffic(wrapped: Wrapped) -> Traffic | None:
@@ -54,8 +23,8 @@ def gradient_traffic(wrapped: Wrapped) -> Traffic | None:
 
 
 def timed_barrier(group: ProcessGroup, clock):
-    """group.barrier, its time counted as waiting on the clock (one that only measures per-process waits)."""
-    if not isinstance(clock, WaitClock):
+    """group.barrier, its time counted as waiting on the clock (one that measures per-process waits: it can block)."""
+    if not callable(getattr(clock, "blocking", None)):
         return group.barrier
 
     def barrier() -> None:

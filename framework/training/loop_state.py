@@ -54,16 +54,18 @@ class RunTotals:
         self._add_traffic(s)
 
     def _add_traffic(self, s: IntervalSummary) -> None:
-        if not s.steps or s.bytes_sent != s.bytes_sent:  # NaN: this engine's gradient bytes are not counted
+        """framework/telemetry/traffic.py's columns (GradientBytesMeter), by name."""
+        sent = s.columns.get("bytes_sent", [math.nan])
+        if not s.steps or any(b != b for b in sent):  # NaN: this engine's gradient bytes are not counted
             return
-        phase = self.compressed if s.compressed_steps == s.steps else (
-            self.uncompressed if s.compressed_steps == 0 else None)  # an interval with both counts in neither
+        compressed_steps = s.columns["compressed_steps"][0]
+        phase = self.compressed if compressed_steps == s.steps else (
+            self.uncompressed if compressed_steps == 0 else None)  # an interval with both counts in neither
         if phase is None:
             return
         waits = [w for w in s.per_slot_wait_ms if w == w]
         counted = {"steps": s.steps, "wait_ms": sum(waits) / len(waits) * s.steps if waits else math.nan,
-                   "sent": s.bytes_sent, "full": s.bytes_uncompressed,
-                   "ranks": sum(1 for b in s.per_slot_bytes_sent if b == b)}
+                   "sent": sum(sent), "full": sum(s.columns["bytes_uncompressed"]), "ranks": len(sent)}
         for key, value in counted.items():
             phase[key] = value if key == "ranks" else phase.get(key, 0.0) + value
 

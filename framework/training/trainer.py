@@ -15,6 +15,7 @@ from framework.checkpoints.position import Position, resume_point
 from framework.common.errors import TrainingStopped
 from framework.config.trainer import TrainerConfig
 from framework.data.source import Filler, StepShare, StepSource
+from framework.telemetry.meter import StepRecord
 from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
 from framework.telemetry.optimizer_state import optimizer_state_bytes
 from framework.telemetry.per_gpu import PerGpu
@@ -266,14 +267,7 @@ class Trainer:
         if not stepped:
             self.state.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
-        for per_sample in losses:
-            self.telemetry.meter.add_micro_batch(per_sample)
-        if global_loss is not None:
-            self.telemetry.meter.add_global_loss(global_loss)
-        for count in tokens:
-            if count is not None:
-                self.telemetry.meter.add_tokens(count)
-        self.telemetry.meter.add_step(step, skipped=not stepped)
+        self.telemetry.meter.add(StepRecord(step, list(losses), list(tokens), global_loss, skipped=not stepped))
         stuck = self.skips.record(step, stepped)
         if stuck:
             raise TrainingStopped(f"{stuck}; stopped; {self._kept()}. Lower optimizer.lr, set trainer.grad_clip or "

@@ -4,7 +4,7 @@ accumulation on: tensor parallel over 2 workers (its sequence-parallel plan: nor
 sequence), pipeline parallel over 2 with each schedule (GPipe cut at a split point, 1F1B, Interleaved1F1B with 2
 stages per rank, the zero-bubble InterleavedZeroBubble and ZBVZeroBubble, whose V puts the first and the last stage,
 and so both copies of the tied head, on rank 0), a 2 x 2 mesh (FSDP2 over dp_shard=2 x tp=2, 4 workers) and HSDP (strategy=hsdp: 2 replicas x dp_shard=2, 4 workers). Pipeline stages
-report their compute, bubble and communication per rank. A run killed on one mesh resumes in its folder on another
+report their compute, bubble and communication per rank; the other meshes their collectives as each rank's wait. A run killed on one mesh resumes in its folder on another
 (tp=2 -> ddp, pp=2 -> tp=2) and continues the uninterrupted run's curve. Real train.py processes, shared through the
 run cache (the killed runs are their own);
 tests/unit/test_model_parallel_checks.py has the refusals, tests/engines/test_model_parallel_user.py a user's model
@@ -73,6 +73,10 @@ def test_the_char_lm_on_a_mesh_has_the_loss_of_one_process_at_every_step(runs, s
             assert scalars[f"time/forward_ms/rank{r}"][-1][1] > 0
         # the first stage waits for the last stage's first backward: its bubble is real
         assert sum(v for _, v in scalars["time/wait_ms/rank0"]) > 0
+    else:  # the mesh's collectives, timed as waits (framework/strategies/mesh/comm_clock.py), on every rank
+        for r in range(workers):
+            values = [v for _, v in scalars[f"time/wait_ms/rank{r}"]]
+            assert len(values) == STEPS and min(values) > 0, (r, values)
     checkpoint = run_dir / "checkpoints" / f"step-{STEPS:08d}"
     assert {".metadata", "training_state.pt"} | {f"__{r}_0.distcp" for r in range(workers)} <= {
         p.name for p in checkpoint.iterdir()}

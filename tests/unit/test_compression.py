@@ -10,6 +10,7 @@ import torch
 from framework.config.strategy_options import PowerSGDOptions
 from framework.results.run_result import RunResult
 from framework.strategies.mesh.ddp_hooks import GradientHook
+from framework.telemetry.meter import StepRecord
 from framework.telemetry.meters import (BYTES_SENT, BYTES_UNCOMPRESSED, COLUMNS, COMPRESSED_STEPS, SAMPLES, SECONDS,
                                         STEPS, WAIT_SECONDS, IntervalMeter, IntervalSummary)
 from framework.telemetry.traffic import Traffic
@@ -154,9 +155,9 @@ def test_the_meter_counts_bytes_and_compressed_steps_per_interval():
     traffic = Traffic("powersgd rank 2")
     meter = IntervalMeter([16], torch.device("cpu"), [], traffic=traffic)
     traffic.add(400, 400)
-    meter.add_step(1)
+    meter.add(StepRecord(1))
     traffic.add(10, 400)
-    meter.add_step(2)
+    meter.add(StepRecord(2))
     row = meter.rows()[0]
     assert (row[BYTES_SENT], row[BYTES_UNCOMPRESSED], row[COMPRESSED_STEPS]) == (410, 800, 1)
     meter.reset()

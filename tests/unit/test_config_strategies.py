@@ -6,6 +6,7 @@ tests/runs/test_refusals.py's."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 
 from framework.config.settings import settings_of
@@ -138,3 +139,14 @@ def test_a_yaml_naming_the_mesh_by_its_old_path_trains_on_the_mesh_with_its_own_
     assert cls.__name__ == "MeshStrategy" and cfg.strategy.tp == 2 and cfg.strategy.name == "old_tp"
     assert note == (f"strategy._target_={old} is the mesh engine's old path: write _target_: "
                     "framework.strategies.mesh.engine.MeshStrategy")
+
+
+def test_the_mesh_times_its_collectives_on_cpu_workers_and_on_gpus_only_when_asked():
+    """A GPU's collectives overlap compute (FSDP2's prefetch): the clock, which waits for each where it starts, would
+    take that away, so strategy.comm_clock=null leaves them untimed there."""
+    from framework.strategies.mesh.comm_clock import timed_by_default
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert [timed_by_default(None, cpu), timed_by_default(None, gpu)] == [True, False]
+    assert [timed_by_default(True, gpu), timed_by_default(False, cpu)] == [True, False]
+    assert strategy_for("strategy=tp", "strategy.comm_clock=false").options.comm_clock is False

@@ -151,6 +151,7 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
     clock (sized for the 8 device ids) is read for the 5 slots that ran, and the meter gives 5 rows (this crashed
     at the first log boundary: a wait of 8 values for 5 rows)."""
     from framework.strategies.dp import chunk_sizes
+    from framework.telemetry.meter import StepRecord
     from framework.telemetry.meters import COLUMNS, SAMPLES, WAIT_SECONDS, IntervalMeter
     from framework.telemetry.replica_clock import _Marks
 
@@ -167,8 +168,7 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
             marks.forward_start, marks.forward_end = 0.0, 1.0 + slot
             marks.backward_start, marks.backward_end = 5.0, 6.0
             clock.micro_batches[-1][slot] = marks
-        meter.add_micro_batch(torch.ones(10))
-        meter.add_step(step)
+        meter.add(StepRecord(step, [torch.ones(10)]))
     rows = meter.rows()
     assert rows.shape == (5, len(COLUMNS))
     assert rows[:, SAMPLES].tolist() == [4.0] * 5

@@ -5,6 +5,7 @@ run's ranks summed to 349.9 samples/s against the job's 333.0, each rank's rate 
 import pytest
 import torch
 
+from framework.telemetry.meter import StepRecord
 from framework.telemetry.meters import SECONDS, IntervalMeter, IntervalSummary
 from framework.telemetry.per_gpu import PerGpu, Slot
 from framework.telemetry.scalars import interval_scalars
@@ -21,11 +22,9 @@ def _pipeline_rows(windows=WINDOWS, tokens_per_sample=None) -> torch.Tensor:
     rows = []
     for _ in windows:
         meter = IntervalMeter([BATCH // 2], torch.device("cpu"), [], share=0.5)
-        for _ in range(2):  # the loop's micro-batches
-            meter.add_micro_batch(torch.full((BATCH // 2,), 2.0))
-            if tokens_per_sample:
-                meter.add_tokens(BATCH // 2 * tokens_per_sample)
-        meter.add_step(1)
+        micro_batches = 2  # the loop's
+        tokens = [BATCH // 2 * tokens_per_sample if tokens_per_sample else None] * micro_batches
+        meter.add(StepRecord(1, [torch.full((BATCH // 2,), 2.0)] * micro_batches, tokens))
         rows.append(meter.rows())
     rows = torch.cat(rows)
     rows[:, SECONDS] = torch.tensor(windows, dtype=rows.dtype)
@@ -47,7 +46,10 @@ def test_the_ranks_rates_add_up_to_the_jobs_when_their_windows_differ():
 
 def test_tokens_and_tflops_per_rank_are_over_the_same_wall_time():
     s = IntervalSummary.from_rows(_pipeline_rows(tokens_per_sample=32))
-    assert sum(s.per_slot_tokens_per_sec) == pytest.approx(s.tokens_per_sec, rel=1e-12)
+    tags = interval_scalars(s, 0.1, cuda=False)
+    assert tags["throughput/tokens_per_sec/rank0"] + tags["throughput/tokens_per_sec/rank1"] == pytest.approx(
+        tags["throughput/tokens_per_sec"], rel=1e-12)
+    assert tags["throughput/tokens_per_sec"] == pytest.approx(BATCH * 32 / max(WINDOWS), rel=1e-12)
     per_gpu = PerGpu([Slot("vm", "cpu", "cpu", None)] * 2, flops_per_sample=3e9, straggler_threshold=2.0)
     assert per_gpu.tflops(s) == pytest.approx([3e9 * rate / 1e12 for rate in s.per_slot_samples_per_sec], rel=1e-12)
 

@@ -18,6 +18,7 @@ from framework.session.environment import Ranks
 from framework.strategies.groups import TorchGroup
 from framework.strategies.mesh.ddp_hooks import GradientHook, gradient_hook
 from framework.strategies.mesh.sync_batchnorm import convert_sync_batchnorm
+from framework.telemetry.wait_clock import WaitClock
 from framework.training.checkpoint_io import FILE, CheckpointIO
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.precision import Precision
@@ -89,6 +90,11 @@ class DDPWrapped(Wrapped):
     @property
     def traffic(self):
         return self.comm_hook.traffic
+
+    def wait_clock(self, group: ProcessGroup) -> WaitClock:
+        """OwnClock: the comm hook sees each bucket become ready; the last micro-batch's backward releases the rank."""
+        self.comm_hook.clock = WaitClock(group.device, ends_with_backward=True)
+        return self.comm_hook.clock
 
     def engine_state(self) -> dict:
         return self.comm_hook.state_dict()

@@ -20,7 +20,7 @@ from framework.data.build import is_pair
 from framework.strategies.mesh import p2p
 from framework.telemetry.pipeline_clock import Link, PipelineClock
 from framework.training.metrics import per_sample_losses
-from framework.training.engine import Weighting, Wrapped
+from framework.training.engine import ProcessGroup, Weighting, Wrapped
 from framework.training.step import StepOutput
 
 
@@ -259,5 +259,5 @@ class PipelineWrapped(Wrapped):
     def forward_backward(self, step, batch, loss, weighting):
         return self.runner.forward_backward(step, batch, loss, weighting)
 
-    def wait_clock(self):
+    def wait_clock(self, group: ProcessGroup | None = None):
         return self.runner.clock

@@ -15,6 +15,7 @@ from framework.config.strategy_options import MeshOptions
 from framework.config.trainer import EngineSettings
 from framework.models.blocks import auto_units, holds_parameters
 from framework.session.environment import Ranks
+from framework.strategies.mesh.comm_clock import CommClock, timed_by_default
 from framework.strategies.mesh.checkpoints import DCP, MeshCheckpoints
 from framework.strategies.mesh.foreach import per_tensor_where_mixed
 from framework.strategies.mesh.fsdp import ShardPrecision, shard_units, shard_with_fsdp2
@@ -26,7 +27,7 @@ from framework.strategies.mesh.pipeline_run import Pipeline, PipelineRunner, Pip
 from framework.strategies.mesh.precision import MeshPrecision
 from framework.strategies.mesh.shape import MeshShape
 from framework.strategies.mesh.tied import TiedGradients
-from framework.training.engine import Wrapped
+from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
 
@@ -108,8 +109,9 @@ class Sharded:
         wire = WireDtype(torch.bfloat16) if o.compression == "bf16" else None
         traffic = counted_reduce_scatters(model, o.compression, wire) if shape.sharded else None
         if o.pp == 1:
+            timed = timed_by_default(o.comm_clock, group.device)
             return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded, traffic=traffic,
-                               reshard_after_forward=o.reshard_after_forward)
+                               reshard_after_forward=o.reshard_after_forward, timed=timed)
         runner = PipelineRunner(stages.parts, stages.holders, o, coords["pp"], pp_group, group.device,
                                 precision=precision)
         runner.measure_links()
@@ -121,14 +123,20 @@ class MeshWrapped(Wrapped):
     micro-batches keep their gradients unreduced and unsharded; with reshard_after_forward=false (memory traded for
     speed) the parameters also stay unsharded until the last micro-batch, so its forward gathers nothing again."""
 
-    def __init__(self, *args, fsdp: bool, reshard_after_forward: bool, traffic=None, **kwargs):
+    def __init__(self, *args, fsdp: bool, reshard_after_forward: bool, timed: bool, traffic=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fsdp, self.reshard_after_forward = fsdp, reshard_after_forward
+        self.fsdp, self.reshard_after_forward, self.timed = fsdp, reshard_after_forward, timed
         self.traffic = traffic  # CountsTraffic: FSDP2's reduce-scatters, where they carry every gradient
+        self.comm_clock = None  # OwnClock: every micro-batch's collectives (mesh/comm_clock.py)
 
     def gradient_sync(self, on: bool):
         if self.fsdp:
             self.model.set_requires_gradient_sync(on)
             if not self.reshard_after_forward:
                 self.model.set_reshard_after_backward(on)
-        return contextlib.nullcontext()
+        return self.comm_clock.timing() if self.comm_clock else contextlib.nullcontext()
+
+    def wait_clock(self, group: ProcessGroup) -> CommClock | None:
+        """strategy.comm_clock: None where the collectives go untimed (the loop then measures no wait)."""
+        self.comm_clock = CommClock(group.device) if self.timed else None
+        return self.comm_clock
