@@ -184,13 +184,36 @@ def test_a_plan_key_it_does_not_have_is_refused_and_plan_keys_leave_the_runs_ove
         plan_options(["plan.gpus=A100-80GB"])
 
 
-@pytest.mark.parametrize("strategy", ["pp", "dp"])
-def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why(strategy):
+def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why():
     with pytest.raises(ConfigError) as refused:
-        planned(*CHAR_LM, f"strategy={strategy}")
+        planned(*CHAR_LM, "strategy=dp")
     line = str(refused.value)
-    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp, deepspeed" in line
+    assert line.startswith("strategy=dp cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp, pp, deepspeed" in line
     assert "\n" not in line
+
+
+@pytest.mark.parametrize("overrides", [("strategy.schedule=Interleaved1F1B",), ("strategy.tp=2",)],
+                         ids=["interleaved", "pp_x_tp"])
+def test_a_pipeline_not_checked_against_a_real_run_is_refused_in_one_line(overrides):
+    with pytest.raises(ConfigError) as refused:
+        planned(*CHAR_LM, "strategy=pp", f"strategy.nproc_per_node={2 * (1 + ('strategy.tp=2' in overrides))}",
+                *overrides)
+    line = str(refused.value)
+    assert "cannot be planned yet" in line and "plannable:" in line and "\n" not in line
+
+
+def test_1f1b_keeps_pp_micro_batches_in_flight_on_the_first_rank_and_gpipe_all_of_them():
+    """pp=2 over 4 pipeline micro-batches: rank 0 under 1F1B holds the activations of 2 at its peak (a forward for
+    each stage, then one backward for each forward), under GPipe all 4; the row is the pipeline rank whose peak is
+    the largest."""
+    pp = ("strategy=pp", "strategy.nproc_per_node=2", "strategy.microbatches=4")
+    cfg = {schedule: composed(*CHAR_LM, *pp, f"strategy.schedule={schedule}", "trainer.accelerator=cpu")
+           for schedule in ("1F1B", "GPipe")}
+    first = {schedule: plan_row(c, rank=0) for schedule, c in cfg.items()}
+    assert first["1F1B"].activations / first["GPipe"].activations == pytest.approx(2 / 4, rel=0.01)
+    assert first["1F1B"].parameters == first["GPipe"].parameters < planned(*CHAR_LM, "strategy=single").parameters
+    last = plan_row(cfg["GPipe"], rank=1)
+    assert plan_row(cfg["GPipe"]).peak == max(first["GPipe"].peak, last.peak)
 
 
 def test_plan_png_is_drawn_and_without_matplotlib_one_line_says_why(tmp_path, monkeypatch):
@@ -261,5 +284,5 @@ def test_check_fit_refuses_a_run_whose_planned_peak_exceeds_the_gpu_in_one_line_
 
 def test_check_fit_says_in_one_line_that_a_run_it_cannot_plan_is_not_checked():
     said = []
-    check_fit(composed(*CHAR_LM, "strategy=pp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
-    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=pp cannot be planned yet")
+    check_fit(composed(*CHAR_LM, "strategy=dp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
+    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=dp cannot be planned yet")
