@@ -104,18 +104,19 @@ def plan_row(cfg: DictConfig, workers: int | None = None, rank: int | None = Non
             pipeline_ranks(s.strategy, workers) if getattr(s.strategy, "pp", 1) > 1 else [0]
         # a pipeline's ranks differ (the first holds the most micro-batches in flight under 1F1B, the last the
         # loss): each is traced, and the row is the one with the largest peak
-        live, micro_batch = max((_counted(s, strategy_class, workers, r) for r in ranks),
+        live, micro_batch, numels = max((_counted(s, strategy_class, workers, r) for r in ranks),
                                 key=lambda counted: counted[0].peak)
     at_peak, peak = live.at_peak(), live.peak
     if name == "deepspeed":
-        at_peak, peak = ZeroStates.of(deepspeed_config(s.strategy, s.trainer, workers), workers).laid_over(at_peak,
-                                                                                                          peak)
+        zero = ZeroStates.of(deepspeed_config(s.strategy, s.trainer, workers), workers, numels)
+        at_peak, peak = zero.laid_over(at_peak, peak)
     return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=peak,
                seconds=time.perf_counter() - started, **at_peak)
 
 
-def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes, int]:
-    """`rank` of `workers`, built and stepped on fake tensors: its LiveBytes and its micro-batch."""
+def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes, int, list[int]]:
+    """`rank` of `workers`, built and stepped on fake tensors: its LiveBytes, its micro-batch and the sizes of the
+    model's parameter tensors (each once; ZeRO-3 keeps the small ones whole)."""
     ddp = getattr(s.strategy, "runs_ddp", False)  # the mesh on its 1-D replicate mesh: DDP itself, whatever the name
     one_process = ddp or s.strategy.name == "deepspeed"  # on its share of the batch; their engines laid beside
     dist.init_process_group("fake", rank=rank, world_size=workers)
@@ -126,6 +127,7 @@ def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes,
         group = LocalGroup(torch.device("cpu")) if one_process else strategy.join()
         seed_everything(s.trainer.seed)
         task = build_task(s, torch.device("cpu"), "planned on fake tensors")  # the layout changes no byte
+        numels = [p.numel() for p in task.model.parameters()]
         mode = None if on_real_tensors(s.strategy) else FakeTensorMode()
         if mode is not None:
             fake_model(task.model, mode)
@@ -147,7 +149,7 @@ def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes,
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise ConfigError(f"model={s.model.get('_target_')} cannot be planned: a training step reads a "
                               f"tensor's values ({exc.func}), which a fake tensor has not") from None
-        return live, micro_batch
+        return live, micro_batch, numels
     finally:
         dist.destroy_process_group()
 

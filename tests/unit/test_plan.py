@@ -100,10 +100,25 @@ def test_zero_2_holds_whole_parameters_and_a_partition_of_master_weights_gradien
     assert row.micro_batch == composed(*CHAR_LM).trainer.batch_size // 2
 
 
-def test_zero_3_is_refused_in_one_line_saying_why():
-    with pytest.raises(ConfigError, match=r"^strategy\.zero_stage=3 cannot be planned yet: ZeRO-3 gathers the "
-                                          r"parameters in prefetch buckets .*plannable: strategy\.zero_stage=1 or 2$"):
-        planned(*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3")
+def test_zero_3_keeps_each_tensors_partition_its_fp32_copy_and_gradients_and_the_tensors_it_gathers_whole():
+    zero3 = (*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3", "strategy.nproc_per_node=2",
+             "+strategy.config.zero_optimization.reduce_bucket_size=1000000")
+    numels = [s.numel() for s in shapes(*CHAR_LM)]
+    partition = 4 * sum(math.ceil(n / 2) for n in numels)
+    row = planned(*zero3)  # every tensor of the GPT is under 1e5 elements: persistent, whole on every rank
+    assert max(numels) <= 100_000 and row.parameters == 4 * sum(numels) + 2 * partition
+    assert row.gradients == partition and row.buffers == 4_000_000  # one reduction bucket, overlap_comm or not
+    assert row.optimizer == math.ceil(adamw_bytes(numels, len(numels)) / 2)
+    capped = planned(*zero3, "+strategy.config.zero_optimization.stage3_param_persistence_threshold=0",
+                     "+strategy.config.zero_optimization.stage3_max_live_parameters=100000")
+    assert capped.parameters == 4 * 100_000 + 2 * partition  # none persistent; at most max_live gathered
+    assert row.peak - capped.peak == row.parameters - capped.parameters
+
+
+def test_zero_0_is_refused_in_one_line_saying_why():
+    with pytest.raises(ConfigError, match=r"^strategy\.zero_stage=0 cannot be planned yet: stage 0 reduces the "
+                                          r"whole gradients .*plannable: strategy\.zero_stage=1, 2 or 3$"):
+        planned(*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=0")
 
 
 def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
