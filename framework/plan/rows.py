@@ -1,7 +1,7 @@
 """One row of the plan: one strategy on one number of workers, per rank. The run is built as a worker builds it
 (framework/assemble.py: build_task, parallelize) in a fake process group of the row's world size
-(torch.distributed's "fake" backend: collectives that move nothing), its parameters and batch made fake
-(framework/plan/fake.py), and two training steps counted by LiveBytes (framework/plan/tracer.py).
+(torch.distributed's "fake" backend: collectives that move nothing), its model built under FakeTensorMode and its
+batch made fake (framework/plan/fake.py), and two training steps counted by LiveBytes (framework/plan/tracer.py).
 
 ddp is traced as one process on its share of the batch (DistributedDataParallel cannot be built on fake tensors: it
 copies them into real buckets), with DDP's gradient buckets added as DDP lays them out (framework/plan/buckets.py);
@@ -26,7 +26,6 @@ from framework.config.settings import settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.plan.batch import planned_batch
 from framework.plan.buckets import DDPBuckets
-from framework.plan.fake import fake_model
 from framework.plan.pipeline import pipeline_ranks, pipeline_refusal, stage_shapes, static_stages
 from framework.plan.steps import counted_steps
 from framework.plan.tracer import LiveBytes
@@ -62,6 +61,7 @@ class Row:
     batch: int
     peak: int
     seconds: float
+    rank: int = 0  # whose bytes: rank 0's; a pipeline's, its rank with the largest peak
 
 
 def check_plannable(cfg: DictConfig) -> None:
@@ -104,13 +104,13 @@ def plan_row(cfg: DictConfig, workers: int | None = None, rank: int | None = Non
             pipeline_ranks(s.strategy, workers) if getattr(s.strategy, "pp", 1) > 1 else [0]
         # a pipeline's ranks differ (the first holds the most micro-batches in flight under 1F1B, the last the
         # loss): each is traced, and the row is the one with the largest peak
-        live, micro_batch, numels = max((_counted(s, strategy_class, workers, r) for r in ranks),
-                                key=lambda counted: counted[0].peak)
+        rank, (live, micro_batch, numels) = max(((r, _counted(s, strategy_class, workers, r)) for r in ranks),
+                                                key=lambda counted: counted[1][0].peak)
     at_peak, peak = live.at_peak(), live.peak
     if name == "deepspeed":
         zero = ZeroStates.of(deepspeed_config(s.strategy, s.trainer, workers), workers, numels)
         at_peak, peak = zero.laid_over(at_peak, peak)
-    return Row(strategy=name, workers=workers, micro_batch=micro_batch, peak=peak,
+    return Row(strategy=name, workers=workers, rank=rank, micro_batch=micro_batch, peak=peak,
                seconds=time.perf_counter() - started, **at_peak)
 
 
@@ -126,11 +126,11 @@ def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes,
             strategy_class(s.strategy, engine, ranks=Ranks(TORCH, rank, rank, workers, workers))
         group = LocalGroup(torch.device("cpu")) if one_process else strategy.join()
         seed_everything(s.trainer.seed)
-        task = build_task(s, torch.device("cpu"), "planned on fake tensors")  # the layout changes no byte
-        numels = [p.numel() for p in task.model.parameters()]
         mode = None if on_real_tensors(s.strategy) else FakeTensorMode()
-        if mode is not None:
-            fake_model(task.model, mode)
+        # the model made fake from the start (a model larger than this machine's memory plans all the same); the
+        # memory layout changes no byte
+        task = build_task(s, torch.device("cpu"), "planned on fake tensors", model_made_in=mode)
+        numels = [p.numel() for p in task.model.parameters()]
         t = s.trainer
         micro_batch = t.batch_size // ((workers if one_process else group.dp_size) * t.grad_accum)
         batch = planned_batch(task.data, micro_batch, mode)
@@ -157,8 +157,8 @@ def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes,
 def on_real_tensors(options) -> bool:
     """Tensor and pipeline parallel are traced on real tensors (still in the fake process group): the mesh engine
     moves the model with `model.to(device)` after tensor parallel and its pipeline cut, and torch refuses to swap a
-    fake parameter the plan left plain (a replicated embedding, a stage's parameters). LiveBytes counts real and fake tensors alike (tests/unit/test_plan.py); the row costs
-    the model's real memory and compute on the CPU."""
+    fake parameter the plan left plain (a replicated embedding, a stage's parameters). LiveBytes counts real and
+    fake tensors alike (tests/unit/test_plan.py); the row costs the model's real memory and compute on the CPU."""
     return getattr(options, "tp", 1) > 1 or getattr(options, "pp", 1) > 1
 
 

@@ -2,7 +2,8 @@
 forms (AdamW: two fp32 moments and a step count per parameter tensor; fsdp: rank 0's padded shard, 1/N), LeNet's
 planned peak against the peak torch.profiler measures on a real step, the largest micro-batch that fits, plan.png,
 the device constants a fit leaves room for, trainer.check_fit's refusal (the driver's GPU path, given a card), and
-its refusals in one line."""
+its refusals in one line; pipeline rows (the micro-batches each schedule keeps in flight), ZeRO-3's model state,
+the model built fake (no real weights), and check_fit letting a run start when the planner fails."""
 import gzip
 import json
 import math
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
 from support.driver import composed
@@ -203,7 +205,8 @@ def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why
     with pytest.raises(ConfigError) as refused:
         planned(*CHAR_LM, "strategy=dp")
     line = str(refused.value)
-    assert line.startswith("strategy=dp cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp, pp, deepspeed" in line
+    assert line.startswith("strategy=dp cannot be planned yet: ")
+    assert "plannable: single, ddp, fsdp, tp, pp, deepspeed" in line
     assert "\n" not in line
 
 
@@ -301,3 +304,33 @@ def test_check_fit_says_in_one_line_that_a_run_it_cannot_plan_is_not_checked():
     said = []
     check_fit(composed(*CHAR_LM, "strategy=dp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
     assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=dp cannot be planned yet")
+
+
+def test_check_fit_lets_the_run_start_with_one_line_when_the_planner_itself_fails(monkeypatch):
+    """The planner (a dependency of check_fit, not its subject) raising something other than a refusal: check_fit
+    returns (the driver goes on to start the run) and says, in one line, that the plan could not be made."""
+    def failing(cfg, workers):
+        raise RuntimeError("a kernel fake tensors do not know\nits second line")
+
+    monkeypatch.setattr("framework.plan.fit.plan_row", failing)
+    said = []
+    check_fit(composed(*LENET, "strategy=single", "trainer.accelerator=cpu"), 1, chosen_gpu("T4-16GB"), said.append)
+    assert said == ["trainer.check_fit: not checked: planning failed (RuntimeError: a kernel fake tensors do not "
+                    "know); trainer.check_fit=false skips the plan"]
+
+
+def test_the_plan_builds_the_model_fake_and_allocates_none_of_its_weights():
+    """build_task's model_made_in, as the plan calls it: a GPT of 200 MB of fp32 weights built under FakeTensorMode;
+    the CPU allocator (torch.profiler's memory events, independent of the fake mode) sees a small fraction of that
+    (the data), and every parameter is fake."""
+    cfg = composed(*CHAR_LM, "model.n_embd=1024", "model.n_layer=4", "trainer.accelerator=cpu")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            task = build_task(s, torch.device("cpu"), "a unit test", model_made_in=FakeTensorMode())
+    weights = sum(p.numel() * p.element_size() for p in task.model.parameters())
+    allocated = sum(e.nbytes() for e in profiler.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.nbytes() > 0)
+    assert weights > 150 * MIB and allocated < weights / 10
+    assert all(isinstance(p, FakeTensor) for p in task.model.parameters())
