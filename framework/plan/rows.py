@@ -88,6 +88,14 @@ def check_plannable(cfg: DictConfig) -> None:
                           "traces on the CPU; plannable: fp32, bf16")
 
 
+def micro_batch_multiple(cfg: DictConfig) -> int:
+    """What a rank's micro-batch must be a multiple of: a pipeline's micro-batches (it cuts it in equal parts)."""
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        options = settings_of(cfg, strategy_class.Options).strategy
+    return options.pipeline_microbatches if getattr(options, "pp", 1) > 1 else 1
+
+
 def plan_row(cfg: DictConfig, workers: int | None = None, rank: int | None = None) -> Row:
     """The row for a composed config: its strategy on `workers` ranks, by default as many as it would start
     (strategy.nproc_per_node x nnodes; by default one per GPU of this machine), as `rank` holds it; by default rank
