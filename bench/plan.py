@@ -1,5 +1,6 @@
 """plan.py's rows against real runs: for each configuration, the seconds plan.py takes for its row (in this process,
-median of --repeats, the first row apart: it pays the imports and the data), rank 0's planned peak, and the peak each
+median of --repeats, the first row apart: it pays the imports and the data), rank 0's planned peak (a pipeline's:
+each rank's, its ranks hold different stages and micro-batches in flight), and the peak each
 rank of a real run of the same configuration reaches (bench/probes/allocator_peak.py: W processes in a gloo group,
 the framework's own parallelize and two steps, the CPU allocator's events as torch.profiler records them), with
 planned / measured per rank. The table in docs/plan.md comes from here.
@@ -44,7 +45,19 @@ CONFIGURATIONS = {
     "gpt_zero1": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=1"), 2),
     "gpt_zero2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2"), 2),
     "gpt_zero2_accum2": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=2", "trainer.grad_accum=2"), 2),
+    "lenet_zero3": ((*LENET, "strategy=deepspeed", "strategy.zero_stage=3"), 2),
+    "gpt_zero3": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3"), 2),
+    # nothing persistent, few tensors live at a time, a small bucket: the gathered parameters are a visible share
+    "gpt_zero3_gathered": ((*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3",
+                            "+strategy.config.zero_optimization.reduce_bucket_size=1000000",
+                            "+strategy.config.zero_optimization.stage3_param_persistence_threshold=0",
+                            "+strategy.config.zero_optimization.stage3_max_live_parameters=100000",
+                            "+strategy.config.zero_optimization.stage3_max_reuse_distance=0"), 2),
+    "lenet_pp2_1f1b": ((*LENET, "strategy=pp", "strategy.schedule=1F1B"), 2),
+    "gpt_pp2_1f1b": ((*CHAR_LM, "strategy=pp", "strategy.schedule=1F1B"), 2),
+    "gpt_pp2_gpipe": ((*CHAR_LM, "strategy=pp", "strategy.schedule=GPipe"), 2),
 }
+PIPELINES = ("lenet_pp2_1f1b", "gpt_pp2_1f1b", "gpt_pp2_gpipe")  # planned rank by rank: a pipeline's ranks differ
 PEAK_LINE = re.compile(r"^allocator peak rank (\d+): (\d+)$", re.M)
 
 
@@ -64,12 +77,16 @@ def overrides_of(name: str) -> list[str]:
     return [*overrides, "trainer.accelerator=cpu", *([f"strategy.nproc_per_node={workers}"] if workers > 1 else [])]
 
 
-def planned(name: str) -> tuple[int, float]:
-    """Rank 0's planned peak (bytes) and the seconds the row took, in this process."""
+def planned(name: str) -> tuple[list[int], float]:
+    """The planned peak (bytes) of rank 0, or of each rank of a pipeline, and the seconds the row took, in this
+    process (the row: every pipeline rank, its largest peak)."""
     cfg = next(composed_runs(overrides_of(name), None))
     started = time.perf_counter()
     row = plan_row(cfg)
-    return row.peak, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if name not in PIPELINES:
+        return [row.peak], seconds
+    return [plan_row(cfg, rank=rank).peak for rank in range(CONFIGURATIONS[name][1])], seconds
 
 
 def free_port() -> int:
@@ -110,18 +127,19 @@ def main() -> None:
     results, rows = {}, []
     for index, name in enumerate(args.configurations.split(",")):
         plans = [planned(name) for _ in range(args.repeats)]
-        peak = plans[0][0]
+        peaks = plans[0][0]
         seconds = [s for _, s in plans]
         real = measured(name, args.timeout)
-        results[name] = {"overrides": overrides_of(name), "planned_rank0": peak, "measured_per_rank": real,
-                         "plan_seconds": seconds, "plan_seconds_median": statistics.median(seconds),
-                         "first_row": index == 0}
-        rows.append([name, CONFIGURATIONS[name][1], f"{peak / MIB:.2f}",
-                     ", ".join(f"{m / MIB:.2f}" for m in real), ", ".join(f"{peak / m:.3f}" for m in real),
+        mine = peaks if len(peaks) == len(real) else peaks * len(real)  # each rank's plan, or rank 0's for all
+        results[name] = {"overrides": overrides_of(name), "planned_rank0": peaks[0], "planned_per_rank": peaks,
+                         "measured_per_rank": real, "plan_seconds": seconds,
+                         "plan_seconds_median": statistics.median(seconds), "first_row": index == 0}
+        rows.append([name, CONFIGURATIONS[name][1], ", ".join(f"{p / MIB:.2f}" for p in peaks),
+                     ", ".join(f"{m / MIB:.2f}" for m in real), ", ".join(f"{p / m:.3f}" for p, m in zip(mine, real)),
                      f"{statistics.median(seconds):.1f}"])
-        print(f"{name}: planned {peak / MIB:.2f} MiB, measured {rows[-1][3]} MiB", flush=True)
+        print(f"{name}: planned {rows[-1][2]} MiB, measured {rows[-1][3]} MiB", flush=True)
     print()
-    print_table(["configuration", "workers", "planned MiB (rank 0)", "measured MiB (each rank)",
+    print_table(["configuration", "workers", "planned MiB (rank 0; a pipeline's each rank)", "measured MiB (each rank)",
                  "planned / measured", "s per row"], rows)
     write_results("plan", vars(args), results)
 

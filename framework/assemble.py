@@ -8,9 +8,10 @@ framework/evaluate.py); what it hands the layers below is a slice (a DataShare, 
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
 import torch
@@ -86,9 +87,11 @@ class Task:
     channels_last: bool
 
 
-def build_task(s: Settings, device: torch.device, channels_last_refusal: str | None, check: bool = False) -> Task:
+def build_task(s: Settings, device: torch.device, channels_last_refusal: str | None, check: bool = False,
+               model_made_in: ContextManager | None = None) -> Task:
     """Every component from its own options. check=True (the driver, once): the datasets' files, sample shapes and
-    class ids are checked too (framework/data/build.py)."""
+    class ids are checked too (framework/data/build.py). model_made_in: a context the model is built in (the
+    planner's FakeTensorMode, framework/plan/rows.py: its weights take no memory)."""
     loss = build_loss(s.loss)
     metrics = build_metrics(s.metrics)
     # class ids are checked where the loss or a metric takes them
@@ -96,7 +99,8 @@ def build_task(s: Settings, device: torch.device, channels_last_refusal: str | N
     needs_targets = s.step["_target_"] if getattr(step, "needs_targets", False) else None
     data = build_data(s.dataset, class_ids_of(loss, metrics), check=check, needs_targets=needs_targets)
     check_metrics(metrics, data.num_classes)
-    model = build_model(s.model, data.in_shape, data.num_classes)
+    with model_made_in or nullcontext():
+        model = build_model(s.model, data.in_shape, data.num_classes)
     augment = build_augment(s.dataset.augment, data.in_shape)
     # resolved once: the model's layout and the batches' layout must agree
     channels_last = use_channels_last(s.trainer.channels_last, model, device, data.in_shape,

@@ -1,7 +1,8 @@
 """trainer.check_fit: before a run starts on GPUs, the driver plans it (framework/plan/rows.py, on as many ranks as
-it is about to start) and refuses it in one line when rank 0's planned peak beside the GPU's device constants
-(framework/plan/device_constants.py) exceeds the GPU's memory. A run the plan cannot plan yet is said in one line
-and starts unchecked. Runs on the CPU plan nothing (the driver does not call this)."""
+it is about to start) and refuses it in one line when the planned peak (rank 0's; a pipeline's largest rank's)
+beside the GPU's device constants (framework/plan/device_constants.py) exceeds the GPU's memory. A run the plan
+cannot plan yet is said in one line and starts unchecked. Runs on the CPU plan nothing (the driver does not call
+this)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -32,7 +33,7 @@ def check_fit(cfg: DictConfig, workers: int, gpu: Gpu, say: Callable[[str], None
         return
     room = gpu.room(workers)
     raise ConfigError(
-        f"trainer.check_fit: this run does not fit {gpu.name}: rank 0's planned peak is {row.peak / MIB:.0f} MiB of "
-        f"tensors, and {room / MIB:.0f} MiB of its {gpu.memory / MIB:.0f} MiB are left beside the device constants "
-        "(estimates, docs/plan.md); plan it with `python plan.py` and your overrides, or trainer.check_fit=false to "
-        "start it anyway")
+        f"trainer.check_fit: this run does not fit {gpu.name}: rank {row.rank}'s planned peak is {row.peak / MIB:.0f} "
+        f"MiB of tensors, and {room / MIB:.0f} MiB of its {gpu.memory / MIB:.0f} MiB are left beside the device "
+        "constants (estimates, docs/plan.md); plan it with `python plan.py` and your overrides, or "
+        "trainer.check_fit=false to start it anyway")

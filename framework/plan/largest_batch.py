@@ -1,7 +1,8 @@
 """The largest micro-batch (samples per GPU at a time) that fits a GPU, for one row's strategy and workers, by
 planning again, not by a formula alone: a second row at twice the micro-batch gives the bytes one more sample adds
 (activations grow with the batch, the model state does not), that line says where the GPU's memory ends, and the
-micro-batch found there is planned to check it; a little less while the check says it does not fit."""
+micro-batch found there is planned to check it; a little less while the check says it does not fit. Under pipeline
+parallel the micro-batch stays a multiple of strategy.microbatches (the pipeline cuts it in equal parts)."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,7 @@ import math
 
 from omegaconf import DictConfig, open_dict
 
-from framework.plan.rows import Row, plan_row
+from framework.plan.rows import Row, micro_batch_multiple, plan_row
 
 CHECKS = 4
 
@@ -21,14 +22,15 @@ def largest_micro_batch(cfg: DictConfig, row: Row, memory: int) -> Row | None:
     per_sample = (doubled.peak - row.peak) / row.micro_batch
     if per_sample <= 0:
         return None
-    guess = math.floor(row.micro_batch + (memory - row.peak) / per_sample)
+    multiple = micro_batch_multiple(cfg)
+    guess = math.floor(row.micro_batch + (memory - row.peak) / per_sample) // multiple * multiple
     for _ in range(CHECKS):
         if guess < 1:
             return None
         checked = plan_row(_with_micro_batch(cfg, row, guess))
         if checked.peak <= memory:
             return checked
-        guess = math.floor(guess * memory / checked.peak)
+        guess = math.floor(guess * memory / checked.peak) // multiple * multiple
     return None
 
 

@@ -2,7 +2,8 @@
 forms (AdamW: two fp32 moments and a step count per parameter tensor; fsdp: rank 0's padded shard, 1/N), LeNet's
 planned peak against the peak torch.profiler measures on a real step, the largest micro-batch that fits, plan.png,
 the device constants a fit leaves room for, trainer.check_fit's refusal (the driver's GPU path, given a card), and
-its refusals in one line."""
+its refusals in one line; pipeline rows (the micro-batches each schedule keeps in flight), ZeRO-3's model state,
+the model built fake (no real weights), and check_fit letting a run start when the planner fails."""
 import gzip
 import json
 import math
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
 from support.driver import composed
@@ -100,10 +102,25 @@ def test_zero_2_holds_whole_parameters_and_a_partition_of_master_weights_gradien
     assert row.micro_batch == composed(*CHAR_LM).trainer.batch_size // 2
 
 
-def test_zero_3_is_refused_in_one_line_saying_why():
-    with pytest.raises(ConfigError, match=r"^strategy\.zero_stage=3 cannot be planned yet: ZeRO-3 gathers the "
-                                          r"parameters in prefetch buckets .*plannable: strategy\.zero_stage=1 or 2$"):
-        planned(*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3")
+def test_zero_3_keeps_each_tensors_partition_its_fp32_copy_and_gradients_and_the_tensors_it_gathers_whole():
+    zero3 = (*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=3", "strategy.nproc_per_node=2",
+             "+strategy.config.zero_optimization.reduce_bucket_size=1000000")
+    numels = [s.numel() for s in shapes(*CHAR_LM)]
+    partition = 4 * sum(math.ceil(n / 2) for n in numels)
+    row = planned(*zero3)  # every tensor of the GPT is under 1e5 elements: persistent, whole on every rank
+    assert max(numels) <= 100_000 and row.parameters == 4 * sum(numels) + 2 * partition
+    assert row.gradients == partition and row.buffers == 4_000_000  # one reduction bucket, overlap_comm or not
+    assert row.optimizer == math.ceil(adamw_bytes(numels, len(numels)) / 2)
+    capped = planned(*zero3, "+strategy.config.zero_optimization.stage3_param_persistence_threshold=0",
+                     "+strategy.config.zero_optimization.stage3_max_live_parameters=100000")
+    assert capped.parameters == 4 * 100_000 + 2 * partition  # none persistent; at most max_live gathered
+    assert row.peak - capped.peak == row.parameters - capped.parameters
+
+
+def test_zero_0_is_refused_in_one_line_saying_why():
+    with pytest.raises(ConfigError, match=r"^strategy\.zero_stage=0 cannot be planned yet: stage 0 reduces the "
+                                          r"whole gradients .*plannable: strategy\.zero_stage=1, 2 or 3$"):
+        planned(*CHAR_LM, "strategy=deepspeed", "strategy.zero_stage=0")
 
 
 def test_ddp_adds_its_gradient_buckets_once_and_keeps_no_gradient_beside_them():
@@ -184,13 +201,37 @@ def test_a_plan_key_it_does_not_have_is_refused_and_plan_keys_leave_the_runs_ove
         plan_options(["plan.gpus=A100-80GB"])
 
 
-@pytest.mark.parametrize("strategy", ["pp", "dp"])
-def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why(strategy):
+def test_a_strategy_that_cannot_be_planned_yet_is_refused_in_one_line_saying_why():
     with pytest.raises(ConfigError) as refused:
-        planned(*CHAR_LM, f"strategy={strategy}")
+        planned(*CHAR_LM, "strategy=dp")
     line = str(refused.value)
-    assert line.startswith(f"strategy={strategy} cannot be planned yet: ") and "plannable: single, ddp, fsdp, tp, deepspeed" in line
+    assert line.startswith("strategy=dp cannot be planned yet: ")
+    assert "plannable: single, ddp, fsdp, tp, pp, deepspeed" in line
     assert "\n" not in line
+
+
+@pytest.mark.parametrize("overrides", [("strategy.schedule=Interleaved1F1B",), ("strategy.tp=2",)],
+                         ids=["interleaved", "pp_x_tp"])
+def test_a_pipeline_not_checked_against_a_real_run_is_refused_in_one_line(overrides):
+    with pytest.raises(ConfigError) as refused:
+        planned(*CHAR_LM, "strategy=pp", f"strategy.nproc_per_node={2 * (1 + ('strategy.tp=2' in overrides))}",
+                *overrides)
+    line = str(refused.value)
+    assert "cannot be planned yet" in line and "plannable:" in line and "\n" not in line
+
+
+def test_1f1b_keeps_pp_micro_batches_in_flight_on_the_first_rank_and_gpipe_all_of_them():
+    """pp=2 over 4 pipeline micro-batches: rank 0 under 1F1B holds the activations of 2 at its peak (a forward for
+    each stage, then one backward for each forward), under GPipe all 4; the row is the pipeline rank whose peak is
+    the largest."""
+    pp = ("strategy=pp", "strategy.nproc_per_node=2", "strategy.microbatches=4")
+    cfg = {schedule: composed(*CHAR_LM, *pp, f"strategy.schedule={schedule}", "trainer.accelerator=cpu")
+           for schedule in ("1F1B", "GPipe")}
+    first = {schedule: plan_row(c, rank=0) for schedule, c in cfg.items()}
+    assert first["1F1B"].activations / first["GPipe"].activations == pytest.approx(2 / 4, rel=0.01)
+    assert first["1F1B"].parameters == first["GPipe"].parameters < planned(*CHAR_LM, "strategy=single").parameters
+    last = plan_row(cfg["GPipe"], rank=1)
+    assert plan_row(cfg["GPipe"]).peak == max(first["GPipe"].peak, last.peak)
 
 
 def test_plan_png_is_drawn_and_without_matplotlib_one_line_says_why(tmp_path, monkeypatch):
@@ -261,5 +302,35 @@ def test_check_fit_refuses_a_run_whose_planned_peak_exceeds_the_gpu_in_one_line_
 
 def test_check_fit_says_in_one_line_that_a_run_it_cannot_plan_is_not_checked():
     said = []
-    check_fit(composed(*CHAR_LM, "strategy=pp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
-    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=pp cannot be planned yet")
+    check_fit(composed(*CHAR_LM, "strategy=dp", "trainer.accelerator=cpu"), 2, chosen_gpu("T4-16GB"), said.append)
+    assert len(said) == 1 and said[0].startswith("trainer.check_fit: not checked: strategy=dp cannot be planned yet")
+
+
+def test_check_fit_lets_the_run_start_with_one_line_when_the_planner_itself_fails(monkeypatch):
+    """The planner (a dependency of check_fit, not its subject) raising something other than a refusal: check_fit
+    returns (the driver goes on to start the run) and says, in one line, that the plan could not be made."""
+    def failing(cfg, workers):
+        raise RuntimeError("a kernel fake tensors do not know\nits second line")
+
+    monkeypatch.setattr("framework.plan.fit.plan_row", failing)
+    said = []
+    check_fit(composed(*LENET, "strategy=single", "trainer.accelerator=cpu"), 1, chosen_gpu("T4-16GB"), said.append)
+    assert said == ["trainer.check_fit: not checked: planning failed (RuntimeError: a kernel fake tensors do not "
+                    "know); trainer.check_fit=false skips the plan"]
+
+
+def test_the_plan_builds_the_model_fake_and_allocates_none_of_its_weights():
+    """build_task's model_made_in, as the plan calls it: a GPT of 200 MB of fp32 weights built under FakeTensorMode;
+    the CPU allocator (torch.profiler's memory events, independent of the fake mode) sees a small fraction of that
+    (the data), and every parameter is fake."""
+    cfg = composed(*CHAR_LM, "model.n_embd=1024", "model.n_layer=4", "trainer.accelerator=cpu")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+            task = build_task(s, torch.device("cpu"), "a unit test", model_made_in=FakeTensorMode())
+    weights = sum(p.numel() * p.element_size() for p in task.model.parameters())
+    allocated = sum(e.nbytes() for e in profiler.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.nbytes() > 0)
+    assert weights > 150 * MIB and allocated < weights / 10
+    assert all(isinstance(p, FakeTensor) for p in task.model.parameters())

@@ -115,17 +115,26 @@ class PipelineRunner:
         self.last_rank = holders[-1]  # the rank computing the loss (rank 0 for ZBVZeroBubble's V)
         self.microbatches = microbatches
         self.clock = PipelineClock(device)
-        schedules, TimedStage = _pipelining()
-        self.stages = [TimedStage(module, index, self.num_stages, device, group=pp_group, clock=self.clock,
-                                  holders=holders)
-                       for index, module in sorted(stages.items())]
+        self.schedule_name = schedule
+        self.staged()
         self.holds_last = self.num_stages - 1 in stages
-        # scale_grads=False: the loss handed back is already each micro-batch's share of the step's mean
-        self.schedule = schedules[schedule](self.stages if schedule in MULTI_STAGE else self.stages[0],
-                                            n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False)
         self.current = None
         self.indices = [torch.tensor(i) for i in range(microbatches)]  # each micro-batch's "target": its index
         self.counts_tokens: bool | None = None  # whether the step counts tokens (known after the first step)
+
+    def staged(self, shapes: dict[int, tuple] | None = None) -> None:
+        """This rank's PipelineStages and their schedule. shapes: each stage's (input, output) examples, given to
+        its PipelineStage instead of inferred by messages between the ranks (the planner's fake process group,
+        framework/plan/pipeline.py, carries none)."""
+        schedules, TimedStage = _pipelining()
+        shapes = shapes or {}
+        self.stages = [TimedStage(module, index, self.num_stages, self.device, *shapes.get(index, ()),
+                                  group=self.group, clock=self.clock, holders=self.holders)
+                       for index, module in sorted(self.stage_modules.items())]
+        # scale_grads=False: the loss handed back is already each micro-batch's share of the step's mean
+        self.schedule = schedules[self.schedule_name](
+            self.stages if self.schedule_name in MULTI_STAGE else self.stages[0], n_microbatches=self.microbatches,
+            loss_fn=self._loss, scale_grads=False)
 
     # ---- training -------------------------------------------------------------------------------------------
     def forward_backward(self, step, batch, loss, weighting: Weighting) -> StepOutput:
