@@ -1,0 +1,84 @@
+"""The workers' template: a fresh interpreter (multiprocessing's forkserver) that imports what every worker needs
+once, and that each worker of torch's elastic agent (framework/launch/elastic.py) is forked from.
+
+It takes about 4 s to import on 2 cores, so the driver starts it as early as it can: right after Hydra composed the
+config, before the driver itself imports torch (framework/cli.py: train_app), where the config alone says that the
+run's workers will fork from it (starts_workers_from_template). This module imports neither torch nor an engine."""
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from framework.config.strategy_options import MESH_TARGET
+from framework.session.environment import import_path_for_children
+
+# What every worker imports before its first step, imported once in the template process instead of in each worker:
+# the worker's code (torch with it), and torch._dynamo, which torch imports at the first optimizer a process builds
+# (about 2 s each on 2 cores).
+WORKER_MODULES = ("framework.worker", "torch._dynamo")
+
+
+def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
+    """Start the process the workers are forked from (multiprocessing's forkserver), importing WORKER_MODULES (and
+    an engine's own, e.g. deepspeed) there now, while the driver goes on with its checks. It is a fresh process with
+    one thread (this one runs the rendezvous store's threads, which forked workers of a two-node job hung on), and
+    holds the environment of this moment: what the agent sets per worker (ranks, OMP_NUM_THREADS,
+    CUDA_VISIBLE_DEVICES) it sets in each worker again. Importing torch does not initialize CUDA, so GPU workers may
+    fork from it. Idempotent (the modules of the first start are the template's). Not in a process of a pool (a joblib
+    job: its pool's semaphores would leak): there the workers are spawned. Returns whether the workers will fork from
+    the template."""
+    if multiprocessing.parent_process() is not None:
+        return False
+    multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
+    with import_path_for_children():
+        multiprocessing.forkserver.ensure_running()
+    return True
+
+
+def starts_workers_from_template(strategy: DictConfig) -> bool:
+    """Whether the composed strategy node alone says its workers fork from the template with nothing of the engine's
+    own preloaded: the mesh's presets (ddp, fsdp, hsdp, tp, pp). strategy=auto, an engine with modules of its own to
+    preload (deepspeed) and a user's engine start it after the driver typed the config (Starter.warm_up)."""
+    return strategy.get("_target_") == MESH_TARGET
+
+
+class EarlyTemplate:
+    """The template started before the driver checked the run: stopped again where the run ends without training
+    (a refusal), rather than left importing torch for seconds after the driver exited."""
+
+    def __init__(self) -> None:
+        before = _children()
+        self.started = start_worker_template()
+        self.pids = [pid for pid in _children() - before if b"forkserver" in _command_line(pid)]
+
+    def stop(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)  # it holds no file; a worker forked from it is the agent's to stop
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self.pids = []
+
+
+def _children() -> set[int]:
+    """This process's child processes (Linux's /proc/<pid>/task/<tid>/children; none where it cannot be read)."""
+    found: set[int] = set()
+    try:
+        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+    except OSError:
+        pass
+    return found
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
