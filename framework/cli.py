@@ -37,15 +37,14 @@ def train_app(cfg: DictConfig):
     session = detect(HydraConfig.get())
     early = None
     if session.ranks is None and not session.in_sweep and starts_workers_from_template(cfg.strategy):
-        early = EarlyTemplate()  # its ~4 s of imports run beside the driver's torch and checks
+        early = EarlyTemplate(cfg.strategy)  # its ~4 s of imports run beside the driver's torch and checks
     try:
         from framework.run import run  # torch with it: after the template started
 
         return run(cfg, session)
-    except BaseException:
-        if early is not None:
-            early.stop()  # a refusal (or a stop) ends this process: nothing of the run is left
-        raise
+    finally:
+        if early is not None:  # refused, stopped or done: this process ends, and nothing of the run is left
+            early.stop()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())
