@@ -69,13 +69,15 @@ class EarlyTemplate:
 
 
 def _children() -> set[int]:
-    """This process's child processes (Linux's /proc/<pid>/task/<tid>/children; none where it cannot be read)."""
-    found: set[int] = set()
-    try:
-        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-            found.update(int(pid) for pid in (task / "children").read_text().split())
-    except OSError:
-        pass
+    """This process's child processes: those whose parent, in Linux's /proc/<pid>/stat, is this one (the kernel's
+    per-task `children` lists may miss a child while it is being made); none where /proc cannot be read."""
+    me, found = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == me:
+                found.add(int(entry.name))
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
     return found
 
 

@@ -54,8 +54,12 @@ try:
 except SystemExit as ended:
     code = ended.code
 children = set()
-for task in os.listdir("/proc/self/task"):
-    children.update(open(f"/proc/self/task/{task}/children").read().split())
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1]) == os.getpid():
+            children.add(pid)
+    except OSError:
+        pass
 commands = [open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") for pid in children
             if os.path.exists(f"/proc/{pid}/cmdline")]
 print(json.dumps({"code": code, "torch_loaded_at_start": torch_loaded_at_start,
