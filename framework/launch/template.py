@@ -55,7 +55,7 @@ class EarlyTemplate:
 
     def __init__(self, strategy: DictConfig) -> None:
         before = _children()
-        self.started = start_worker_template((str(strategy["_target_"]).rpartition(".")[0],))
+        start_worker_template((str(strategy["_target_"]).rpartition(".")[0],))
         self.pids = [pid for pid in _children() - before if b"forkserver" in _command_line(pid)]
 
     def stop(self) -> None:
