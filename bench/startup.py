@@ -6,7 +6,8 @@ PyTorch program here (bench/baselines/torch_floor.py: import torch, one optimize
 Runs train 1 step with a progress line after it; this script stamps the output lines as they arrive:
 'training ...' (printed right before the loop) gives the time to the loop, 'step 1/1' the time to the
 first finished step. One untimed round first (warm file cache), then A, B, A, B; medians.
-Targets: single <= 3 s, ddp-2 <= 6 s.
+Targets: single <= 3 s, ddp-2 <= 6 s. --against DIR adds DIR's train.py (another checkout, e.g.
+`git archive <commit> | tar -x -C /tmp/before`) as a side of its own in the same alternation.
 
     .venv/bin/python bench/startup.py --repeats 5
 """
@@ -32,18 +33,22 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ddp-workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=120, help="seconds per run")
+    p.add_argument("--against", type=Path, default=None, help="another checkout whose train.py runs as a side too")
     args = p.parse_args(argv)
     names(p, "--modes", args.modes, TARGETS)
     return args
 
 
-def commands_for(mode: str, workers: int) -> dict[str, list[str]]:
+def commands_for(mode: str, workers: int, against: Path | None = None) -> dict[str, list[str]]:
     one_step = ["trainer.max_steps=1", "trainer.log_every_n_steps=1", "dataset.max_test_samples=500"]
+    train = ["strategy=single"] if mode == "single" else ["strategy=ddp", f"strategy.nproc_per_node={workers}"]
+    sides = {"train.py": commands.train_py(*train, *one_step)}
+    if against is not None:
+        sides[f"{against}/train.py"] = commands.train_py(*train, *one_step, repo=against)
     if mode == "single":
-        return {"train.py": commands.train_py("strategy=single", *one_step),
-                "plain_loop.py": commands.baseline("plain_loop.py", "--steps=1", "--log-every=1"),
+        return {**sides, "plain_loop.py": commands.baseline("plain_loop.py", "--steps=1", "--log-every=1"),
                 "torch_floor.py": commands.baseline("torch_floor.py")}
-    return {"train.py": commands.train_py("strategy=ddp", f"strategy.nproc_per_node={workers}", *one_step),
+    return {**sides,
             "torchrun ddp_torchrun.py": commands.torchrun("ddp_torchrun.py", workers, "--steps=1", "--log-every=1")}
 
 
@@ -64,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         for mode in args.modes.split(","):
             variants = {name: timer(cmd, Path(tmp), args.timeout)
-                        for name, cmd in commands_for(mode, args.ddp_workers).items()}
+                        for name, cmd in commands_for(mode, args.ddp_workers, args.against).items()}
             print(f"{mode}: warm-up round (not counted)", flush=True)
             for measure in variants.values():
                 measure()
@@ -77,7 +82,7 @@ def main() -> None:
                              TARGETS.get(mode) if name == "train.py" else None])
     print()
     print_table(["mode", "command", "s to loop", "s to first step", "s whole run (1 step)", "target"], rows)
-    write_results("startup", vars(args), results)
+    write_results("startup", {**vars(args), "against": args.against and str(args.against)}, results)
 
 
 if __name__ == "__main__":

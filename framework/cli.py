@@ -10,6 +10,7 @@ import signal
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
@@ -21,33 +22,49 @@ from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
 from framework.config.path_overrides import quoted_paths, quoting_hint
 from framework.config.typed import missing_key_reason, omegaconf_error_line
-from framework.evaluate import evaluate_command
-from framework.run import run, train_as_follower
-from framework.sample import sample_command
+from framework.launch.template import EarlyTemplate, starts_workers_from_template
 from framework.session.detect import detect, sweep_driver
 from framework.session.environment import import_path_for_children, take_local_rank_argument
 from framework.session.exit import quick_exit
 from framework.session.situations import refuse
-from framework.verify.command import verify_command
+
+# This module imports no torch: the commands' own modules (which do) are imported once Hydra composed the config, and
+# train.py's after the workers' template started (tests/runs/test_startup_imports.py).
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
 def train_app(cfg: DictConfig):
-    return run(cfg)
+    session = detect(HydraConfig.get())
+    early = None
+    if session.ranks is None and not session.in_sweep and starts_workers_from_template(cfg.strategy):
+        early = EarlyTemplate(cfg.strategy)  # its ~4 s of imports run beside the driver's torch and checks
+    try:
+        from framework.run import run  # torch with it: after the template started
+
+        return run(cfg, session)
+    finally:
+        if early is not None:  # refused, stopped or done: this process ends, and nothing of the run is left
+            early.stop()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())
 def eval_app(cfg: DictConfig):
+    from framework.evaluate import evaluate_command  # torch with it: imported once composed
+
     return evaluate_command(cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="sample", **main_options())
 def sample_app(cfg: DictConfig):
+    from framework.sample import sample_command  # torch with it: imported once composed
+
     sample_command(cfg)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="verify", **main_options())
 def verify_app(cfg: DictConfig):
+    from framework.verify.command import verify_command  # torch with it: imported once composed
+
     verify_command(cfg)
 
 
@@ -89,6 +106,8 @@ def _main() -> None:
     except ConfigError as exc:  # every rank meets these alike (its own arguments, its scheduler's variables)
         refuse(exc)
     if session.follows:  # the other ranks of torchrun/SLURM/horovodrun take the config and folder from rank 0
+        from framework.run import train_as_follower  # torch with it: a follower needs no template
+
         try:
             train_as_follower(session)
         except KeyboardInterrupt:  # Ctrl-C reached every rank; rank 0 says what stopped and what is kept

@@ -28,7 +28,6 @@ from framework.results.provenance import record_start
 from framework.results.result_file import format_rate, write_result
 from framework.results.run_result import RunResult, Stopped
 from framework.results.sweep_resume import RESOLVED_CONFIG, finished_before, objective_value
-from framework.session.detect import detect
 from framework.session.environment import Ranks
 from framework.session.situations import Follower, Session
 from framework.strategies import build_strategy, choose_strategy
@@ -38,11 +37,10 @@ from framework.training.interrupts import GracefulStop, Interrupted, NoStop
 from framework.worker import train_rank, worker_entry
 
 
-def run(cfg: DictConfig) -> float | None:
-    """Hydra's task function. Returns the test value of trainer.objective (a metric, or loss: what sweepers
-    optimize); None for a failed job of a sweep, and on ranks > 0."""
+def run(cfg: DictConfig, session: Session) -> float | None:
+    """Hydra's job (framework/cli.py: train_app), in its session. Returns the test value of trainer.objective (a
+    metric, or loss: what sweepers optimize); None for a failed job of a sweep, and on ranks > 0."""
     hydra_cfg = HydraConfig.get()
-    session = detect(hydra_cfg)
     if session.follows:  # submitit runs this function in every task of a job
         return train_as_follower(session)
     try:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
-import torch
-
 from framework.config.choices import Accelerator, InvariantReduce, OnNonfinite, PrecisionChoice
 from framework.config.rules import (Checked, SettingError, above, at_least, at_least_number, compile_backend, one_of, rule,
                                     step_range)
@@ -86,6 +84,8 @@ class TrainerConfig(Checked):
 
     @property
     def cuda_wanted(self) -> bool:
+        import torch  # here: Hydra composes with these schemas before the driver imports torch (framework/cli.py)
+
         return self.accelerator == "gpu" or (self.accelerator == "auto" and torch.cuda.is_available())
 
     def engine(self) -> "EngineSettings":

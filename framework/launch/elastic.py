@@ -4,8 +4,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import uuid
@@ -20,37 +18,15 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from framework.checkpoints.disk import free_bytes
 from framework.common.errors import ConfigError
+from framework.launch.template import start_worker_template
 from framework.training.interrupts import Interrupted
 from framework.session.detect import worker_ranks
-from framework.session.environment import Ranks, import_path_for_children, threads_per_worker
+from framework.session.environment import Ranks, threads_per_worker
 from framework.session.lifeline import end_with
 
 
 class WorkersFailed(RuntimeError):
     """A worker process exited with an error; the message carries the root cause."""
-
-
-# What every worker imports before its first step, imported once in the template process instead of in each worker:
-# the worker's code (torch with it), and torch._dynamo, which torch imports at the first optimizer a process builds
-# (about 2 s each on 2 cores).
-WORKER_MODULES = ("framework.worker", "torch._dynamo")
-
-
-def start_worker_template(extra_modules: tuple[str, ...] = ()) -> bool:
-    """Start the process the workers are forked from (multiprocessing's forkserver), importing WORKER_MODULES (and
-    an engine's own, e.g. deepspeed) there now, while the driver goes on with its checks. It is a fresh process with
-    one thread (this one runs the rendezvous store's threads, which forked workers of a two-node job hung on), and
-    holds the environment of this moment: what the agent sets per worker (ranks, OMP_NUM_THREADS,
-    CUDA_VISIBLE_DEVICES) it sets in each worker again. Importing torch does not initialize CUDA, so GPU workers may
-    fork from it. Idempotent. Not in a process of a pool (a joblib job: its pool's semaphores would leak): there the
-    workers are spawned. Returns whether the workers will fork from the template."""
-    if multiprocessing.parent_process() is not None:
-        return False
-    multiprocessing.set_forkserver_preload([*WORKER_MODULES, *extra_modules])
-    with import_path_for_children():
-        multiprocessing.forkserver.ensure_running()
-    return True
-
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
@@ -144,6 +143,8 @@ def _hydra_dist_state(project: dict, version: str | None) -> tuple[dict, bytes]:
 
 def versions(packages: dict[str, str]) -> dict:
     """Versions read without importing the optional engines (importing DeepSpeed alone takes seconds)."""
+    import torch  # here: Hydra builds this module's sweep callback before the driver imports torch (framework/cli.py)
+
     found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
              "cudnn": None, "nccl": None}
     try:

@@ -7,9 +7,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
-from torch.utils.tensorboard.summary import hparams
-
 from framework.results.job_names import job_name, overrides_by_key
 from framework.results.seed_groups import SeedGroup
 
@@ -25,6 +22,10 @@ def hparam_value(text: str) -> float | str:
 
 def write_seed_hparams(sweep_dir: Path, groups: list[SeedGroup], keys: list[str], metrics: list[str]) -> None:
     """Written afresh each time the summary is (a resumed sweep's runs replace the earlier ones)."""
+    # here: Hydra builds the sweep summary's callback before the driver imports torch (framework/cli.py)
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams  # (the same)
+
     shutil.rmtree(sweep_dir / SEEDS_DIR, ignore_errors=True)
     for number, group in enumerate(groups):
         values = overrides_by_key(group.overrides)

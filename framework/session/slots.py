@@ -19,7 +19,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from framework.common.errors import ConfigError
 
@@ -60,6 +59,8 @@ def count_gpus_elsewhere() -> int:
     asks the CUDA driver, which fixes this process's devices at that moment: CUDA_VISIBLE_DEVICES narrowed afterwards
     would not reach it, and every slot training in its own process (single, dp) would use GPU 0. No child where no
     GPU can be: a torch without CUDA, or no NVIDIA driver (whose libcuda the CUDA runtime loads)."""
+    import torch  # here: the driver's front door (framework/cli.py) imports this module before torch
+
     if not torch.backends.cuda.is_built():
         return 0
     if torch.version.cuda:
@@ -110,6 +111,8 @@ def claim_slot(sweep_dir: Path, n_jobs: int) -> JobSlot:
     os.sched_setaffinity(0, slot.cores)
     # joblib set OMP_NUM_THREADS for in-process threads; ddp recomputes it per worker from the affinity.
     os.environ.pop("OMP_NUM_THREADS", None)
+    import torch  # here: the driver's front door (framework/cli.py) imports this module before torch
+
     torch.set_num_threads(len(slot.cores))
     # loky names its own start method in this worker; processes spawned from here (ddp's workers) would be told
     # to use it and fail with "cannot find context for 'loky'".

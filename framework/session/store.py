@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import datetime
 import os
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from framework.session.environment import restart_attempt
 
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
 STORE_TIMEOUT = datetime.timedelta(minutes=10)
-_stores: dict[int, dist.Store] = {}
+_stores: dict[int, "dist.Store"] = {}
 
 
 def launch_store(rank: int, world_size: int) -> dist.Store:
@@ -22,6 +24,8 @@ def launch_store(rank: int, world_size: int) -> dist.Store:
     first attempt's keys; gloo then reads a dead peer's address and fails with 'connectFullMesh ... Connection
     refused'. A per-attempt prefix gives each attempt a clean slate. Rank 0 hosts the store unless the agent does
     (torchrun); created once per process, so the payload exchange and the process group share it."""
+    import torch.distributed as dist  # here: the driver's front door (framework/cli.py) imports this module before torch
+
     attempt = restart_attempt()
     if attempt not in _stores:
         agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

@@ -1,11 +1,13 @@
-"""The driver types a run's config without importing torch._dynamo: the workers' template (multiprocessing's
-forkserver, framework/launch/elastic.py) starts right after the typing (framework/run.py: plan_run), so every second
-spent there is a second before any worker exists. trainer.compile_backend's check listed torch's compile backends for
-the default `inductor`, which imports torch._dynamo (about 2 s on 2 cores) ahead of the template; the driver's
-dry run still imports it when it builds the optimizer (torch.optim's add_param_group), after the template started.
+"""What the driver has imported when the workers' template (multiprocessing's forkserver, framework/launch/
+template.py) starts, and when it types the config. A direct run of a mesh preset starts the template right after
+Hydra composed, before the driver imports torch (framework/cli.py: train_app), so the template's ~4 s of imports run
+beside the driver's torch and checks, and a refusal stops it again. Other runs start it after the typing (framework/
+run.py: plan_run): trainer.compile_backend's check listed torch's compile backends for the default `inductor`, which
+imports torch._dynamo (about 2 s on 2 cores) ahead of the template; the driver's dry run still imports it when it
+builds the optimizer (torch.optim's add_param_group), after the template started.
 
-A process of its own: the subject is what a fresh interpreter has imported, which this test process (with every
-other test's imports) cannot show."""
+A process of its own: the subject is what a fresh interpreter has imported, and which processes it leaves, which
+this test process (with every other test's imports) cannot show."""
 from __future__ import annotations
 
 import json
@@ -31,3 +33,46 @@ def test_typing_a_ddp_runs_config_leaves_torch_dynamo_for_later(tmp_path):
                          env=python_path(REPO, REPO / "tests"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"backend": "inductor", "dynamo": False}
+
+
+ORDER_PROBE = """
+import json, os, sys
+import framework.launch.template as template
+from framework import cli
+
+started = template.start_worker_template
+torch_loaded_at_start = []
+
+def noted(*modules):
+    torch_loaded_at_start.append("torch" in sys.modules)
+    return started(*modules)
+
+template.start_worker_template = noted
+sys.argv = ["train.py", "strategy=ddp", "strategy.nproc_per_node=2", "trainer.accelerator=cpu", "trainer.max_steps=0"]
+try:
+    cli._main()
+except SystemExit as ended:
+    code = ended.code
+children = set()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1]) == os.getpid():
+            children.add(pid)
+    except OSError:
+        pass
+commands = [open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") for pid in children
+            if os.path.exists(f"/proc/{pid}/cmdline")]
+print(json.dumps({"code": code, "torch_loaded_at_start": torch_loaded_at_start,
+                  "templates_left": [c for c in commands if "forkserver" in c]}))
+"""
+
+
+def test_a_ddp_runs_template_starts_before_the_driver_imports_torch_and_a_refusal_stops_it(tmp_path):
+    """trainer.max_steps=0 is refused by the driver's typing, which comes after the template started."""
+    out = subprocess.run([sys.executable, "-c", ORDER_PROBE], cwd=tmp_path, capture_output=True, text=True,
+                         env=python_path(REPO, REPO / "tests"), timeout=300)
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["code"] == 2, out.stderr[-3000:]
+    assert "trainer.max_steps=0 is not allowed" in out.stderr
+    assert said["torch_loaded_at_start"][:1] == [False], said
+    assert said["templates_left"] == [], said

@@ -303,13 +303,12 @@ def test_a_job_finished_before_is_said_and_the_other_ranks_have_nothing_to_do(se
 
 def _run_as(monkeypatch, hydra_cfg, outer):
     """framework.run.run for this Hydra config, as a process with these ranks would run it."""
-    monkeypatch.setattr("framework.run.detect", lambda cfg: situation(cfg, outer))
     HydraConfig.instance().set_config(hydra_cfg)
     try:
         job_cfg = hydra_cfg.copy()
         with open_dict(job_cfg):
             del job_cfg["hydra"]
-        return run(job_cfg)
+        return run(job_cfg, situation(HydraConfig.get(), outer))
     finally:
         HydraConfig.instance().cfg = None
 
