@@ -7,7 +7,9 @@ import os
 import sys
 
 import pytest
+import torch
 
+from framework.plan.device_constants import constants_of
 from framework.plan.rows import plan_row
 from support.driver import composed
 from support.marks import needs_gpu, needs_gpus
@@ -108,10 +110,13 @@ def test_the_plan_of_a_gpu_run_is_within_10_percent_of_what_its_second_step_allo
     check_ok(run_train([*args, "+callbacks.peak._target_=cuda_probes.PeakOfStep2"], tmp_path, env=faults_env()))
     [run_dir] = run_dirs(tmp_path)
     measured = json.loads((run_dir / "probe_PeakOfStep2_rank0.json").read_text())["step2_peak_bytes"]
-    planned = plan_row(composed(*args)).peak  # traced on the CPU, as plan.py plans a GPU run
+    traced = plan_row(composed(*args)).peak  # traced on the CPU, as plan.py plans a GPU run
+    # the allocator also holds the cuBLAS workspaces (an H200 once: traced 591.3 MiB, measured 657.4)
+    planned = traced + constants_of(torch.cuda.get_device_name()).allocated_beside_tensors()
     assert abs(measured - planned) <= 0.10 * planned, (
-        f"plan.py planned {planned / 2**20:.1f} MiB, torch.cuda.max_memory_allocated over step 2 says "
-        f"{measured / 2**20:.1f} MiB (workspaces and kernels' own buffers are not in the plan: docs/plan.md)")
+        f"plan.py planned {traced / 2**20:.1f} MiB of tensors + {(planned - traced) / 2**20:.0f} MiB of cuBLAS "
+        f"workspaces, torch.cuda.max_memory_allocated over step 2 says {measured / 2**20:.1f} MiB (kernels' own "
+        "buffers are not in the plan: docs/plan.md)")
 
 @needs_gpus(2)
 @pytest.mark.parametrize("key", ["compile", "activation_checkpointing"])

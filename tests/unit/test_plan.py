@@ -287,7 +287,7 @@ def test_a_peak_that_fits_the_card_as_sold_does_not_fit_beside_its_device_consta
 def test_check_fit_refuses_a_run_whose_planned_peak_exceeds_the_gpu_in_one_line_naming_the_key():
     cfg = composed(*LENET, "strategy=single", "trainer.check_fit=true", "trainer.accelerator=cpu")
     constants = constants_of("H100")
-    fixed = constants.cuda_context + constants.cublas_workspace
+    fixed = constants.cuda_context + constants.allocated_beside_tensors()
     peak = plan_row(cfg).peak  # LeNet, 128 samples: 21.7 MiB
     small = Gpu("a small card", fixed + peak, constants)  # the tensors fit the card, not beside its constants
     with pytest.raises(ConfigError) as refused:
