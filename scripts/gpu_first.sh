@@ -26,7 +26,15 @@ if [ -n "$wheels" ] && [ ! -d "$wheels" ]; then
     echo "gpu_first: WHEELS=$wheels is not allowed: no such folder; give a folder of wheels, or nothing (the index)"
     exit 2
 fi
-[ -x "$venv/bin/python" ] || "$python" -m venv --system-site-packages "$venv" || { echo "gpu_first: setup: no venv"; exit 1; }
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv --system-site-packages "$venv" || { echo "gpu_first: setup: no venv"; exit 1; }
+    # a machine whose python3 is itself a venv's (an H200's: /opt/torch/.venv) keeps its torch there, which
+    # --system-site-packages does not see (it adds the base interpreter's): a .pth adds that venv's packages
+    parent=$("$python" -c 'import site, sys; print(site.getsitepackages()[0] if sys.prefix != sys.base_prefix else "")')
+    if [ -n "$parent" ]; then
+        echo "$parent" > "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine-venv.pth"
+    fi
+fi
 requirements="$venv/requirements.txt"
 "$venv/bin/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
     > "$requirements" || { echo "gpu_first: setup: pyproject.toml's dependencies could not be read (Python >= 3.11)"; exit 1; }
