@@ -10,6 +10,7 @@ planned / measured per rank. The table in docs/plan.md comes from here.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import statistics
@@ -23,12 +24,19 @@ from benchkit.arguments import names
 from benchkit.report import print_table, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the framework this checkout holds
+# the user project's package (mypkg, USER_PROJECT below), as its users' PYTHONPATH has it
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "my_project"))
+from framework.common.paths import overrides_and_config_dir  # noqa: E402
 from framework.plan.command import composed_runs  # noqa: E402
 from framework.plan.rows import plan_row  # noqa: E402
 
 MIB = 2 ** 20
 LENET = ("model=lenet", "dataset=fashion_mnist")
 CHAR_LM = ("experiment=char_lm",)
+# a user's project (examples/my_project): its own model (mypkg.mesh_lm.ResidualLM), data and tensor-parallel plan,
+# from --config-dir with the project on the import path, as its users run it
+USER_PROJECT = commands.REPO / "examples" / "my_project"
+USER_LM = ("--config-dir", str(USER_PROJECT / "conf"), "experiment=task_residual_lm", "model.hidden=256")
 # name: (overrides, workers)
 CONFIGURATIONS = {
     "lenet_single": ((*LENET, "strategy=single"), 1),
@@ -56,6 +64,10 @@ CONFIGURATIONS = {
     "lenet_pp2_1f1b": ((*LENET, "strategy=pp", "strategy.schedule=1F1B"), 2),
     "gpt_pp2_1f1b": ((*CHAR_LM, "strategy=pp", "strategy.schedule=1F1B"), 2),
     "gpt_pp2_gpipe": ((*CHAR_LM, "strategy=pp", "strategy.schedule=GPipe"), 2),
+    "user_single": ((*USER_LM, "strategy=single"), 1),
+    "user_ddp2": ((*USER_LM, "strategy=ddp"), 2),
+    "user_fsdp2": ((*USER_LM, "strategy=fsdp"), 2),
+    "user_tp2_plan": ((*USER_LM, "strategy=tp_plan"), 2),
 }
 PIPELINES = ("lenet_pp2_1f1b", "gpt_pp2_1f1b", "gpt_pp2_gpipe")  # planned rank by rank: a pipeline's ranks differ
 PEAK_LINE = re.compile(r"^allocator peak rank (\d+): (\d+)$", re.M)
@@ -80,7 +92,8 @@ def overrides_of(name: str) -> list[str]:
 def planned(name: str) -> tuple[list[int], float]:
     """The planned peak (bytes) of rank 0, or of each rank of a pipeline, and the seconds the row took, in this
     process (the row: every pipeline rank, its largest peak)."""
-    cfg = next(composed_runs(overrides_of(name), None))
+    overrides, config_dir = overrides_and_config_dir(overrides_of(name), "bench/plan.py")
+    cfg = next(composed_runs(overrides, config_dir))
     started = time.perf_counter()
     row = plan_row(cfg)
     seconds = time.perf_counter() - started
@@ -103,7 +116,9 @@ def measured(name: str, timeout: int) -> list[int]:
     # DeepSpeed reads the launcher's variables beside the group the probe makes
     ranks = [subprocess.Popen([*probe, str(workers), str(rank), str(port), *overrides_of(name)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**commands.environment(1), "LOCAL_RANK": str(rank), "RANK": str(rank),
+                              env={**commands.environment(1), "PYTHONPATH": os.pathsep.join(
+                                  filter(None, [str(USER_PROJECT), os.environ.get("PYTHONPATH")])),
+                                   "LOCAL_RANK": str(rank), "RANK": str(rank),
                                    "WORLD_SIZE": str(workers), "LOCAL_WORLD_SIZE": str(workers),
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(deepspeeds)},
                               cwd=commands.REPO) for rank in range(workers)]

@@ -7,7 +7,7 @@ allocation and free, with its bytes), summed in time order over a window in whic
 made (a copy of the built model, the batch, parallelize, the steps). No dispatch mode and no fake tensor:
 independent of the plan's count. (torch.profiler's memory timeline analysis is not used: it fails on DTensor's autograd graph.)
 
-    python bench/probes/allocator_peak.py WORLD RANK PORT [train.py overrides]   # one process per rank"""
+    python bench/probes/allocator_peak.py WORLD RANK PORT [--config-dir DIR] [train.py overrides]   # per rank"""
 from __future__ import annotations
 
 import copy
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the framework th
 from framework.assemble import RunContext, build_task, parallelize, seed_everything  # noqa: E402
 from framework.config.settings import settings_of  # noqa: E402
 from framework.config.targets import TargetAllowlist, allowing  # noqa: E402
+from framework.common.paths import overrides_and_config_dir  # noqa: E402
 from framework.plan.batch import first_batch  # noqa: E402
 from framework.plan.command import composed_runs  # noqa: E402
 from framework.session.environment import TORCH, Ranks  # noqa: E402
@@ -44,7 +45,8 @@ def two_steps(wrapped, task, batch, t) -> None:
 
 def main() -> None:
     world, rank, port = (int(a) for a in sys.argv[1:4])
-    cfg = next(composed_runs([*sys.argv[4:], "trainer.accelerator=cpu", "trainer.channels_last=false"], None))
+    overrides, config_dir = overrides_and_config_dir(sys.argv[4:], "allocator_peak.py")
+    cfg = next(composed_runs([*overrides, "trainer.accelerator=cpu", "trainer.channels_last=false"], config_dir))
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:

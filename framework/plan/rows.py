@@ -33,11 +33,11 @@ from framework.plan.zero import ZeroStates, zero_refusal
 from framework.session.environment import TORCH, Ranks
 from framework.strategies import choose_strategy
 from framework.strategies.deepspeed_config import deepspeed_config
-from framework.config.strategy_options import SingleOptions
+from framework.config.strategy_options import DeepSpeedOptions, MeshOptions, SingleOptions
 from framework.strategies.single import SingleStrategy
 from framework.training.engine import LocalGroup
 
-PLANNED = ("single", "ddp", "fsdp", "tp", "pp", "deepspeed")
+PLANNED = ("single", "ddp", "fsdp", "tp", "pp", "deepspeed")  # the presets; a user's YAML of the same engines too
 WHY_NOT = {
     "dp": "nn.DataParallel copies the model onto each GPU of one process at every step; not traced yet",
     "horovod": "Horovod's allreduce buffers live outside torch; not counted yet",
@@ -64,23 +64,32 @@ class Row:
     rank: int = 0  # whose bytes: rank 0's; a pipeline's, its rank with the largest peak
 
 
+def _plannable(options) -> bool:
+    """By the engine, not the name: a user's YAML naming the mesh (strategy=tp_plan) plans as its degrees say."""
+    return isinstance(options, (SingleOptions, MeshOptions)) or _is_deepspeed(options)
+
+
+def _is_deepspeed(options) -> bool:
+    return isinstance(options, DeepSpeedOptions)
+
+
 def check_plannable(cfg: DictConfig) -> None:
     """ConfigError, one line, for a config whose strategy cannot be planned yet, whose keys do not type, or that the
     strategy itself refuses as train.py would (a mesh whose degrees do not multiply to its workers)."""
     with allowing(TargetAllowlist.of_command(cfg)):
         strategy_class, _ = choose_strategy(cfg, None)
         s = settings_of(cfg, strategy_class.Options)
-        name = s.strategy.name
-        if name in PLANNED:
+        name, plannable = s.strategy.name, _plannable(s.strategy)
+        if plannable:
             strategy_class(s.strategy, s.trainer.engine(), ranks=None).validate()
-    if name == "deepspeed" and (refusal := zero_refusal(s.strategy)):
+    if _is_deepspeed(s.strategy) and (refusal := zero_refusal(s.strategy)):
         raise ConfigError(refusal)
     if getattr(s.strategy, "cpu_offload", False):
         raise ConfigError("strategy.cpu_offload=true cannot be planned yet: FSDP2 pins the shards it keeps in CPU "
                           "memory, which fake tensors cannot; plannable: strategy.cpu_offload=false")
-    if (refusal := pipeline_refusal(s.strategy)) and name in PLANNED:
+    if (refusal := pipeline_refusal(s.strategy)) and plannable:
         raise ConfigError(refusal)
-    if name not in PLANNED:
+    if not plannable:
         raise ConfigError(f"strategy={name} cannot be planned yet: {WHY_NOT.get(name, 'not traced yet')}; "
                           f"plannable: {', '.join(PLANNED)}")
     if cfg.trainer.precision == "fp16":
@@ -115,7 +124,7 @@ def plan_row(cfg: DictConfig, workers: int | None = None, rank: int | None = Non
         rank, (live, micro_batch, numels) = max(((r, _counted(s, strategy_class, workers, r)) for r in ranks),
                                                 key=lambda counted: counted[1][0].peak)
     at_peak, peak = live.at_peak(), live.peak
-    if name == "deepspeed":
+    if _is_deepspeed(s.strategy):
         zero = ZeroStates.of(deepspeed_config(s.strategy, s.trainer, workers), workers, numels)
         at_peak, peak = zero.laid_over(at_peak, peak)
     return Row(strategy=name, workers=workers, rank=rank, micro_batch=micro_batch, peak=peak,
@@ -126,7 +135,7 @@ def _counted(s, strategy_class, workers: int, rank: int = 0) -> tuple[LiveBytes,
     """`rank` of `workers`, built and stepped on fake tensors: its LiveBytes, its micro-batch and the sizes of the
     model's parameter tensors (each once; ZeRO-3 keeps the small ones whole)."""
     ddp = getattr(s.strategy, "runs_ddp", False)  # the mesh on its 1-D replicate mesh: DDP itself, whatever the name
-    one_process = ddp or s.strategy.name == "deepspeed"  # on its share of the batch; their engines laid beside
+    one_process = ddp or _is_deepspeed(s.strategy)  # on its share of the batch; their engines laid beside
     dist.init_process_group("fake", rank=rank, world_size=workers)
     try:
         engine = dataclasses.replace(s.trainer.engine(), cuda=False)  # traced on the CPU: the same bytes

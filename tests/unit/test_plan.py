@@ -334,3 +334,14 @@ def test_the_plan_builds_the_model_fake_and_allocates_none_of_its_weights():
                     if e.name() == "[memory]" and e.nbytes() > 0)
     assert weights > 150 * MIB and allocated < weights / 10
     assert all(isinstance(p, FakeTensor) for p in task.model.parameters())
+
+
+def test_a_users_strategy_yaml_of_the_mesh_plans_by_its_degrees_not_its_name(monkeypatch):
+    """examples/my_project's strategy=tp_plan names the mesh engine under a name of its own: planned as tp=2."""
+    from support.processes import EXAMPLE
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    cfg = next(composed_runs(["experiment=task_residual_lm", "strategy=tp_plan", "trainer.accelerator=cpu",
+                              "trainer.batch_size=16"], str(EXAMPLE / "conf")))
+    row = plan_row(cfg)
+    assert (row.strategy, row.workers) == ("tp_plan", 2) and row.peak > row.parameters > 0
