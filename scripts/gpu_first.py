@@ -154,7 +154,7 @@ def accumulated_in_one_rank(accelerator: str = "gpu") -> str:
     (gloo) only to show in a unit test that the check still builds the engine as it is today."""
     import torch.distributed as dist
 
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from support.driver import strategy_for
 
     device = torch.device("cuda", 0) if accelerator == "gpu" else torch.device("cpu")
@@ -167,7 +167,7 @@ def accumulated_in_one_rank(accelerator: str = "gpu") -> str:
                                 "strategy.compression=bf16", "trainer.precision=bf16")
         model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
         wrapped = strategy.parallelize(model, lambda params, **_: torch.optim.SGD(params, lr=0.1),
-                                       MeshGroup(0, 0, 1, device).on_mesh(strategy.shape))
+                                       MeshGroup(0, 0, 1, device).on_mesh(strategy.dims))
         for micro_batch in range(8):
             wrapped.gradient_sync(micro_batch == 7)
             x = torch.full((1, 2), 1.0 if micro_batch == 0 else 2.0 ** -9, device=device)

@@ -12,7 +12,7 @@ LATE = 0.2
 
 def _micro_batch_wait(rank: int, world: int, overrides: tuple) -> float:
     from framework.models.gpt import GPT
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from framework.training.engine import Weighting, forward_backward, gradient_sync
     from framework.training.instrument import wait_clock
     from framework.training.losses import SequenceCrossEntropy
@@ -20,7 +20,7 @@ def _micro_batch_wait(rank: int, world: int, overrides: tuple) -> float:
     from support.driver import strategy_for
 
     strategy = strategy_for(*overrides, "trainer.accelerator=cpu", "trainer.batch_size=8")
-    group = MeshGroup(rank, rank, world, torch.device("cpu")).on_mesh(strategy.shape)
+    group = MeshGroup(rank, rank, world, torch.device("cpu")).on_mesh(strategy.dims)
     torch.manual_seed(0)
     wrapped = strategy.parallelize(GPT((8,), 11, n_layer=2, n_head=2, n_embd=8),
                                    lambda params, names=None: torch.optim.SGD(params, lr=0.1), group)

@@ -161,14 +161,14 @@ def test_without_its_state_the_resumed_step_differs(world2):
 def _fsdp_step(rank: int, world: int, compression: str):
     """One step of LeNet under strategy=fsdp: the bytes its reduce-scatters were handed and weighed, and the
     gradients made whole."""
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from framework.training.instrument import gradient_traffic
     from support.driver import strategy_for
 
     torch.manual_seed(0)
     strategy = strategy_for("strategy=fsdp", "trainer.accelerator=cpu", f"strategy.compression={compression}")
     wrapped = strategy.parallelize(_lenet(), lambda params, **_: torch.optim.SGD(params, lr=0.1),
-                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape))
+                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.dims))
     traffic = gradient_traffic(wrapped)
     x, y = _batches("lenet", rank, 1)[0]
     nn.functional.cross_entropy(wrapped.model(x), y).backward()

@@ -11,7 +11,7 @@ def _fsdp_step(rank: int, world: int, recompute: bool):
     """One forward and backward of a small GPT (dropout 0.1) sharded by strategy=fsdp over the world, the units
     recomputed in backward or not: this rank's loss, every gradient made whole, and the clipping norm."""
     from framework.models.gpt import GPT
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from framework.training.speedups import apply_speedups
     from support.driver import strategy_for
 
@@ -21,7 +21,7 @@ def _fsdp_step(rank: int, world: int, recompute: bool):
     if recompute:
         apply_speedups(model, False, CPU, checkpointed=strategy.speedup_modules(model).recomputed)
     wrapped = strategy.parallelize(model, lambda params, **_: torch.optim.SGD(params, lr=0.1),
-                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape))
+                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.dims))
     tokens = torch.randint(0, 20, (4, 16), generator=torch.Generator().manual_seed(rank))
     torch.manual_seed(1 + rank)  # this rank's dropout masks
     logits = wrapped.model(tokens)
@@ -52,7 +52,7 @@ def _accumulated_gradient(rank: int, world: int, compression: str, precision: st
     trainer.grad_accum=8 runs them): the first micro-batch's gradient is 1 in every element, each later one's 2^-9,
     below bf16's resolution at 1 (2^-7). Summed in fp32 and cast once for the wire: 1 + 7 x 2^-9 rounds to
     1 + 2^-6; summed in bf16 each 2^-9 is lost and the sum stays 1."""
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from support.driver import strategy_for
 
     torch.manual_seed(0)
@@ -60,7 +60,7 @@ def _accumulated_gradient(rank: int, world: int, compression: str, precision: st
                             f"trainer.precision={precision}")
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
     wrapped = strategy.parallelize(model, lambda params, **_: torch.optim.SGD(params, lr=0.1),
-                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape))
+                                   MeshGroup(rank, rank, world, CPU).on_mesh(strategy.dims))
     for micro_batch in range(8):
         wrapped.gradient_sync(micro_batch == 7)
         x = torch.full((1, 2), 1.0 if micro_batch == 0 else 2.0 ** -9)

@@ -19,9 +19,9 @@ def _gpt():
 
 
 def _on_mesh(strategy, rank: int, world: int):
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
 
-    return MeshGroup(rank, rank, world, CPU).on_mesh(strategy.shape)
+    return MeshGroup(rank, rank, world, CPU).on_mesh(strategy.dims)
 
 
 def _one_step(wrapped) -> None:
@@ -224,9 +224,9 @@ def _tie_after_sharding_two_stages_of_one_rank(rank: int, world: int) -> list[bo
     Whether the head is still the embedding's parameter, before and after."""
     from framework.models.blocks import auto_units, innermost_first
     from framework.strategies.mesh.fsdp import ShardPrecision, shard_with_fsdp2, without_tied
-    from framework.strategies.mesh.group import MeshGroup
+    from framework.strategies.mesh.dims import MeshGroup
     from framework.strategies.mesh.pipeline_cut import stage_pieces, view
-    from framework.strategies.mesh.shape import MeshShape
+    from framework.strategies.mesh.dims import MeshDims
 
     from framework.models.gpt import GPT
 
@@ -235,7 +235,7 @@ def _tie_after_sharding_two_stages_of_one_rank(rank: int, world: int) -> list[bo
     stages = stage_pieces(model, 4, None)
     first, last = view(model, set(stages[0])), view(model, set(stages[3]))
     tied = [first.wte.weight is last.head.weight]
-    group = MeshGroup(rank, rank, world, CPU).on_mesh(MeshShape(dp_shard=world))
+    group = MeshGroup(rank, rank, world, CPU).on_mesh(MeshDims(dp_shard=world))
     for part in (first, last):
         shard_with_fsdp2(part, innermost_first(part, without_tied(part, auto_units(part))), group.dp_mesh(),
                          ShardPrecision.of("fp32"), reshard_after_forward=False)

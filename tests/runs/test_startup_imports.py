@@ -76,3 +76,39 @@ def test_a_ddp_runs_template_starts_before_the_driver_imports_torch_and_a_refusa
     assert "trainer.max_steps=0 is not allowed" in out.stderr
     assert said["torch_loaded_at_start"][:1] == [False], said
     assert said["templates_left"] == [], said
+
+
+DDP_PARTS_PROBE = """
+import json, sys
+import torch
+import torch.distributed as dist
+import framework.worker
+from support.driver import strategy_for
+from framework.session.environment import TORCH, Ranks
+
+SHARDED_SIDE = ("torch.distributed.tensor", "torch.distributed.checkpoint", "torch.distributed.fsdp",
+                "torch.distributed.pipelining", "framework.strategies.mesh.sharded")
+strategy = strategy_for("strategy=ddp", "trainer.accelerator=cpu", ranks=Ranks(TORCH, 0, 0, 1, 1))
+strategy.validate()
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+group = strategy.join()
+joined = [m for m in SHARDED_SIDE if m in sys.modules]
+wrapped = strategy.parallelize(torch.nn.Linear(4, 2), lambda params, **_: torch.optim.SGD(params, lr=0.1), group)
+wrapped.model(torch.randn(3, 4)).sum().backward()
+dist.destroy_process_group()
+not_dynamos = [m for m in SHARDED_SIDE if m not in ("torch.distributed.tensor", "torch.distributed.fsdp")]
+print(json.dumps({"joined": joined, "model": type(wrapped.model).__name__,
+                  "wrapped": [m for m in not_dynamos if m in sys.modules]}))
+"""
+
+
+def test_a_ddp_worker_imports_no_sharded_engine_and_no_dcp(tmp_path):
+    """A ddp worker's imports, its engine built, validated and joined: none of DTensor, FSDP2, DCP, the pipeline or
+    the mesh's sharded side (framework/strategies/mesh/engine.py: data_parallel_for). Its first optimizer then
+    imports torch._dynamo (the workers' template preloads it), which imports DTensor and FSDP2 itself; DCP (about
+    0.7 s) and the sharded side still stay out: a ddp run writes one-file checkpoints."""
+    out = subprocess.run([sys.executable, "-c", DDP_PARTS_PROBE, str(tmp_path / "store")], cwd=tmp_path,
+                         capture_output=True, text=True, env=python_path(REPO, REPO / "tests"), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "joined": [], "model": "DistributedDataParallel", "wrapped": []}

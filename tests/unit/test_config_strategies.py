@@ -100,7 +100,7 @@ def test_ddp_and_fsdp_are_presets_of_the_mesh_that_keep_their_names_and_checkpoi
     (["strategy=pp"], ("Sharded", "dcp", False, True)),
 ], ids=["ddp", "fsdp", "hsdp", "tp_with_replicas", "pp"])
 def test_the_degrees_choose_the_data_parallel_once_and_the_engine_answers_from_it(overrides, chosen):
-    """DDP itself only on the 1-D replicate mesh (framework/strategies/mesh/parallelize.py: data_parallel_for); the
+    """DDP itself only on the 1-D replicate mesh (framework/strategies/mesh/engine.py: data_parallel_for); the
     checkpoint format, gloo on GPUs and who moves the model are the chosen one's."""
     s = strategy_for(*overrides)
     assert (type(s.data_parallel).__name__, s.checkpoint_format.name, s.gloo_shares_gpus,

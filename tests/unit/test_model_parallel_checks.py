@@ -193,31 +193,31 @@ def test_a_users_strategy_yaml_with_a_bad_pattern_is_refused(tmp_path, user_proj
 # ---- what the workers rely on, in-process ------------------------------------------------------------------
 
 def test_a_degree_of_minus_one_takes_the_rest_of_the_world(tmp_path):
-    from framework.strategies.mesh.shape import MeshShape
+    from framework.strategies.mesh.dims import MeshDims
 
-    assert MeshShape(dp_replicate=2, dp_shard=-1).filled(8) == MeshShape(dp_replicate=2, dp_shard=4)
-    assert MeshShape(dp_replicate=-1, dp_shard=2, tp=2).filled(8) == MeshShape(dp_replicate=2, dp_shard=2, tp=2)
-    assert MeshShape(dp_shard=2, tp=2).filled(8) == MeshShape(dp_shard=2, tp=2)  # no -1: the workers check it
+    assert MeshDims(dp_replicate=2, dp_shard=-1).filled(8) == MeshDims(dp_replicate=2, dp_shard=4)
+    assert MeshDims(dp_replicate=-1, dp_shard=2, tp=2).filled(8) == MeshDims(dp_replicate=2, dp_shard=2, tp=2)
+    assert MeshDims(dp_shard=2, tp=2).filled(8) == MeshDims(dp_shard=2, tp=2)  # no -1: the workers check it
     hsdp = strategy_for("strategy=hsdp", "strategy.dp_replicate=2", "strategy.dp_shard=-1", "strategy.nproc_per_node=6")
-    assert (hsdp.shape, hsdp.batch_shares()) == (MeshShape(dp_replicate=2, dp_shard=3), 6)
+    assert (hsdp.dims, hsdp.batch_shares()) == (MeshDims(dp_replicate=2, dp_shard=3), 6)
     assert driver_says([*CHAR_LM, "strategy=hsdp", "strategy.dp_shard=-1", "strategy.nproc_per_node=4",
                         "trainer.batch_size=16"], tmp_path) == ""
 
 
 def test_each_rank_knows_its_place_and_its_data_parallel_rank():
-    from framework.strategies.mesh.shape import MeshShape
+    from framework.strategies.mesh.dims import MeshDims
 
-    shape = MeshShape(pp=2, dp_shard=2, tp=2)
-    assert shape.workers == 8 and shape.dp_size == 2
+    dims = MeshDims(pp=2, dp_shard=2, tp=2)
+    assert dims.workers == 8 and dims.dp_size == 2
     # tensor parallel peers are neighbours; the pipeline axis is the outermost
-    assert shape.coordinates(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
-    assert shape.coordinates(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "tp": 0}
-    assert [shape.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
-    assert MeshShape(dp_replicate=2, dp_shard=2).dp_rank(3) == 3
+    assert dims.coordinates(1) == {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "tp": 1}
+    assert dims.coordinates(6) == {"pp": 1, "dp_replicate": 0, "dp_shard": 1, "tp": 0}
+    assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert MeshDims(dp_replicate=2, dp_shard=2).dp_rank(3) == 3
     # the DeviceMesh lays ranks out the same way
-    mesh = torch.arange(8).view(shape.sizes)
+    mesh = torch.arange(8).view(dims.sizes)
     for rank in range(8):
-        c = shape.coordinates(rank)
+        c = dims.coordinates(rank)
         assert mesh[c["pp"], c["dp_replicate"], c["dp_shard"], c["tp"]] == rank
 
 

@@ -255,13 +255,13 @@ def test_model_parallel_peers_read_the_same_stream_batches_and_data_parallel_ran
     """A 2 x 2 mesh (dp_shard=2 x tp=2): the worker deals a stream by the data-parallel place (group.dp_rank,
     dp_size), so both tensor-parallel peers of a data-parallel rank get its batches, and the two data-parallel ranks
     share the stream out between them."""
-    from framework.strategies.mesh.shape import MeshShape
+    from framework.strategies.mesh.dims import MeshDims
 
-    shape = MeshShape(dp_shard=2, tp=2)
-    by_rank = {rank: _steps(_loader(CountingStream(40), shape.dp_rank(rank), shape.dp_size,
-                                    agree=lambda t: t * shape.dp_size))
-               for rank in range(shape.workers)}
-    peers = [[r for r in by_rank if shape.dp_rank(r) == d] for d in range(shape.dp_size)]
+    dims = MeshDims(dp_shard=2, tp=2)
+    by_rank = {rank: _steps(_loader(CountingStream(40), dims.dp_rank(rank), dims.dp_size,
+                                    agree=lambda t: t * dims.dp_size))
+               for rank in range(dims.workers)}
+    peers = [[r for r in by_rank if dims.dp_rank(r) == d] for d in range(dims.dp_size)]
     assert all(len(group) == 2 for group in peers)
     for group in peers:
         assert by_rank[group[0]] == by_rank[group[1]]

@@ -26,8 +26,8 @@ from framework.training.speedups import SpeedupModules
 
 
 class DDP:
-    """The mesh's data parallel where it is the only axis (framework/strategies/mesh/parallelize.py): what differs
-    from the sharded meshes (framework/strategies/mesh/sharded.py), each answered once."""
+    """The mesh's data parallel where it is the only axis (mesh/engine.py: data_parallel_for): what differs from the
+    sharded meshes (mesh/sharded.py), each answered once."""
 
     checkpoint_format = FILE
     gloo_shares_gpus = True  # gloo on GPUs: several workers may share one
@@ -58,8 +58,7 @@ class DDP:
         """The blocks recomputed, the whole model compiled inside DDP."""
         return SpeedupModules(recomputed=auto_units(model), compiled=[model])
 
-    def wrap(self, model: nn.Module, stages, make_optimizer, group: ProcessGroup) -> DDPWrapped:
-        """`stages`: the whole model (no pipeline here)."""
+    def wrap(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> DDPWrapped:
         o = self.options
         if o.sync_batchnorm:
             model = convert_sync_batchnorm(model, group.device)

@@ -1,8 +1,8 @@
 """The mesh engine (strategy=ddp, fsdp, hsdp, tp, pp: presets of its degrees dp_replicate x dp_shard x tp x pp):
-workers start and join like torchrun's on one DeviceMesh; parallelize() is mesh/parallelize.py's, in torchtitan's
-order, with the data parallel the degrees chose once (DDP itself on the 1-D replicate mesh: mesh/ddp.py; FSDP2 and
-DTensors on every other: mesh/sharded.py). Checked here, in the driver: the degrees against the workers, the plan,
-the pipeline's schedule and stages."""
+workers start and join like torchrun's on one DeviceMesh; parallelize() is the data parallel's the degrees chose once
+(data_parallel_for: DDP itself on the 1-D replicate mesh, mesh/ddp.py; on every other, FSDP2 and DTensors after the
+pipeline cut and tensor parallel, in torchtitan's order: mesh/sharded.py, mesh/parallelize.py). Checked here, in the
+driver: the degrees against the workers, the pipeline's schedule and stages (the model's plan and units: Sharded's)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,14 +14,12 @@ from torch import nn
 
 from framework.common.errors import ConfigError
 from framework.config.strategy_options import MULTI_STAGE, REST_OF_THE_WORLD, ZERO_BUBBLE, MeshOptions
+from framework.config.trainer import EngineSettings
 from framework.data.streams import is_stream, shards_itself
 from framework.session.environment import Ranks
-from framework.strategies.mesh.fsdp import check_shard_modules
-from framework.strategies.mesh.parallelize import data_parallel_for, parallelize
-from framework.strategies.mesh.pipeline_cut import check_stages, stage_pieces, stage_ranks
-from framework.strategies.mesh.shape import MeshShape
-from framework.strategies.mesh.tensor_parallel import check_plan
-from framework.strategies.mesh.tied import tied_on_one_rank
+from framework.strategies.mesh.dims import MeshDims
+from framework.strategies.mesh.ddp import DDP
+from framework.strategies.mesh.pipeline_cut import check_stages, stage_pieces
 from framework.strategies.torch_distributed import ElasticStrategy
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
@@ -39,16 +37,27 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in leading.group().split(".")[:len(TESTED_TORCH)]) if leading else ()
 
 
+def data_parallel_for(options: MeshOptions, trainer: EngineSettings):
+    """DDP on the 1-D replicate mesh (dp_replicate alone), keeping its buckets, hooks, no_sync and fp16 scaling;
+    FSDP2 and DTensors on any other (torchtitan refuses DDP beside another axis too)."""
+    if options.runs_ddp:
+        return DDP(options, trainer)
+    # The sharded side (DTensor, FSDP2, DCP checkpoints, tensor parallel: 0.3-0.5 s of imports in each worker beyond
+    # torch._dynamo's) is imported only where the degrees need it, never by ddp (tests/runs/test_startup_imports.py).
+    from framework.strategies.mesh.sharded import Sharded
+    return Sharded(options, trainer)
+
+
 class MeshStrategy(ElasticStrategy):
     Options = MeshOptions
     options: MeshOptions
 
     def __init__(self, options: MeshOptions, trainer, ranks: Ranks | None):
         # a degree of -1: the starter's workers decide (one per GPU, or 2 on the CPU), not the degrees
-        unfilled = REST_OF_THE_WORLD in MeshShape(**options.degrees).sizes
+        unfilled = REST_OF_THE_WORLD in MeshDims(**options.degrees).sizes
         if options.nproc_per_node is None and not trainer.cuda and ranks is None and not unfilled:
             # on the CPU the mesh says how many gloo workers to start (on GPUs: one per GPU, checked in validate)
-            workers = MeshShape(**options.degrees).workers
+            workers = MeshDims(**options.degrees).workers
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
         self.data_parallel = dp = data_parallel_for(options, trainer)
         self.channels_last_refusal, self.moves_model_itself = dp.channels_last_refusal, dp.moves_model_itself
@@ -68,20 +77,20 @@ class MeshStrategy(ElasticStrategy):
         return self.data_parallel.gloo_shares_gpus
 
     @property
-    def shape(self) -> MeshShape:
+    def dims(self) -> MeshDims:
         """The degrees, a -1 among them made the rest of the world (the workers the starter starts or was given)."""
-        return MeshShape(**self.options.degrees).filled(self.starter.processes())
+        return MeshDims(**self.options.degrees).filled(self.starter.processes())
 
     def batch_shares(self) -> int:
-        return self.shape.dp_size
+        return self.dims.dp_size
 
     @property
     def muon_steps(self) -> str:
-        return self.data_parallel.muon_steps(self.shape)
+        return self.data_parallel.muon_steps(self.dims)
 
     # ---- the driver -----------------------------------------------------------------------------------------
     def validate(self) -> None:
-        o, t, shape = self.options, self.trainer, self.shape
+        o, t, dims = self.options, self.trainer, self.dims
         if (o.tp > 1 or o.pp > 1) and release(torch.__version__) < TESTED_TORCH:
             tested = ".".join(map(str, TESTED_TORCH))
             raise ConfigError(f"strategy={self.name} is not allowed with torch {torch.__version__}: the mesh engine "
@@ -95,12 +104,12 @@ class MeshStrategy(ElasticStrategy):
                               "auto (nccl), one GPU per worker")
         super().validate()
         workers = self.starter.processes()
-        if shape.workers != workers:
+        if dims.workers != workers:
             product = " x ".join(f"strategy.{k}={v}" for k, v in o.degrees.items() if v > 1) or "strategy.tp=1"
             gpus = torch.cuda.device_count() if t.cuda else None
-            more = (f"strategy.nproc_per_node={shape.workers}" if gpus is None or shape.workers <= gpus else
-                    f"a machine with {shape.workers} GPUs (this one has {gpus}; the mesh takes one per worker)")
-            raise ConfigError(f"{product} = {shape.workers} worker(s) is not allowed with {workers} worker(s): the "
+            more = (f"strategy.nproc_per_node={dims.workers}" if gpus is None or dims.workers <= gpus else
+                    f"a machine with {dims.workers} GPUs (this one has {gpus}; the mesh takes one per worker)")
+            raise ConfigError(f"{product} = {dims.workers} worker(s) is not allowed with {workers} worker(s): the "
                               f"degrees' product must be the number of workers; set the degrees so (dp_replicate x "
                               f"dp_shard x tp x pp = {workers}), or {more}")
         self._validate_data_parallel()
@@ -149,10 +158,10 @@ class MeshStrategy(ElasticStrategy):
                               "schedule splits each backward into its input and its weight gradients, which torch "
                               "does not do for compiled modules; use trainer.compile=false, or strategy.schedule="
                               "Interleaved1F1B")
-        micro_batch = t.batch_size // (self.shape.dp_size * t.grad_accum)
+        micro_batch = t.batch_size // (self.dims.dp_size * t.grad_accum)
         if micro_batch % m:
             raise ConfigError(f"strategy.microbatches={m} is not allowed with a micro-batch of {micro_batch} "
-                              f"(trainer.batch_size={t.batch_size} / ({self.shape.dp_size} data-parallel rank(s) x "
+                              f"(trainer.batch_size={t.batch_size} / ({self.dims.dp_size} data-parallel rank(s) x "
                               f"trainer.grad_accum={t.grad_accum})): each pipeline micro-batch must be as large as the "
                               f"others; use a number of microbatches that divides {micro_batch}")
         if o.schedule == "1F1B" and m < o.pp:
@@ -165,29 +174,8 @@ class MeshStrategy(ElasticStrategy):
                               f"the microbatches; use a multiple of {o.pp}")
 
     def check_model(self, model: nn.Module) -> None:
-        o = self.options
-        if o.shard_class_names is not None:
-            check_shard_modules(model, o.shard_class_names)
-        if o.tp > 1:
-            check_plan(model, o)
-        if o.pp > 1:
-            stages = stage_pieces(model, o.pp * o.virtual_stages, o.split_points)
-            if self.shape.sharded:
-                self._check_ties_on_one_rank(model, stages)
-
-    def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
-        o = self.options
-        found = tied_on_one_rank(model, stages, stage_ranks(len(stages), o.pp, o.schedule))
-        if found is None:
-            return
-        tie, shared = found
-        axes = " and ".join(f"strategy.{k}={getattr(o, k)}" for k in ("dp_replicate", "dp_shard") if getattr(o, k) > 1)
-        raise ConfigError(f"strategy.schedule={o.schedule} is not allowed with {axes} for {type(model).__name__}: "
-                          f"its stages {' and '.join(map(str, shared))}, both on one pipeline rank, share "
-                          f"{' and '.join(tie.names)} (one tied parameter), and FSDP2 would shard each stage's copy "
-                          "as a parameter of its own, trained apart; use a schedule or split points that put them on "
-                          "two ranks (strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble), or no data-parallel "
-                          "axis (strategy.dp_shard=1 strategy.dp_replicate=1)")
+        if not self.options.runs_ddp:  # DDP takes any model; the plan, units and stages are the sharded side's
+            self.data_parallel.check_model(model, self.dims)
 
     def check_task(self, model: nn.Module, example, train) -> None:
         self._check_stream(train)
@@ -213,10 +201,10 @@ class MeshStrategy(ElasticStrategy):
 
     # ---- the workers ----------------------------------------------------------------------------------------
     def join(self) -> ProcessGroup:
-        return self.data_parallel.join(self.starter.ranks, self.backend, self.options.timeout, self.shape)
+        return self.data_parallel.join(self.starter.ranks, self.backend, self.options.timeout, self.dims)
 
     def parallelize(self, model: nn.Module, make_optimizer, group: ProcessGroup) -> Wrapped:
-        return parallelize(model, make_optimizer, group, self.options, self.data_parallel)
+        return self.data_parallel.wrap(model, make_optimizer, group)
 
 
 def _nccl_reduces_bf16() -> bool:

@@ -1,13 +1,13 @@
-"""The mesh's one parallelize, in torchtitan's order (its parallelize_llama):
+"""The sharded meshes' parallelize, in torchtitan's order (its parallelize_llama):
 
     PP       the pipeline stages this rank holds, the other stages' pieces dropped (pipeline_cut.py)
     TP       tensor parallel by the plan, on each of them (tensor_parallel.py)
     AC       activation checkpointing  } of the blocks the engine names (speedup_modules), put on by assembly before
     compile  torch.compile             } (framework/assemble.py); they wrap lazily, around the parallelized blocks
-    DP       FSDP2/HSDP over the data-parallel axes on every mesh but the 1-D replicate one (sharded.py), DDP itself
-             on that one (ddp.py)
+    DP       FSDP2/HSDP over the data-parallel axes (Sharded.wrap, sharded.py)
 
-Which data parallel runs is chosen once, from the degrees, when the engine is built (data_parallel_for)."""
+DDP itself on the 1-D replicate mesh (ddp.py) has none of them: which data parallel runs is chosen once, from the
+degrees, when the engine is built (engine.py: data_parallel_for)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,30 +15,12 @@ from dataclasses import dataclass
 from torch import nn
 
 from framework.config.strategy_options import MeshOptions
-from framework.config.trainer import EngineSettings
 from framework.strategies.mesh.checkpoints import WholeModel
-from framework.strategies.mesh.ddp import DDP
-from framework.strategies.mesh.pipeline_cut import (changes_its_input, copy_input_first, cut, stage_pieces,
-                                                    stage_ranks, view)
-from framework.strategies.mesh.sharded import Sharded
+from framework.strategies.mesh.pipeline_cut import (changes_its_input, copy_input_first, cut, stage_pieces, stage_ranks,
+                                                    view)
 from framework.strategies.mesh.tensor_parallel import apply_tensor_parallel
 from framework.strategies.mesh.tied import Tie, find_ties
-from framework.training.engine import ProcessGroup, Wrapped
-
-
-def data_parallel_for(options: MeshOptions, trainer: EngineSettings) -> DDP | Sharded:
-    """DDP on the 1-D replicate mesh (dp_replicate alone), keeping its buckets, hooks, no_sync and fp16 scaling;
-    FSDP2 and DTensors on any other (torchtitan refuses DDP beside another axis too)."""
-    return DDP(options, trainer) if options.runs_ddp else Sharded(options, trainer)
-
-
-def parallelize(model: nn.Module, make_optimizer, group: ProcessGroup, options: MeshOptions,
-                data_parallel: DDP | Sharded) -> Wrapped:
-    stages = pipeline_stages(model, options, group)
-    if options.tp > 1:
-        for part in stages.parts.values():
-            apply_tensor_parallel(part, options, group.axis("tp"))
-    return data_parallel.wrap(model, stages, make_optimizer, group)
+from framework.training.engine import ProcessGroup
 
 
 @dataclass(frozen=True)
@@ -64,3 +46,12 @@ def pipeline_stages(model: nn.Module, o: MeshOptions, group: ProcessGroup) -> St
         if s > 0 and changes_its_input(model, stages[s]):
             copy_input_first(part)
     return Stages(whole, parts, holders, ties)
+
+
+def parallelize(model: nn.Module, options: MeshOptions, group: ProcessGroup) -> Stages:
+    """PP, then TP on each of this rank's stages, in place."""
+    stages = pipeline_stages(model, options, group)
+    if options.tp > 1:
+        for part in stages.parts.values():
+            apply_tensor_parallel(part, options, group.axis("tp"))
+    return stages

@@ -17,23 +17,24 @@ from framework.models.blocks import auto_units, holds_parameters
 from framework.session.environment import Ranks
 from framework.strategies.mesh.comm_clock import CommClock, timed_by_default
 from framework.strategies.mesh.checkpoints import DCP, MeshCheckpoints
+from framework.strategies.mesh.dims import MeshDims, MeshGroup
 from framework.strategies.mesh.foreach import per_tensor_where_mixed
-from framework.strategies.mesh.fsdp import ShardPrecision, shard_units, shard_with_fsdp2
+from framework.strategies.mesh.fsdp import ShardPrecision, check_shard_modules, shard_units, shard_with_fsdp2
 from framework.strategies.mesh.fsdp_traffic import counted_reduce_scatters
 from framework.strategies.mesh.fsdp_wire import WireDtype
-from framework.strategies.mesh.group import MeshGroup
-from framework.strategies.mesh.pipeline_cut import blocks
+from framework.strategies.mesh.parallelize import parallelize
+from framework.strategies.mesh.pipeline_cut import blocks, stage_pieces, stage_ranks
 from framework.strategies.mesh.pipeline_run import Pipeline, PipelineRunner, PipelineWrapped
 from framework.strategies.mesh.precision import MeshPrecision
-from framework.strategies.mesh.shape import MeshShape
-from framework.strategies.mesh.tied import TiedGradients
+from framework.strategies.mesh.tensor_parallel import check_plan
+from framework.strategies.mesh.tied import TiedGradients, tied_on_one_rank
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
 
 
 class Sharded:
-    """The mesh's data parallel beside other axes, or sharded (framework/strategies/mesh/parallelize.py): what
-    differs from DDP's 1-D replicate mesh (framework/strategies/mesh/ddp.py), each answered once."""
+    """The mesh's data parallel beside other axes, or sharded (mesh/engine.py: data_parallel_for): what differs from
+    DDP's 1-D replicate mesh (mesh/ddp.py), each answered once."""
 
     checkpoint_format = DCP
     gloo_shares_gpus = False  # the mesh's collectives run on CUDA tensors: nccl
@@ -50,8 +51,8 @@ class Sharded:
                               if options.tp == options.pp == 1 else
                               "; one device mesh (tensor and pipeline parallel, FSDP2 over the data-parallel axes)")
 
-    def muon_steps(self, shape: MeshShape) -> str:
-        return "shards" if shape.tp > 1 or shape.dp_shard > 1 else "unproven"
+    def muon_steps(self, dims: MeshDims) -> str:
+        return "shards" if dims.tp > 1 or dims.dp_shard > 1 else "unproven"
 
     def validate(self) -> None:
         o, t = self.options, self.trainer
@@ -63,8 +64,31 @@ class Sharded:
                               "scaler for DTensor gradients across the mesh, which torch.amp.GradScaler is not; use "
                               "bf16 (no loss scaling needed) or fp32 (or strategy=ddp, which scales fp16 losses)")
 
-    def join(self, ranks: Ranks, backend: str, timeout_s: float, shape: MeshShape) -> MeshGroup:
-        return MeshGroup.join(ranks, backend, self.trainer.cuda, timeout_s).on_mesh(shape)
+    def check_model(self, model: nn.Module, dims: MeshDims) -> None:
+        o = self.options
+        if o.shard_class_names is not None:
+            check_shard_modules(model, o.shard_class_names)
+        if o.tp > 1:
+            check_plan(model, o)
+        if o.pp > 1 and dims.sharded:
+            self._check_ties_on_one_rank(model, stage_pieces(model, o.pp * o.virtual_stages, o.split_points))
+
+    def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
+        o = self.options
+        found = tied_on_one_rank(model, stages, stage_ranks(len(stages), o.pp, o.schedule))
+        if found is None:
+            return
+        tie, shared = found
+        axes = " and ".join(f"strategy.{k}={getattr(o, k)}" for k in ("dp_replicate", "dp_shard") if getattr(o, k) > 1)
+        raise ConfigError(f"strategy.schedule={o.schedule} is not allowed with {axes} for {type(model).__name__}: "
+                          f"its stages {' and '.join(map(str, shared))}, both on one pipeline rank, share "
+                          f"{' and '.join(tie.names)} (one tied parameter), and FSDP2 would shard each stage's copy "
+                          "as a parameter of its own, trained apart; use a schedule or split points that put them on "
+                          "two ranks (strategy.schedule=InterleavedZeroBubble for ZBVZeroBubble), or no data-parallel "
+                          "axis (strategy.dp_shard=1 strategy.dp_replicate=1)")
+
+    def join(self, ranks: Ranks, backend: str, timeout_s: float, dims: MeshDims) -> MeshGroup:
+        return MeshGroup.join(ranks, backend, self.trainer.cuda, timeout_s).on_mesh(dims)
 
     def speedup_modules(self, model: nn.Module) -> SpeedupModules:
         """FSDP2 alone: each of its units recomputed (fully_shard's hooks stay outside the recomputed forward) and
@@ -79,12 +103,13 @@ class Sharded:
         units = units or auto_units(model)
         return SpeedupModules(recomputed=units, compiled=units)
 
-    def wrap(self, model: nn.Module, stages, make_optimizer, group: MeshGroup) -> Wrapped:
-        """FSDP2 on each of this rank's stages while they are still in CPU memory (fully_shard each unit as it
+    def wrap(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
+        """The pipeline cut and tensor parallel (mesh/parallelize.py), then FSDP2 on each of this rank's stages while they are still in CPU memory (fully_shard each unit as it
         shards it, so no GPU ever holds a whole stage in fp32: a model.to(device) first would), then the rest moved,
         the optimizer, the precision and the checkpoints over the whole mesh."""
-        o, shape, coords = self.options, group.shape, group.coords
-        if shape.sharded:
+        o, dims, coords = self.options, group.dims, group.coords
+        stages = parallelize(model, o, group)
+        if dims.sharded:
             offload = CPUOffloadPolicy() if o.cpu_offload else OffloadPolicy()
             for part in stages.parts.values():
                 # pipeline stages keep parameters gathered between their micro-batches' forward and backward (as
@@ -96,9 +121,9 @@ class Sharded:
         named = list(model.named_parameters())
         params = [p for _, p in named]
         pp_group = group.axis("pp").get_group() if o.pp > 1 else None
-        tied = TiedGradients(stages.ties, model, shape, group.rank, pp_group)
+        tied = TiedGradients(stages.ties, model, dims, group.rank, pp_group)
         # autocast where FSDP2 does not cast; clipping over DTensor gradients and pipeline stages
-        precision = MeshPrecision(self.trainer.precision, group.device, params, shape.sharded, tied, pp_group)
+        precision = MeshPrecision(self.trainer.precision, group.device, params, dims.sharded, tied, pp_group)
         gathers = coords["dp_replicate"] == coords["dp_shard"] == coords["tp"] == 0
         io = MeshCheckpoints(group, model, stages.whole, tied.canonical, gathers=gathers, cpu_offload=o.cpu_offload)
         # the stage's parameters, tensor parallel's DTensors among them, by the whole model's names (a tied copy by
@@ -107,10 +132,10 @@ class Sharded:
         per_tensor_where_mixed(optimizer)
         # strategy.compression=bf16: cast for the wire only (framework/strategies/mesh/fsdp_wire.py)
         wire = WireDtype(torch.bfloat16) if o.compression == "bf16" else None
-        traffic = counted_reduce_scatters(model, o.compression, wire) if shape.sharded else None
+        traffic = counted_reduce_scatters(model, o.compression, wire) if dims.sharded else None
         if o.pp == 1:
             timed = timed_by_default(o.comm_clock, group.device)
-            return MeshWrapped(model, optimizer, precision, io, model, fsdp=shape.sharded, traffic=traffic,
+            return MeshWrapped(model, optimizer, precision, io, model, fsdp=dims.sharded, traffic=traffic,
                                reshard_after_forward=o.reshard_after_forward, timed=timed)
         runner = PipelineRunner(stages.parts, stages.holders, o, coords["pp"], pp_group, group.device,
                                 precision=precision)

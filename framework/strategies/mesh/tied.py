@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from framework.strategies.mesh.shape import NAMES, MeshShape
+from framework.strategies.mesh.dims import NAMES, MeshDims
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,15 @@ def tied_on_one_rank(model: nn.Module, stages: list[list[str]], holders: list[in
 class TiedGradients:
     """Built on every rank, in the same order (it may create process groups, which every rank must create)."""
 
-    def __init__(self, ties: list[Tie], model: nn.Module, shape: MeshShape, rank: int, pp_group):
-        coords = shape.coordinates(rank)
+    def __init__(self, ties: list[Tie], model: nn.Module, dims: MeshDims, rank: int, pp_group):
+        coords = dims.coordinates(rank)
         self.synced: list[tuple[nn.Parameter, object]] = []  # this rank's copies and the group summing them
         self.not_counted: set[int] = set()  # ids of copies another holder counts in the norm
         self.canonical: dict[str, str] = {}  # a name this rank holds the copy under -> the canonical name
         for tie in ties:
             if len(tie.holders) < 2:
                 continue
-            group = pp_group if len(tie.holders) == shape.pp else _holders_group(tie.holders, shape, coords)
+            group = pp_group if len(tie.holders) == dims.pp else _holders_group(tie.holders, dims, coords)
             held = [name for name in tie.names if _holds(model, name)]
             if not held:
                 continue
@@ -89,24 +89,24 @@ def _holds(model: nn.Module, name: str) -> bool:
         return False
 
 
-def _holders_group(holders: tuple[int, ...], shape: MeshShape, coords: dict[str, int]):
+def _holders_group(holders: tuple[int, ...], dims: MeshDims, coords: dict[str, int]):
     """A group of the holders in this rank's slice of the mesh; every rank creates the groups of every slice."""
     mine = None
     others = [n for n in NAMES if n != "pp"]
-    sizes = {n: getattr(shape, n) for n in others}
+    sizes = {n: getattr(dims, n) for n in others}
     slices = [{}]
     for n in others:
         slices = [{**s, n: i} for s in slices for i in range(sizes[n])]
     for place in slices:
-        ranks = [_rank_at({**place, "pp": h}, shape) for h in holders]
+        ranks = [_rank_at({**place, "pp": h}, dims) for h in holders]
         group = dist.new_group(ranks)
         if all(place[n] == coords[n] for n in others):
             mine = group
     return mine
 
 
-def _rank_at(coords: dict[str, int], shape: MeshShape) -> int:
+def _rank_at(coords: dict[str, int], dims: MeshDims) -> int:
     rank = 0
     for name in NAMES:
-        rank = rank * getattr(shape, name) + coords[name]
+        rank = rank * getattr(dims, name) + coords[name]
     return rank
