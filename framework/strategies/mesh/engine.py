@@ -61,7 +61,7 @@ class MeshStrategy(ElasticStrategy):
             options = dataclasses.replace(options, nproc_per_node=max(1, workers // options.nnodes))
         self.data_parallel = dp = data_parallel_for(options, trainer)
         self.channels_last_refusal, self.moves_model_itself = dp.channels_last_refusal, dp.moves_model_itself
-        self._describe_note = dp.describe_note
+        self._describe_note, self.gloo_shares_gpus = dp.describe_note, dp.gloo_shares_gpus
         super().__init__(options, trainer, ranks, dp.checkpoint_format)
 
     def backend_for(self, options: MeshOptions, cuda: bool) -> str:
@@ -71,10 +71,6 @@ class MeshStrategy(ElasticStrategy):
         if options.cpu_offload and cuda and backend == "nccl":
             return "cpu:gloo,cuda:nccl"
         return backend
-
-    @property
-    def gloo_shares_gpus(self) -> bool:
-        return self.data_parallel.gloo_shares_gpus
 
     @property
     def dims(self) -> MeshDims:

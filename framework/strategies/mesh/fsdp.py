@@ -29,20 +29,23 @@ def with_running_statistics(model: nn.Module) -> list[nn.Module]:
 
 def tied_parameters(model: nn.Module, units: list[nn.Module]) -> dict[str, list[str]]:
     """Parameters registered under more than one unit (the root counts as one): name -> the names it has."""
-    owner_of = {id(u): u for u in units}
-    unit_names = {name: id(m) for name, m in model.named_modules() if id(m) in owner_of}
+    unit_names = _unit_names(model, units)
     placed: dict[int, dict[str, int]] = {}  # id(parameter) -> its names -> id of the innermost unit holding it
     for name, p in model.named_parameters(remove_duplicate=False):
-        path = name.rsplit(".", 1)[0] if "." in name else ""
-        unit = next((unit_names[prefix] for prefix in _prefixes(path) if prefix in unit_names), id(model))
-        placed.setdefault(id(p), {})[name] = unit
+        placed.setdefault(id(p), {})[name] = _innermost(unit_names, name, id(model))
     return {min(names): sorted(names) for names in placed.values() if len(set(names.values())) > 1}
 
 
-def _prefixes(path: str) -> list[str]:
-    """'a.b.c' -> ['a.b.c', 'a.b', 'a'] (innermost first)."""
-    parts = path.split(".") if path else []
-    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+def _unit_names(model: nn.Module, units: list[nn.Module]) -> dict[str, int]:
+    ids = {id(u) for u in units}
+    return {name: id(m) for name, m in model.named_modules() if id(m) in ids}
+
+
+def _innermost(unit_names: dict[str, int], parameter: str, default):
+    """The id of the innermost unit holding the parameter of this name ('a.b.c.weight': a.b.c, then a.b, then a)."""
+    parts = parameter.split(".")[:-1]
+    prefixes = (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+    return next((unit_names[prefix] for prefix in prefixes if prefix in unit_names), default)
 
 
 def without_tied(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
@@ -53,13 +56,8 @@ def without_tied(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
         tied = tied_parameters(model, units)
         if not tied:
             return units
-        unit_names = {name: id(m) for name, m in model.named_modules() if any(m is u for u in units)}
-        dropped = set()
-        for name in (n for names in tied.values() for n in names):
-            path = name.rsplit(".", 1)[0] if "." in name else ""
-            innermost = next((unit_names[p] for p in _prefixes(path) if p in unit_names), None)
-            if innermost is not None:
-                dropped.add(innermost)
+        unit_names = _unit_names(model, units)
+        dropped = {_innermost(unit_names, name, None) for names in tied.values() for name in names}
         units = [u for u in units if id(u) not in dropped]
 
 

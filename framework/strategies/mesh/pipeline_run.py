@@ -33,6 +33,12 @@ def _pipelining():
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                               ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble)
 
+    def timed(span: str, method):
+        def run(self, *args, **kwargs):
+            with self.clock.span(span):
+                return method(self, *args, **kwargs)
+        return run
+
     class TimedStage(PipelineStage):
         """A PipelineStage whose compute, received messages (by the pipeline rank they come from), gradient
         reduction (FSDP2's reduce-scatter after the last micro-batch's backward) and first-step shape inference the
@@ -42,31 +48,14 @@ def _pipelining():
             super().__init__(*args, **kwargs)
             self.clock, self.holders = clock, holders
 
-        def forward_one_chunk(self, *args, **kwargs):
-            with self.clock.span("forward"):
-                return super().forward_one_chunk(*args, **kwargs)
-
-        def backward_one_chunk(self, *args, **kwargs):
-            with self.clock.span("backward"):
-                return super().backward_one_chunk(*args, **kwargs)
-
-        def backward_weight_one_chunk(self, *args, **kwargs):  # the zero-bubble schedules' weight gradients
-            with self.clock.span("backward"):
-                return super().backward_weight_one_chunk(*args, **kwargs)
-
-        def perform_reduce_grad(self, *args, **kwargs):
-            with self.clock.span("reduce"):
-                return super().perform_reduce_grad(*args, **kwargs)
-
+        forward_one_chunk = timed("forward", PipelineStage.forward_one_chunk)
+        backward_one_chunk = timed("backward", PipelineStage.backward_one_chunk)
+        backward_weight_one_chunk = timed("backward", PipelineStage.backward_weight_one_chunk)  # zero-bubble schedules
+        perform_reduce_grad = timed("reduce", PipelineStage.perform_reduce_grad)
         # The schedule's first step infers each stage's shapes (a forward and a backward on meta tensors, and the
         # shapes sent between stages), in these two methods of PipelineStage: torch has no public hook around them.
-        def _prepare_forward_infra(self, *args, **kwargs):
-            with self.clock.span("inference"):
-                return super()._prepare_forward_infra(*args, **kwargs)
-
-        def _prepare_backward_infra(self, *args, **kwargs):
-            with self.clock.span("inference"):
-                return super()._prepare_backward_infra(*args, **kwargs)
+        _prepare_forward_infra = timed("inference", PipelineStage._prepare_forward_infra)
+        _prepare_backward_infra = timed("inference", PipelineStage._prepare_backward_infra)
 
         def get_fwd_recv_ops(self, fwd_chunk_id: int):
             ops = super().get_fwd_recv_ops(fwd_chunk_id)
@@ -80,10 +69,10 @@ def _pipelining():
                 self.clock.received_from(self.holders[self.stage_index + 1], [op.tensor for op in ops])
             return ops
 
-
     schedules = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B,
                  "InterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ZBVZeroBubble": ScheduleZBVZeroBubble}
     return schedules, TimedStage
+
 
 class StandIn:
     """What the step calls as the model on the last stage: the pipeline's output for this micro-batch's inputs."""

@@ -5,6 +5,7 @@ only holders on different ranks are summed here. The first holder's copy counts 
 the one checkpoints use (the whole model's first name for it, as torch's optimizer state dicts do)."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -93,11 +94,7 @@ def _holders_group(holders: tuple[int, ...], dims: MeshDims, coords: dict[str, i
     """A group of the holders in this rank's slice of the mesh; every rank creates the groups of every slice."""
     mine = None
     others = [n for n in NAMES if n != "pp"]
-    sizes = {n: getattr(dims, n) for n in others}
-    slices = [{}]
-    for n in others:
-        slices = [{**s, n: i} for s in slices for i in range(sizes[n])]
-    for place in slices:
+    for place in (dict(zip(others, at)) for at in itertools.product(*(range(getattr(dims, n)) for n in others))):
         ranks = [_rank_at({**place, "pp": h}, dims) for h in holders]
         group = dist.new_group(ranks)
         if all(place[n] == coords[n] for n in others):
