@@ -8,7 +8,7 @@ count it. summary() reads the columns of every slot (rank 0, after the gather) a
 TensorBoard, MLflow and metrics.csv show (docs/telemetry.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import ClassVar, Protocol
 
 import torch
@@ -17,25 +17,31 @@ import torch
 @dataclass(frozen=True)
 class StepRecord:
     """What one optimizer step hands every meter: its micro-batches' per-sample losses and tokens (none when its
-    optimizer step was skipped), trainer.invariant's loss summed over every rank, and whether it was skipped."""
+    optimizer step was skipped), trainer.invariant's loss summed over every rank, whether it was skipped, and the
+    seconds the loop waited for its data (None where the loop did not time it)."""
 
     step: int
     losses: list[torch.Tensor] = field(default_factory=list)
     tokens: list = field(default_factory=list)  # per micro-batch: a count (a number or a device tensor), or None
     global_loss: torch.Tensor | None = None
     skipped: bool = False
+    data_seconds: float | None = None
 
 
 @dataclass(frozen=True)
 class MeterSources:
-    """What a meter may count from: this process's slots and device, and the engine's hooks (the wait clock:
-    framework/training/instrument.py; the gradient traffic: framework/telemetry/traffic.py), None where it has none."""
+    """What a meter may count from: this process's slots and device, the engine's hooks (the wait clock:
+    framework/training/instrument.py; the gradient traffic: framework/telemetry/traffic.py), None where it has none,
+    each slot's GPU (none on the CPU) and the optimizer."""
 
     slot_sizes: list[int]
     device: torch.device
     share: float = 1.0  # of each sample this process counts (model parallel peers share their samples)
     clock: object = None
     traffic: object = None
+    _: KW_ONLY
+    cuda_devices: tuple = ()
+    optimizer: object = None
 
 
 @dataclass(frozen=True)

@@ -48,11 +48,6 @@ PER_RANK_CHARTS = {
     ],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
     "lr": [("lr per parameter group", r"^lr/.+$")],
-    "memory": [
-        ("peak allocated GiB per rank (interval)", r"^memory/max_allocated_gib/rank\d+$"),
-        ("peak reserved GiB per rank (interval)", r"^memory/max_reserved_gib/rank\d+$"),
-        ("optimizer state MiB per rank", r"^memory/optimizer_state_mib/rank\d+$"),
-    ],
     "gpu (NVML)": [
         ("utilization % per GPU", r"^gpu/util_percent/gpu\d+$"),
         ("memory used GiB per GPU", r"^gpu/mem_used_gib/gpu\d+$"),
@@ -79,7 +74,7 @@ class TensorBoardLogger:
         self.writer.add_custom_scalars(per_rank_layout())
 
     def log_interval(self, step: int, s: IntervalSummary, lr: float | dict[str, float]) -> None:
-        self._add(interval_scalars(s, lr, self.cuda), step)
+        self._add(interval_scalars(s, lr), step)
         for gpu in self.gpus.read() if self.gpus else []:
             self.writer.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
             self.writer.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)

@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from framework.telemetry.meter import StepRecord
+from framework.telemetry.meter import MeterSources, StepRecord
+from framework.telemetry.meter_registry import METERS
 from framework.telemetry.meters import IntervalMeter, IntervalSummary
+from framework.telemetry.scalars import interval_scalars
 from framework.training.engine import LocalGroup, Wrapped
 from framework.training.invariant import FixedPointSum, GatheredTreeSum, InvariantStep, shard_draws
 from framework.training.invariant.draws import augment_key
@@ -83,16 +85,18 @@ def test_each_shard_is_augmented_with_a_generator_keyed_by_epoch_step_and_shard(
 
 
 def test_the_interval_loss_is_the_global_sum_over_the_samples_and_each_slot_keeps_its_own():
-    meter = IntervalMeter([4], torch.device("cpu"), [])
+    """The mode's meter (InvariantStep.meters, added at assembly; not a registered one) gives loss/train."""
+    assert not set(InvariantStep.meters) & set(METERS)
+    meter = IntervalMeter(MeterSources([4], torch.device("cpu")), METERS + InvariantStep.meters)
     # the step's loss over both ranks' 8 samples
     meter.add(StepRecord(1, [torch.tensor([1.0, 1.0, 1.0, 1.0])], global_loss=torch.tensor(6.0, dtype=torch.float64)))
     rows = meter.rows()
-    summary = IntervalSummary.from_rows(torch.cat([rows, rows]))  # two ranks, each with the same global sum
-    assert summary.loss == 6.0 / 8
+    summary = IntervalSummary.from_rows(torch.cat([rows, rows]), meter.kinds)  # two ranks, the same global sum
+    assert summary.loss == 6.0 / 8 and interval_scalars(summary, 0.1)["loss/train"] == 6.0 / 8
     assert summary.per_slot_loss == [1.0, 1.0]
-    plain = IntervalMeter([4], torch.device("cpu"), [])
+    plain = IntervalMeter(MeterSources([4], torch.device("cpu")))
     plain.add(StepRecord(1, [torch.tensor([1.0, 1.0, 1.0, 3.0])]))
-    assert IntervalSummary.from_rows(plain.rows()).loss == 1.5, "without a global sum: the ranks' own sums"
+    assert IntervalSummary.from_rows(plain.rows()).loss == 1.5, "without the mode's meter: the ranks' own sums"
 
 
 @pytest.mark.parametrize("reducer", [FixedPointSum, GatheredTreeSum])
