@@ -29,4 +29,4 @@ class DataTimeMeter:
     @staticmethod
     def summary(interval: Interval) -> dict[str, float]:
         seconds = float(interval.columns["data_seconds"].mean())
-        return {"time/data_ms": seconds * 1000 / max(1, interval.steps)} if seconds == seconds else {}
+        return {"time/data_ms": seconds * 1000 * interval.per_step} if seconds == seconds else {}

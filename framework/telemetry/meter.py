@@ -54,18 +54,28 @@ class Interval:
     seconds: float
     trained: bool  # some step of the interval trained (an interval of skipped steps has no rates)
 
-    def per_step(self, name: str, scale: float = 1.0) -> list[float]:
-        return (self.columns[name] * scale / max(1, self.steps)).tolist()
+    @property
+    def per_step(self) -> float:
+        return 1 / max(1, self.steps)
+
+    def per_rank(self, tag: str, name: str, scale: float = 1.0) -> dict[str, float]:
+        """{tag/rank{r}: slot r's column x scale}; none where it is NaN (this engine does not count it)."""
+        values = (self.columns[name] * scale).tolist()
+        return {f"{tag}/rank{r}": value for r, value in enumerate(values) if value == value}
 
 
 class Meter(Protocol):
+    """A meter that reads its number at the boundary may subclass this for reset() and add() that keep nothing."""
+
     columns: ClassVar[tuple[str, ...]]
 
     def __init__(self, sources: MeterSources): ...
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """A new interval."""
 
-    def add(self, record: StepRecord) -> None: ...
+    def add(self, record: StepRecord) -> None:
+        """One optimizer step."""
 
     def rows(self) -> torch.Tensor:
         """(slots, len(columns)) float64, on any device."""

@@ -4,10 +4,9 @@ own number (trainer.invariant's loss) is registered by that mode, at assembly.""
 from __future__ import annotations
 
 from framework.telemetry.data_time_meter import DataTimeMeter
-from framework.telemetry.optimizer_state import OptimizerStateMeter
-from framework.telemetry.peak_memory_meter import PeakMemoryMeter
+from framework.telemetry.memory_meter import MemoryMeter
 from framework.telemetry.tokens_meter import TokensMeter
 from framework.telemetry.traffic import GradientBytesMeter
 from framework.telemetry.wait_meter import WaitMeter
 
-METERS = (DataTimeMeter, PeakMemoryMeter, OptimizerStateMeter, TokensMeter, WaitMeter, GradientBytesMeter)
+METERS = (DataTimeMeter, MemoryMeter, TokensMeter, WaitMeter, GradientBytesMeter)

@@ -13,20 +13,16 @@ widens it). Every rate is over the interval's wall time, the longest of those wi
 samples over the time the job took for them, so the ranks' rates add up to the job's exactly. Only busy (a rank's
 own work) is out of its own window.
 
-The frame is what every rate and the loop's stop need, and what a meter cannot give: samples, seconds and steps
-(every rate, and a meter's summary, is over them), the per-slot loss sums (the loss and its rate are the frame's, and
-a non-finite sum stops the loop), the first non-finite step and the skipped steps (whether the interval trained at
-all, which every rate's tag asks). Every other number, data time and memory included, is a meter
-(framework/telemetry/meter.py), registered in framework/telemetry/meter_registry.py (or by a mode, at assembly: the
-invariant mode's loss): the frame resets it, hands it each step, puts its columns after its own, and IntervalSummary
-asks it for its tags. A meter's `loss/train` is the interval's loss (the invariant mode's, the same bits on any world
-size); each rank's own still makes loss/train/rank{r}.
+The frame is what every rate and the loop's stop need: samples, seconds and steps (every rate, and every meter's
+summary, is over them), the per-slot loss sums (a non-finite one stops the loop), the first non-finite and the skipped
+steps (an interval of skipped steps has no rates). Every other number is a meter (framework/telemetry/meter.py),
+registered in meter_registry.py or by a mode at assembly; a meter's `loss/train` (the invariant mode's) is the
+interval's loss, and each rank's own still makes loss/train/rank{r}.
 """
 from __future__ import annotations
 
 import time
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,13 +43,9 @@ COLUMNS = columns_of()  # with the registered meters
 class IntervalMeter:
     def __init__(self, sources: MeterSources, meters: tuple = METERS):
         """meters: the registered ones (meter_registry.py), and a mode's own where assembly adds them."""
-        self.slot_sizes = sources.slot_sizes
-        self.share = sources.share  # of each sample this process counts (model parallel peers share their samples)
-        self.device = sources.device
-        self.cuda_devices = list(sources.cuda_devices)
+        self.sources, self.slot_sizes, self.device = sources, sources.slot_sizes, sources.device
         self.traffic = sources.traffic  # what the run's result calls its compression (framework/worker.py)
-        self.kinds = tuple(meters)
-        self.columns = columns_of(self.kinds)
+        self.kinds, self.columns = tuple(meters), columns_of(meters)
         self.meters = [meter(sources) for meter in self.kinds]
         self.loss_sum = torch.zeros(len(self.slot_sizes), device=self.device, dtype=torch.float64)
         self.first_nonfinite = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -84,29 +76,28 @@ class IntervalMeter:
 
     def _add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
         if len(self.slot_sizes) == 1:
-            self.loss_sum += per_sample_loss.detach().sum() * self.share
+            self.loss_sum += per_sample_loss.detach().sum() * self.sources.share
         else:  # a stream's short micro-batch is scattered as DataParallel does it: in even chunks
             loss = per_sample_loss.detach()
             chunks = loss.split(self.slot_sizes) if loss.numel() == sum(self.slot_sizes) else \
                 loss.chunk(len(self.slot_sizes))
             sums = [c.sum() for c in chunks] + [loss.new_zeros(())] * (len(self.slot_sizes) - len(chunks))
             self.loss_sum += torch.stack(sums)
-        self.samples += per_sample_loss.numel() * self.share
+        self.samples += per_sample_loss.numel() * self.sources.share
 
     def rows(self) -> torch.Tensor:
         """One row per local slot (see `columns`). Synchronizes each of this process's GPUs once, so seconds are real
         and every CUDA event the clocks recorded (dp: on each replica's own GPU) can be read."""
         if self.device.type == "cuda":
-            for dev in self.cuda_devices or [self.device]:
+            for dev in self.sources.cuda_devices or [self.device]:
                 torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - self.start
         micro_batches = self.samples / max(1, sum(self.slot_sizes))
         samples = torch.tensor(self.slot_sizes, dtype=torch.float64, device=self.device) * micro_batches
         frame = {"samples": samples, "seconds": seconds, "loss_sum": self.loss_sum, "steps": self.steps,
                  "first_nonfinite_step": self.first_nonfinite, "skipped_steps": self.skipped_steps}
-        rows = torch.zeros(len(self.slot_sizes), len(FRAME), dtype=torch.float64, device=self.device)
-        for i, name in enumerate(FRAME):
-            rows[:, i] = frame[name]
+        rows = torch.stack([torch.as_tensor(frame[name], dtype=torch.float64, device=self.device).expand(len(samples))
+                            for name in FRAME], dim=1)
         return torch.cat([rows, *(meter.rows().to(self.device) for meter in self.meters)], dim=1)
 
 
@@ -123,16 +114,14 @@ class IntervalSummary:
     per_slot_loss: list[float]
     step_ms: float
     per_slot_samples: list[float]
-    per_slot_seconds: list[float]  # each slot's own window (rates are over `seconds`, the longest)
     # per optimizer step: the rank's own work (data, forward, backward, optimizer) and its waits for the others;
     # the wait is NaN where the strategy cannot measure it (busy is then the whole step)
     per_slot_busy_ms: list[float]
     per_slot_wait_ms: list[float]
-    # trainer.on_nonfinite=skip: the interval's steps whose optimizer step was skipped (their samples and loss are
-    # not counted)
+    # trainer.on_nonfinite=skip: the steps whose optimizer step was skipped (their samples and loss are not counted)
     skipped_steps: int = 0
-    tags: dict[str, float] = dataclasses.field(default_factory=dict)  # the meters' (framework/telemetry/meter.py)
-    columns: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # every slot's, by name
+    tags: dict[str, float] = field(default_factory=dict)  # the meters' (framework/telemetry/meter.py)
+    columns: dict[str, list[float]] = field(default_factory=dict)  # every slot's, by name
 
     @property
     def trained(self) -> bool:
@@ -157,18 +146,11 @@ class IntervalSummary:
         named = Interval(column, steps, float(interval), steps > skipped)
         tags = {tag: value for meter in meters for tag, value in meter.summary(named).items()}
         return IntervalSummary(
-            steps=steps,
-            samples=float(samples.sum()),
-            seconds=float(interval),
+            steps=steps, samples=float(samples.sum()), seconds=float(interval), skipped_steps=skipped, tags=tags,
             loss=tags.get("loss/train", float(column["loss_sum"].sum() / samples.sum().clamp_min(1))),
-            per_slot_samples_per_sec=(samples / interval).tolist(),
+            per_slot_samples_per_sec=(samples / interval).tolist(), per_slot_samples=samples.tolist(),
             per_slot_loss=(column["loss_sum"] / samples.clamp_min(1)).tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
-            per_slot_samples=samples.tolist(),
-            per_slot_seconds=seconds.tolist(),
             per_slot_busy_ms=(busy * 1000 / max(1, steps)).tolist(),
             per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
-            skipped_steps=skipped,
-            tags=tags,
-            columns={name: values.tolist() for name, values in column.items()},
-        )
+            columns={name: values.tolist() for name, values in column.items()})

@@ -1,6 +1,6 @@
-"""The scalars of a log interval by their tag names (framework/telemetry/tensorboard_logger.py lists them), for every
-logger alike: TensorBoard, MLflow and CSV log the same names. The frame's are named here; every registered meter names
-its own (framework/telemetry/meter.py), and they come with the interval's."""
+"""The scalars of a log interval by their tag names (docs/telemetry.md lists them), for every logger alike:
+TensorBoard, MLflow and CSV log the same names. The frame's are named here; every registered meter names its own
+(framework/telemetry/meter.py), and they come with the interval's."""
 from __future__ import annotations
 
 from framework.telemetry.meters import IntervalSummary

@@ -34,8 +34,8 @@ def _pipeline_rows(windows=WINDOWS, tokens_per_sample=None) -> torch.Tensor:
 def test_the_ranks_rates_add_up_to_the_jobs_when_their_windows_differ():
     s = IntervalSummary.from_rows(_pipeline_rows())
     assert s.per_slot_samples == [BATCH / 2, BATCH / 2] and s.samples == BATCH, "each stage counts its share"
-    assert s.seconds == max(WINDOWS) and s.per_slot_seconds == list(WINDOWS)
-    own = [n / t for n, t in zip(s.per_slot_samples, s.per_slot_seconds)]
+    assert s.seconds == max(WINDOWS) and s.columns["seconds"] == list(WINDOWS)
+    own = [n / t for n, t in zip(s.per_slot_samples, s.columns["seconds"])]
     assert (s.samples_per_sec, sum(own)) == pytest.approx((333.0, 349.9)), "rates over their own windows: the failure"
     assert sum(s.per_slot_samples_per_sec) == pytest.approx(s.samples_per_sec, rel=1e-12)
     assert s.per_slot_samples_per_sec == pytest.approx([BATCH / 2 / max(WINDOWS)] * 2, rel=1e-12)

@@ -8,7 +8,7 @@ import torch
 from framework.telemetry.meter import Interval, MeterSources, StepRecord
 from framework.telemetry.meter_registry import METERS
 from framework.telemetry.meters import COLUMNS, FRAME, IntervalMeter, IntervalSummary
-from framework.telemetry.peak_memory_meter import PeakMemoryMeter
+from framework.telemetry.memory_meter import MemoryMeter
 from framework.telemetry.scalars import report_scalars
 from framework.telemetry.per_gpu import IntervalReport
 from framework.telemetry.wait_clock import WaitClock
@@ -62,7 +62,7 @@ def test_a_meters_tags_reach_every_logger_with_the_frames():
     assert math.isnan(meter.rows()[0, COLUMNS.index("tokens")])
 
 
-def test_the_peak_memory_meter_reads_each_slots_gpu_and_resets_its_peaks_per_interval(monkeypatch):
+def test_the_memory_meter_reads_each_slots_gpu_and_resets_its_peaks_per_interval(monkeypatch):
     """memory/max_*_gib/rank{r} from each slot's own GPU (dp: one per replica); reset at every boundary, so
     evaluation's peak never shows in a training point. torch.cuda's allocator counters stand in for two GPUs."""
     gpus = (torch.device("cuda", 0), torch.device("cuda", 1))
@@ -70,13 +70,13 @@ def test_the_peak_memory_meter_reads_each_slots_gpu_and_resets_its_peaks_per_int
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocated[device.index])
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 2 * allocated[device.index])
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
-    meter = PeakMemoryMeter(MeterSources([2, 2], CPU, cuda_devices=gpus))
+    meter = MemoryMeter(MeterSources([2, 2], CPU, cuda_devices=gpus))
     meter.reset()
     assert resets == list(gpus)
     rows = meter.rows()
     interval = Interval({name: rows[:, i] for i, name in enumerate(meter.columns)}, steps=1, seconds=1.0,
                         trained=True)
-    assert PeakMemoryMeter.summary(interval) == {
+    assert MemoryMeter.summary(interval) == {
         "memory/max_allocated_gib/rank0": 3.0, "memory/max_reserved_gib/rank0": 6.0,
         "memory/max_allocated_gib/rank1": 1.0, "memory/max_reserved_gib/rank1": 2.0}
 
