@@ -136,7 +136,7 @@ class IntervalSummary:
     def from_rows(rows: torch.Tensor, meters: tuple = METERS) -> "IntervalSummary":
         """rows: every slot's, gathered; meters: the IntervalMeter's that made them (its `kinds`)."""
         rows = rows.double().cpu()
-        column = {name: rows[:, i] for i, name in enumerate(columns_of(meters))}
+        column = dict(zip(columns_of(meters), rows.unbind(1), strict=True))  # rows made by other meters: ValueError
         samples = column["samples"]
         seconds = column["seconds"].clamp_min(1e-12)  # each slot's own window
         interval = seconds.max()  # the interval's wall time: every rate is over it, so the slots add up to the job

@@ -45,7 +45,7 @@ class RunTotals:
             self.slot_samples, self.slot_seconds = [0.0] * slots, [0.0] * slots
         if len(self.slot_max_mem_gib) != slots:
             self.slot_max_mem_gib = [0.0] * slots
-        peaks = s.columns.get("max_mem_gib", [math.nan] * slots)  # NaN on the CPU (PeakMemoryMeter)
+        peaks = s.columns.get("max_mem_gib", [math.nan] * slots)  # NaN on the CPU (MemoryMeter)
         for i in range(slots):
             self.slot_samples[i] += s.per_slot_samples[i]
             self.slot_seconds[i] += s.seconds  # the job's time, as each interval's rates: the ranks add up to the job
