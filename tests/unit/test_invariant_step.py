@@ -121,3 +121,29 @@ def test_a_channels_last_weights_summed_gradient_keeps_its_layout_and_a_fused_op
         stepped[fused] = [p.detach().clone() for p in twin.parameters()]
     for plain, fused in zip(stepped[False], stepped[True]):  # fused Adam rounds its own way; a misread element is
         torch.testing.assert_close(fused, plain, rtol=0, atol=1e-6)  # off by about 2 x lr
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_assembly_registers_the_modes_loss_meter_only_in_the_mode(tmp_path, invariant):
+    """The run's meters, as a worker assembles them (one process, single): the registered ones, and the invariant
+    mode's own where trainer.invariant is on (the runs' loss is bitwise equal across world sizes without it too:
+    float64 sums of float32 losses are exact there, so tests/runs/test_invariant.py cannot tell)."""
+    from support.driver import composed
+
+    from framework.assemble import RunContext, build_task, loop_telemetry, parallelize, seed_everything
+    from framework.config.settings import settings_of
+    from framework.config.targets import TargetAllowlist, allowing
+    from framework.strategies import choose_strategy
+    from framework.training.invariant.loss_meter import GlobalLossMeter
+
+    cfg = composed("dataset=synthetic", "strategy=single", "trainer.accelerator=cpu", f"trainer.invariant={invariant}")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        seed_everything(s.trainer.seed)
+        task = build_task(s, torch.device("cpu"), "")
+        ctx = RunContext(settings=s, strategy=strategy_class(s.strategy, s.trainer.engine(), ranks=None),
+                         group=LocalGroup(torch.device("cpu")), ranks=None, run_dir=tmp_path, say=print, stop=None)
+        meter = loop_telemetry(ctx, parallelize(ctx, task), task, s.trainer.batch_size, "not counted").meter
+    assert meter.kinds == METERS + ((GlobalLossMeter,) if invariant else ())
+    assert ("global_loss_sum" in meter.columns) == invariant
