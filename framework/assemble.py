@@ -34,6 +34,8 @@ from framework.common.errors import ConfigError
 from framework.models.build import build_model
 from framework.session.environment import Ranks
 from framework.strategies.base import Strategy
+from framework.telemetry.meter import MeterSources
+from framework.telemetry.meter_registry import METERS
 from framework.telemetry.meters import IntervalMeter
 from framework.telemetry.per_gpu import count_flops, has_convolutions
 from framework.telemetry.stall import Heartbeat
@@ -194,10 +196,11 @@ def loop_telemetry(ctx: RunContext, wrapped: Wrapped, task: Task, micro_batch: i
     """The loop's meters for what parallelize() made: its wait clock, per-slot meters, per-GPU facts, heartbeat."""
     s, group = ctx.settings, ctx.group
     clock = wait_clock(wrapped, group)
-    memory = [torch.device("cuda", i) for i in group.cuda_devices]
-    meter = IntervalMeter(slot_sizes(wrapped, micro_batch), group.device, memory, clock,
-                          share=group.dp_size / group.world_size,
-                          traffic=gradient_traffic(wrapped))
+    sources = MeterSources(slot_sizes(wrapped, micro_batch), group.device, share=group.dp_size / group.world_size,
+                           clock=clock, traffic=gradient_traffic(wrapped),
+                           cuda_devices=tuple(torch.device("cuda", i) for i in group.cuda_devices),
+                           optimizer=wrapped.optimizer)
+    meter = IntervalMeter(sources, METERS + (InvariantStep.meters if s.trainer.invariant else ()))
     devices = per_gpu(group, wrapped, micro_batch, flops, s.trainer, has_convolutions(task.model), ctx.say)
     return LoopTelemetry(meter, devices, Heartbeat(ctx.group.device), clock)
 

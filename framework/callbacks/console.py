@@ -25,7 +25,7 @@ class ConsoleLog(Callback):
         for straggler in report.stragglers:
             state.say(straggler.line(step, report.straggler_threshold))
         per_rank = ", ".join(f"{r:,.0f}" for r in s.per_slot_samples_per_sec)
-        data_share = 100 * s.data_ms / s.step_ms if s.step_ms else 0.0
+        data_share = 100 * s.tags.get("time/data_ms", 0.0) / s.step_ms if s.step_ms else 0.0
         epoch = state.epoch + 1
         if not s.trained:
             state.say(f"epoch {epoch}/{state.epochs} step {step}/{state.total_steps or '?'} | all {s.steps} step(s) "

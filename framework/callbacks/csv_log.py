@@ -33,8 +33,7 @@ class CSVLog(Callback):
     def on_log(self, state, step: int, report) -> None:
         if report is None or self.writer is None:
             return
-        cuda = state.device.type == "cuda"
-        self._write(report_scalars(report, state.lrs(), cuda), step)
+        self._write(report_scalars(report, state.lrs()), step)
         if state.checkpoint_due:  # everything logged up to a checkpoint is on disk before it
             self.file.flush()
 

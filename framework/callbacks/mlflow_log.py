@@ -63,8 +63,7 @@ class MLflowLog(Callback):
     def on_log(self, state, step: int, report) -> None:
         if report is None or self.run_id is None:
             return
-        cuda = state.device.type == "cuda"
-        self._log(report_scalars(report, state.lrs(), cuda), step)
+        self._log(report_scalars(report, state.lrs()), step)
 
     def on_evaluation_end(self, state, step: int, result) -> None:
         if result is not None and self.run_id is not None:

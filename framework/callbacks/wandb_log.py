@@ -64,7 +64,7 @@ class WandbLog(Callback):
                               "WANDB_API_KEY, or log offline: WANDB_MODE=offline, then `wandb sync`)") from None
 
     def on_log(self, state, step: int, report) -> None:
-        scalars = report_scalars(report, state.lrs(), state.device.type == "cuda") if report is not None else None
+        scalars = report_scalars(report, state.lrs()) if report is not None else None
         if self.per_rank:  # every rank alike; each other rank logs its own tags
             scalars = state.broadcast_object(scalars)
             if not state.is_main and scalars is not None:

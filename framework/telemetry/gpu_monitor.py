@@ -76,10 +76,6 @@ class GpuMonitor:
             except Exception as exc:  # NVML errors come in many classes; monitoring must not stop training
                 print(f"warning: cannot match GPUs to NVML ({exc}); no gpu/ metrics in this run", flush=True)
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.handles)
-
     def read(self) -> list[GpuReading]:
         if not self.handles:
             return []

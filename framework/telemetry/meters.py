@@ -13,63 +13,50 @@ widens it). Every rate is over the interval's wall time, the longest of those wi
 samples over the time the job took for them, so the ranks' rates add up to the job's exactly. Only busy (a rank's
 own work) is out of its own window.
 
-The frame is the interval itself: samples, seconds, steps, data time, the loss, memory, the skipped and non-finite
-steps (what every rate and the loop's stop need). Every other number is a meter (framework/telemetry/meter.py),
-registered in framework/telemetry/meter_registry.py: the frame resets it, hands it each step, puts its columns after
-its own, and IntervalSummary asks it for its tags.
+The frame is what every rate and the loop's stop need: samples, seconds and steps (every rate, and every meter's
+summary, is over them), the per-slot loss sums (a non-finite one stops the loop), the first non-finite and the skipped
+steps (an interval of skipped steps has no rates). Every other number is a meter (framework/telemetry/meter.py),
+registered in meter_registry.py or by a mode at assembly; a meter's `loss/train` (the invariant mode's) is the
+interval's loss, and each rank's own still makes loss/train/rank{r}.
 """
 from __future__ import annotations
 
-import math
 import time
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from framework.telemetry.meter import Interval, MeterSources, StepRecord
 from framework.telemetry.meter_registry import METERS
 
-FRAME = ("samples", "seconds", "loss_sum", "steps", "data_seconds", "max_mem_gib", "first_nonfinite_step",
-         "optimizer_state_mib", "max_reserved_gib", "skipped_steps", "global_loss_sum")
-COLUMNS = FRAME + tuple(column for meter in METERS for column in meter.columns)
-(SAMPLES, SECONDS, LOSS_SUM, STEPS, DATA_SECONDS, MAX_MEM, FIRST_NONFINITE, OPTIMIZER_STATE, MAX_RESERVED,
- SKIPPED_STEPS, GLOBAL_LOSS_SUM) = range(len(FRAME))
-# the meters' columns some tests and the run's totals read by position
-TOKENS, WAIT_SECONDS, COMM_SECONDS, BYTES_SENT, BYTES_UNCOMPRESSED, COMPRESSED_STEPS = (COLUMNS.index(c) for c in (
-    "tokens", "wait_seconds", "comm_seconds", "bytes_sent", "bytes_uncompressed", "compressed_steps"))
+FRAME = ("samples", "seconds", "loss_sum", "steps", "first_nonfinite_step", "skipped_steps")
+
+
+def columns_of(meters=METERS) -> tuple[str, ...]:
+    """The gathered rows' column names: the frame's, then each meter's."""
+    return FRAME + tuple(column for meter in meters for column in meter.columns)
+
+
+COLUMNS = columns_of()  # with the registered meters
 
 
 class IntervalMeter:
-    def __init__(self, slot_sizes: list[int], device: torch.device, memory_devices: list[torch.device],
-                 wait_clock=None, share: float = 1.0, traffic=None):
-        self.slot_sizes = slot_sizes
-        self.share = share  # of each sample this process counts (model parallel peers share their samples)
-        self.device = device
-        self.memory_devices = memory_devices
-        # framework/training/instrument.py: the engine's wait clock (WaitMeter reads it); traffic.py: its gradient
-        # bytes (GradientBytesMeter); None where the engine has none
-        self.wait_clock = wait_clock
-        self.traffic = traffic  # what the run's result calls its compression (framework/worker.py)
-        sources = MeterSources(slot_sizes, device, share, wait_clock, traffic)
-        self.meters = [meter(sources) for meter in METERS]
-        self.loss_sum = torch.zeros(len(slot_sizes), device=device, dtype=torch.float64)
-        self.first_nonfinite = torch.zeros((), device=device, dtype=torch.float64)
-        # the loss summed over every rank's samples, the same on every rank (trainer.invariant)
-        self.global_loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        self.counts_global_loss = False
+    def __init__(self, sources: MeterSources, meters: tuple = METERS):
+        """meters: the registered ones (meter_registry.py), and a mode's own where assembly adds them."""
+        self.sources, self.slot_sizes, self.device = sources, sources.slot_sizes, sources.device
+        self.traffic = sources.traffic  # what the run's result calls its compression (framework/worker.py)
+        self.kinds, self.columns = tuple(meters), columns_of(meters)
+        self.meters = [meter(sources) for meter in self.kinds]
+        self.loss_sum = torch.zeros(len(self.slot_sizes), device=self.device, dtype=torch.float64)
+        self.first_nonfinite = torch.zeros((), device=self.device, dtype=torch.float64)
         self.reset()
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.first_nonfinite.zero_()
-        self.global_loss_sum.zero_()
         self.samples = 0
         self.steps = 0
         self.skipped_steps = 0  # trainer.on_nonfinite=skip: steps whose optimizer step was skipped (no loss, no samples)
-        self.data_seconds = 0.0
-        for dev in self.memory_devices:  # peaks are per interval: evaluation's peak must not show in training's
-            torch.cuda.reset_peak_memory_stats(dev)
         for meter in self.meters:
             meter.reset()
         self.start = time.perf_counter()
@@ -78,12 +65,6 @@ class IntervalMeter:
         """One optimizer step, into the frame and every meter."""
         for per_sample_loss in record.losses:
             self._add_micro_batch(per_sample_loss)
-        if record.global_loss is not None:
-            # the step's loss over every rank's samples in an order that does not depend on the ranks
-            # (trainer.invariant): the interval's loss is taken from it, so it is bitwise the same on any world size;
-            # each rank's own still makes loss/train/rank{r}
-            self.counts_global_loss = True
-            self.global_loss_sum += record.global_loss
         self.steps += 1
         self.skipped_steps += record.skipped
         for meter in self.meters:
@@ -95,42 +76,28 @@ class IntervalMeter:
 
     def _add_micro_batch(self, per_sample_loss: torch.Tensor) -> None:
         if len(self.slot_sizes) == 1:
-            self.loss_sum += per_sample_loss.detach().sum() * self.share
+            self.loss_sum += per_sample_loss.detach().sum() * self.sources.share
         else:  # a stream's short micro-batch is scattered as DataParallel does it: in even chunks
             loss = per_sample_loss.detach()
             chunks = loss.split(self.slot_sizes) if loss.numel() == sum(self.slot_sizes) else \
                 loss.chunk(len(self.slot_sizes))
             sums = [c.sum() for c in chunks] + [loss.new_zeros(())] * (len(self.slot_sizes) - len(chunks))
             self.loss_sum += torch.stack(sums)
-        self.samples += per_sample_loss.numel() * self.share
+        self.samples += per_sample_loss.numel() * self.sources.share
 
-    def add_data_time(self, seconds: float) -> None:
-        self.data_seconds += seconds
-
-    def rows(self, optimizer_state_bytes: int = 0) -> torch.Tensor:
-        """One row per local slot (see COLUMNS). Synchronizes each of this process's GPUs once, so seconds are real
-        and every CUDA event the clocks recorded (dp: on each replica's own GPU) can be read.
-        The optimizer state is this process's; it goes into its first slot (dp replicas hold none)."""
+    def rows(self) -> torch.Tensor:
+        """One row per local slot (see `columns`). Synchronizes each of this process's GPUs once, so seconds are real
+        and every CUDA event the clocks recorded (dp: on each replica's own GPU) can be read."""
         if self.device.type == "cuda":
-            for dev in self.memory_devices or [self.device]:
+            for dev in self.sources.cuda_devices or [self.device]:
                 torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - self.start
-        n = len(self.slot_sizes)
-        rows = torch.zeros(n, len(FRAME), dtype=torch.float64)
         micro_batches = self.samples / max(1, sum(self.slot_sizes))
-        rows[:, SAMPLES] = torch.tensor(self.slot_sizes, dtype=torch.float64) * micro_batches
-        rows[:, SECONDS] = seconds
-        rows[:, STEPS] = self.steps
-        rows[:, SKIPPED_STEPS] = self.skipped_steps
-        rows[:, DATA_SECONDS] = self.data_seconds
-        rows[0, OPTIMIZER_STATE] = optimizer_state_bytes / 2**20
-        for i, dev in enumerate(self.memory_devices[:n]):
-            rows[i, MAX_MEM] = torch.cuda.max_memory_allocated(dev) / 2**30
-            rows[i, MAX_RESERVED] = torch.cuda.max_memory_reserved(dev) / 2**30
-        rows = rows.to(self.device)
-        rows[:, LOSS_SUM] = self.loss_sum
-        rows[:, FIRST_NONFINITE] = self.first_nonfinite
-        rows[:, GLOBAL_LOSS_SUM] = self.global_loss_sum if self.counts_global_loss else math.nan
+        samples = torch.tensor(self.slot_sizes, dtype=torch.float64, device=self.device) * micro_batches
+        frame = {"samples": samples, "seconds": seconds, "loss_sum": self.loss_sum, "steps": self.steps,
+                 "first_nonfinite_step": self.first_nonfinite, "skipped_steps": self.skipped_steps}
+        rows = torch.stack([torch.as_tensor(frame[name], dtype=torch.float64, device=self.device).expand(len(samples))
+                            for name in FRAME], dim=1)
         return torch.cat([rows, *(meter.rows().to(self.device) for meter in self.meters)], dim=1)
 
 
@@ -145,22 +112,16 @@ class IntervalSummary:
     loss: float
     per_slot_samples_per_sec: list[float]
     per_slot_loss: list[float]
-    per_slot_max_mem_gib: list[float]
-    per_slot_max_reserved_gib: list[float]
-    per_slot_optimizer_state_mib: list[float]
     step_ms: float
-    data_ms: float
     per_slot_samples: list[float]
-    per_slot_seconds: list[float]  # each slot's own window (rates are over `seconds`, the longest)
     # per optimizer step: the rank's own work (data, forward, backward, optimizer) and its waits for the others;
     # the wait is NaN where the strategy cannot measure it (busy is then the whole step)
     per_slot_busy_ms: list[float]
     per_slot_wait_ms: list[float]
-    # trainer.on_nonfinite=skip: the interval's steps whose optimizer step was skipped (their samples and loss are
-    # not counted)
+    # trainer.on_nonfinite=skip: the steps whose optimizer step was skipped (their samples and loss are not counted)
     skipped_steps: int = 0
-    tags: dict[str, float] = dataclasses.field(default_factory=dict)  # the meters' (framework/telemetry/meter.py)
-    columns: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # every slot's, by COLUMNS' names
+    tags: dict[str, float] = field(default_factory=dict)  # the meters' (framework/telemetry/meter.py)
+    columns: dict[str, list[float]] = field(default_factory=dict)  # every slot's, by name
 
     @property
     def trained(self) -> bool:
@@ -172,34 +133,24 @@ class IntervalSummary:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     @staticmethod
-    def from_rows(rows: torch.Tensor) -> "IntervalSummary":
+    def from_rows(rows: torch.Tensor, meters: tuple = METERS) -> "IntervalSummary":
+        """rows: every slot's, gathered; meters: the IntervalMeter's that made them (its `kinds`)."""
         rows = rows.double().cpu()
-        samples = rows[:, SAMPLES]
-        seconds = rows[:, SECONDS].clamp_min(1e-12)  # each slot's own window
+        column = dict(zip(columns_of(meters), rows.unbind(1), strict=True))  # rows made by other meters: ValueError
+        samples = column["samples"]
+        seconds = column["seconds"].clamp_min(1e-12)  # each slot's own window
         interval = seconds.max()  # the interval's wall time: every rate is over it, so the slots add up to the job
-        steps = int(rows[0, STEPS])
-        wait, comm = rows[:, WAIT_SECONDS], rows[:, COMM_SECONDS]
+        steps, skipped = int(column["steps"][0]), int(column["skipped_steps"][0])
+        wait, comm = column["wait_seconds"], column["comm_seconds"]
         busy = (seconds - wait.nan_to_num(0.0) - comm.nan_to_num(0.0)).clamp_min(1e-12)
-        skipped = int(rows[0, SKIPPED_STEPS])
-        named = Interval({name: rows[:, i] for i, name in enumerate(COLUMNS)}, steps, float(interval), steps > skipped)
+        named = Interval(column, steps, float(interval), steps > skipped)
+        tags = {tag: value for meter in meters for tag, value in meter.summary(named).items()}
         return IntervalSummary(
-            steps=steps,
-            samples=float(samples.sum()),
-            seconds=float(interval),
-            loss=float((rows[:, LOSS_SUM].sum() if rows[0, GLOBAL_LOSS_SUM].isnan() else rows[0, GLOBAL_LOSS_SUM])
-                       / samples.sum().clamp_min(1)),
-            per_slot_samples_per_sec=(samples / interval).tolist(),
-            per_slot_loss=(rows[:, LOSS_SUM] / samples.clamp_min(1)).tolist(),
-            per_slot_max_mem_gib=rows[:, MAX_MEM].tolist(),
-            per_slot_max_reserved_gib=rows[:, MAX_RESERVED].tolist(),
-            per_slot_optimizer_state_mib=rows[:, OPTIMIZER_STATE].tolist(),
+            steps=steps, samples=float(samples.sum()), seconds=float(interval), skipped_steps=skipped, tags=tags,
+            loss=tags.get("loss/train", float(column["loss_sum"].sum() / samples.sum().clamp_min(1))),
+            per_slot_samples_per_sec=(samples / interval).tolist(), per_slot_samples=samples.tolist(),
+            per_slot_loss=(column["loss_sum"] / samples.clamp_min(1)).tolist(),
             step_ms=float(seconds.mean()) * 1000 / max(1, steps),
-            data_ms=float(rows[:, DATA_SECONDS].mean()) * 1000 / max(1, steps),
-            per_slot_samples=samples.tolist(),
-            per_slot_seconds=seconds.tolist(),
             per_slot_busy_ms=(busy * 1000 / max(1, steps)).tolist(),
             per_slot_wait_ms=(wait * 1000 / max(1, steps)).tolist(),
-            skipped_steps=skipped,
-            tags={tag: value for meter in METERS for tag, value in meter.summary(named).items()},
-            columns={name: column.tolist() for name, column in named.columns.items()},
-        )
+            columns={name: values.tolist() for name, values in column.items()})

@@ -1,6 +1,6 @@
-"""The scalars of a log interval by their tag names (framework/telemetry/tensorboard_logger.py lists them), for every
-logger alike: TensorBoard, MLflow and CSV log the same names. The frame's are named here; every registered meter names
-its own (framework/telemetry/meter.py), and they come with the interval's."""
+"""The scalars of a log interval by their tag names (docs/telemetry.md lists them), for every logger alike:
+TensorBoard, MLflow and CSV log the same names. The frame's are named here; every registered meter names its own
+(framework/telemetry/meter.py), and they come with the interval's."""
 from __future__ import annotations
 
 from framework.telemetry.meters import IntervalSummary
@@ -14,22 +14,17 @@ def lr_scalars(lr: float | dict[str, float]) -> dict[str, float]:
     return {"lr": first, **({f"lr/{name}": value for name, value in lr.items()} if len(lr) > 1 else {})}
 
 
-def interval_scalars(s: IntervalSummary, lr: float | dict[str, float], cuda: bool) -> dict[str, float]:
+def interval_scalars(s: IntervalSummary, lr: float | dict[str, float]) -> dict[str, float]:
     """lr: one number, or every param group's by name (Trainer.lrs()). An interval whose steps were all skipped
     (trainer.on_nonfinite=skip) has no loss and no throughput point: train/skipped_steps says what happened."""
-    scalars = {"time/step_ms": s.step_ms, "time/data_ms": s.data_ms, **lr_scalars(lr)}
+    scalars = {"time/step_ms": s.step_ms, **lr_scalars(lr)}
     if s.trained:
         scalars.update({"throughput/samples_per_sec": s.samples_per_sec, "loss/train": s.loss})
     if s.skipped_steps:
         scalars["train/skipped_steps"] = s.skipped_steps
-    for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss)):
-        if s.trained:
-            scalars[f"throughput/samples_per_sec/rank{r}"] = rate
-            scalars[f"loss/train/rank{r}"] = loss
-        scalars[f"memory/optimizer_state_mib/rank{r}"] = s.per_slot_optimizer_state_mib[r]
-        if cuda:
-            scalars[f"memory/max_allocated_gib/rank{r}"] = s.per_slot_max_mem_gib[r]
-            scalars[f"memory/max_reserved_gib/rank{r}"] = s.per_slot_max_reserved_gib[r]
+    for r, (rate, loss) in enumerate(zip(s.per_slot_samples_per_sec, s.per_slot_loss) if s.trained else ()):
+        scalars[f"throughput/samples_per_sec/rank{r}"] = rate
+        scalars[f"loss/train/rank{r}"] = loss
     return {**scalars, **s.tags}  # the registered meters' (framework/telemetry/meter_registry.py)
 
 
@@ -54,10 +49,10 @@ def eval_scalars(loss: float, metrics: dict[str, float]) -> dict[str, float]:
     return {"loss/val": loss, **{f"{name}/val": value for name, value in metrics.items()}}
 
 
-def report_scalars(report, lr: float | dict[str, float], cuda: bool) -> dict[str, float]:
+def report_scalars(report, lr: float | dict[str, float]) -> dict[str, float]:
     """Everything a log boundary's IntervalReport (framework/telemetry/per_gpu.py) holds, for a logger that writes
     plain values (CSV, MLflow)."""
-    return {**interval_scalars(report.summary, lr, cuda),
+    return {**interval_scalars(report.summary, lr),
             **per_gpu_scalars(report.summary, report.tflops, report.mfu,
                               [(g.rank, g.ratio, "") for g in report.stragglers]),
             **report.logged}

@@ -1,24 +1,10 @@
-"""Rank 0's TensorBoard writer. Tags (per GPU = per rank or dp replica):
-
-throughput/samples_per_sec, throughput/samples_per_sec/rank{r} (and throughput/tokens_per_sec[/rank{r}] where the
-step counts tokens), loss/train, loss/train/rank{r} (none of these for an interval whose steps were all skipped),
-train/skipped_steps (trainer.on_nonfinite=skip: the interval's skipped steps, where there were some),
-loss/val, <metric>/val (acc/val by default: the metrics group), time/step_ms, time/data_ms, lr (and lr/<group> for each
-param group when optimizer.param_groups makes several), memory/optimizer_state_mib/rank{r} (what that rank's
-optimizer state holds: ZeRO shards it), memory/max_allocated_gib/rank{r} and memory/max_reserved_gib/rank{r}
-(CUDA: the peak within each logged interval, evaluation excluded),
-gpu/util_percent/gpu{i} and gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when
-nvidia-ml-py is installed; read at log boundaries only), and the
-run's hyperparameters with its final metrics for the HParams tab; model/summary (Text tab): parameters per module. The x axis is the optimizer step.
-Per GPU (framework/telemetry/per_gpu.py): time/busy_ms/rank{r} and time/wait_ms/rank{r} (per optimizer step; wait only where
-the strategy measures it; pipeline parallel: the stage's bubble), time/comm_ms/rank{r} (pipeline parallel: the
-stage's communication), time/forward_ms/rank{r} and time/backward_ms/rank{r} (dp: each replica on its GPU; pipeline
-parallel: each stage's compute),
-throughput/device/samples_per_busy_sec/rank{r}, throughput/device/tflops/rank{r}, throughput/device/mfu/rank{r}
-(GPUs with a known peak), stragglers/busy_ratio/rank{r} and the `stragglers` text; comm/bytes_sent/rank{r} (gradient
-bytes that rank handed to its collectives per optimizer step: ddp, fsdp, horovod) and comm/compression_ratio (what the
-gradients weigh uncompressed over what was sent, all ranks: strategy.compression).
-The Custom Scalars tab shows one chart per per-rank metric with every rank as its own line (PER_RANK_CHARTS).
+"""Rank 0's TensorBoard writer, the x axis the optimizer step: the interval's scalars by their tag names
+(framework/telemetry/scalars.py names the frame's and the per-GPU ones; each registered meter names its own in its
+file, framework/telemetry/meter_registry.py; docs/telemetry.md has the whole table), gpu/util_percent/gpu{i} and
+gpu/mem_used_gib/gpu{i} (NVML's view of every GPU this node shows rank 0, when nvidia-ml-py is installed; read at log
+boundaries only), the `stragglers` text, the run's hyperparameters with its final metrics for the HParams tab, and
+model/summary (Text tab): parameters per module. The Custom Scalars tab shows one chart per per-rank metric with every
+rank as its own line (PER_RANK_CHARTS and the meters' `charts`).
 """
 from __future__ import annotations
 
@@ -48,11 +34,6 @@ PER_RANK_CHARTS = {
     ],
     "loss": [("training loss per rank", r"^loss/train/rank\d+$")],
     "lr": [("lr per parameter group", r"^lr/.+$")],
-    "memory": [
-        ("peak allocated GiB per rank (interval)", r"^memory/max_allocated_gib/rank\d+$"),
-        ("peak reserved GiB per rank (interval)", r"^memory/max_reserved_gib/rank\d+$"),
-        ("optimizer state MiB per rank", r"^memory/optimizer_state_mib/rank\d+$"),
-    ],
     "gpu (NVML)": [
         ("utilization % per GPU", r"^gpu/util_percent/gpu\d+$"),
         ("memory used GiB per GPU", r"^gpu/mem_used_gib/gpu\d+$"),
@@ -79,7 +60,7 @@ class TensorBoardLogger:
         self.writer.add_custom_scalars(per_rank_layout())
 
     def log_interval(self, step: int, s: IntervalSummary, lr: float | dict[str, float]) -> None:
-        self._add(interval_scalars(s, lr, self.cuda), step)
+        self._add(interval_scalars(s, lr), step)
         for gpu in self.gpus.read() if self.gpus else []:
             self.writer.add_scalar(f"gpu/util_percent/gpu{gpu.index}", gpu.util_percent, step)
             self.writer.add_scalar(f"gpu/mem_used_gib/gpu{gpu.index}", gpu.mem_used_gib, step)

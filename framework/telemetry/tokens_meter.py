@@ -39,5 +39,4 @@ class TokensMeter:
         if tokens.isnan().any() or not interval.trained:
             return {}
         return {"throughput/tokens_per_sec": float(tokens.sum()) / interval.seconds,
-                **{f"throughput/tokens_per_sec/rank{r}": rate for r, rate in enumerate(
-                    (tokens / interval.seconds).tolist())}}
+                **interval.per_rank("throughput/tokens_per_sec", "tokens", 1 / interval.seconds)}

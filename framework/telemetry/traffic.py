@@ -75,8 +75,7 @@ class GradientBytesMeter:
 
     @staticmethod
     def summary(interval: Interval) -> dict[str, float]:
-        tags = {f"comm/bytes_sent/rank{r}": sent for r, sent in enumerate(interval.per_step("bytes_sent"))
-                if sent == sent}
+        tags = interval.per_rank("comm/bytes_sent", "bytes_sent", interval.per_step)
         sent, full = (float(interval.columns[c].sum()) for c in ("bytes_sent", "bytes_uncompressed"))
         if sent > 0:
             tags["comm/compression_ratio"] = full / sent

@@ -11,7 +11,6 @@ import contextlib
 import time
 
 import torch
-import torch.distributed as dist
 
 
 def timestamp(device: torch.device):
@@ -78,15 +77,6 @@ class WaitClock:
         """Seconds this process waited since the last reset (its one slot's); on a GPU call it after the device has
         been synchronized."""
         return self.seconds + sum(seconds_between(a, b) for a, b in self.spans)
-
-
-def timed_allreduce(clock, bucket):  # no annotations: DDP checks them, and this module's are strings
-    """DDP's own all-reduce (scale by 1/world, then sum: the gradients are bit-identical to DDP without a hook),
-    noting when each bucket became ready: after the last one, this rank's backward is done and it only waits."""
-    clock.start()
-    grads = bucket.buffer()
-    grads.mul_(1.0 / dist.get_world_size())
-    return dist.all_reduce(grads, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
 def start_when_gradients_are_done(model: torch.nn.Module, clock: WaitClock) -> None:

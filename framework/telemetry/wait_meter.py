@@ -9,13 +9,13 @@ import math
 
 import torch
 
-from framework.telemetry.meter import Interval, MeterSources, StepRecord
+from framework.telemetry.meter import Interval, Meter, MeterSources
 
 TAGS = {"wait_seconds": "time/wait_ms", "comm_seconds": "time/comm_ms", "forward_seconds": "time/forward_ms",
         "backward_seconds": "time/backward_ms"}
 
 
-class WaitMeter:
+class WaitMeter(Meter):  # add(): the clock's hooks count as the step runs
     columns = tuple(TAGS)
     charts = {"time": [
         ("wait ms per step per rank (blocked on the others)", r"^time/wait_ms/rank\d+$"),
@@ -30,9 +30,6 @@ class WaitMeter:
     def reset(self) -> None:
         if self.clock:
             self.clock.reset()
-
-    def add(self, record: StepRecord) -> None:
-        """The clock's hooks count as the step runs."""
 
     def rows(self) -> torch.Tensor:
         """Read after the frame's device sync (a GPU clock's CUDA events)."""
@@ -52,9 +49,5 @@ class WaitMeter:
 
     @staticmethod
     def summary(interval: Interval) -> dict[str, float]:
-        tags = {}
-        for column, tag in TAGS.items():
-            for r, ms in enumerate(interval.per_step(column, 1000)):
-                if ms == ms:  # NaN: this clock does not tell it
-                    tags[f"{tag}/rank{r}"] = ms
-        return tags
+        ms = 1000 * interval.per_step
+        return {key: value for column, tag in TAGS.items() for key, value in interval.per_rank(tag, column, ms).items()}

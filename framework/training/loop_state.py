@@ -45,10 +45,12 @@ class RunTotals:
             self.slot_samples, self.slot_seconds = [0.0] * slots, [0.0] * slots
         if len(self.slot_max_mem_gib) != slots:
             self.slot_max_mem_gib = [0.0] * slots
+        peaks = s.columns.get("max_mem_gib", [math.nan] * slots)  # NaN on the CPU (MemoryMeter)
         for i in range(slots):
             self.slot_samples[i] += s.per_slot_samples[i]
             self.slot_seconds[i] += s.seconds  # the job's time, as each interval's rates: the ranks add up to the job
-            self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], s.per_slot_max_mem_gib[i])
+            if peaks[i] == peaks[i]:
+                self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], peaks[i])
         if s.trained:  # an interval of skipped steps has no loss
             self.train_loss = s.loss
         self._add_traffic(s)

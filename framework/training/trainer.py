@@ -16,8 +16,7 @@ from framework.common.errors import TrainingStopped
 from framework.config.trainer import TrainerConfig
 from framework.data.source import Filler, StepShare, StepSource
 from framework.telemetry.meter import StepRecord
-from framework.telemetry.meters import COLUMNS, FIRST_NONFINITE, IntervalMeter, IntervalSummary
-from framework.telemetry.optimizer_state import optimizer_state_bytes
+from framework.telemetry.meters import FRAME, IntervalMeter, IntervalSummary
 from framework.telemetry.per_gpu import PerGpu
 from framework.telemetry.stall import Heartbeat
 from framework.training.loop_state import EvalResult, LoopState, RunInfo, RunTotals
@@ -53,6 +52,11 @@ class LoopTelemetry:
     per_gpu: PerGpu
     heartbeat: Heartbeat
     clock: object = None  # framework/training/instrument.py: wait_clock()
+    data_seconds: float = 0.0  # fetching the step's data, until its StepRecord takes it
+
+    def take_data_seconds(self) -> float:
+        seconds, self.data_seconds = self.data_seconds, 0.0
+        return seconds
 
     def batches(self, batches, step: int):
         """The micro-batches of one step, their fetch time metered (the data share of a step)."""
@@ -60,7 +64,7 @@ class LoopTelemetry:
             self.heartbeat.beat(step, "data")
             start = time.perf_counter()
             batch = next(batches)
-            self.meter.add_data_time(time.perf_counter() - start)
+            self.data_seconds += time.perf_counter() - start
             self.heartbeat.beat(step, "compute", batch)
             yield batch
 
@@ -70,7 +74,7 @@ class LoopTelemetry:
         self.heartbeat.beat(step, "data")
         start = time.perf_counter()
         share = next(shares, None)
-        self.meter.add_data_time(time.perf_counter() - start)
+        self.data_seconds += time.perf_counter() - start
         return share
 
     def backward_done(self) -> None:
@@ -267,7 +271,8 @@ class Trainer:
         if not stepped:
             self.state.totals.skipped_steps += 1
             self.say(f"step {step}: non-finite loss or gradient, step skipped (trainer.on_nonfinite=skip)")
-        self.telemetry.meter.add(StepRecord(step, list(losses), list(tokens), global_loss, skipped=not stepped))
+        self.telemetry.meter.add(StepRecord(step, list(losses), list(tokens), global_loss, skipped=not stepped,
+                                            data_seconds=self.telemetry.take_data_seconds()))
         stuck = self.skips.record(step, stepped)
         if stuck:
             raise TrainingStopped(f"{stuck}; stopped; {self._kept()}. Lower optimizer.lr, set trainer.grad_clip or "
@@ -276,20 +281,20 @@ class Trainer:
     def _log(self, step: int) -> None:
         self.telemetry.heartbeat.beat(step, "log")
         meter = self.telemetry.meter
-        rows = meter.rows(optimizer_state_bytes(self.wrapped.optimizer))
-        rows = self.group.all_gather(rows).reshape(-1, len(COLUMNS)).cpu()
+        rows = self.group.all_gather(meter.rows()).reshape(-1, len(meter.columns)).cpu()
         meter.reset()
         self._stop_if_nonfinite(rows)
         report, logged = None, self.state.take_logged()
         if self.group.is_main:
-            summary = IntervalSummary.from_rows(rows)
+            summary = IntervalSummary.from_rows(rows, meter.kinds)
             self.state.totals.add(summary)
             report = self.telemetry.per_gpu.report(summary, logged)
         self.callbacks.on_log(self.state, step, report)
 
     def _stop_if_nonfinite(self, rows: torch.Tensor) -> None:
         """Every rank sees the same gathered rows, so every rank stops at the same boundary."""
-        bad = [(rank, int(s)) for rank, s in enumerate(rows[:, FIRST_NONFINITE].tolist()) if s > 0]
+        first = rows[:, FRAME.index("first_nonfinite_step")].tolist()
+        bad = [(rank, int(s)) for rank, s in enumerate(first) if s > 0]
         if not bad:
             return
         rank, step = min(bad, key=lambda b: b[1])

@@ -10,9 +10,8 @@ import torch
 from framework.config.strategy_options import PowerSGDOptions
 from framework.results.run_result import RunResult
 from framework.strategies.mesh.ddp_hooks import GradientHook
-from framework.telemetry.meter import StepRecord
-from framework.telemetry.meters import (BYTES_SENT, BYTES_UNCOMPRESSED, COLUMNS, COMPRESSED_STEPS, SAMPLES, SECONDS,
-                                        STEPS, WAIT_SECONDS, IntervalMeter, IntervalSummary)
+from framework.telemetry.meter import MeterSources, StepRecord
+from framework.telemetry.meters import COLUMNS, IntervalMeter, IntervalSummary
 from framework.telemetry.traffic import Traffic
 from framework.training.loop_state import RunTotals
 from support.driver import driver_says
@@ -124,9 +123,11 @@ def test_the_runs_last_line_says_what_compression_did(traffic, line):
 
 def _interval(steps: int, compressed: int, sent: float, full: float, waits_ms: tuple[float, float]) -> IntervalSummary:
     rows = torch.zeros(2, len(COLUMNS), dtype=torch.float64)
-    rows[:, SAMPLES], rows[:, SECONDS], rows[:, STEPS] = 16 * steps, 1.0, steps
-    rows[:, WAIT_SECONDS] = torch.tensor(waits_ms, dtype=torch.float64) * steps / 1000
-    rows[:, BYTES_SENT], rows[:, BYTES_UNCOMPRESSED], rows[:, COMPRESSED_STEPS] = sent, full, compressed
+    given = {"samples": 16 * steps, "seconds": 1.0, "steps": steps, "bytes_sent": sent, "bytes_uncompressed": full,
+             "compressed_steps": compressed,
+             "wait_seconds": torch.tensor(waits_ms, dtype=torch.float64) * steps / 1000}
+    for name, value in given.items():
+        rows[:, COLUMNS.index(name)] = value
     return IntervalSummary.from_rows(rows)
 
 
@@ -153,17 +154,16 @@ def test_uncounted_engines_report_no_traffic():
 
 def test_the_meter_counts_bytes_and_compressed_steps_per_interval():
     traffic = Traffic("powersgd rank 2")
-    meter = IntervalMeter([16], torch.device("cpu"), [], traffic=traffic)
+    meter = IntervalMeter(MeterSources([16], torch.device("cpu"), traffic=traffic))
+    counts = [COLUMNS.index(name) for name in ("bytes_sent", "bytes_uncompressed", "compressed_steps")]
     traffic.add(400, 400)
     meter.add(StepRecord(1))
     traffic.add(10, 400)
     meter.add(StepRecord(2))
-    row = meter.rows()[0]
-    assert (row[BYTES_SENT], row[BYTES_UNCOMPRESSED], row[COMPRESSED_STEPS]) == (410, 800, 1)
+    assert meter.rows()[0, counts].tolist() == [410, 800, 1]
     meter.reset()
-    row = meter.rows()[0]
-    assert (row[BYTES_SENT], row[BYTES_UNCOMPRESSED], row[COMPRESSED_STEPS]) == (0, 0, 0)
-    assert math.isnan(IntervalMeter([16], torch.device("cpu"), []).rows()[0][BYTES_SENT])
+    assert meter.rows()[0, counts].tolist() == [0, 0, 0]
+    assert math.isnan(IntervalMeter(MeterSources([16], torch.device("cpu"))).rows()[0, counts[0]])
 
 
 # ---- what a resume resets of PowerSGD's state (the state's round trip itself: tests/dist/) ----------------------

@@ -151,8 +151,8 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
     clock (sized for the 8 device ids) is read for the 5 slots that ran, and the meter gives 5 rows (this crashed
     at the first log boundary: a wait of 8 values for 5 rows)."""
     from framework.strategies.dp import chunk_sizes
-    from framework.telemetry.meter import StepRecord
-    from framework.telemetry.meters import COLUMNS, SAMPLES, WAIT_SECONDS, IntervalMeter
+    from framework.telemetry.meter import MeterSources, StepRecord
+    from framework.telemetry.meters import COLUMNS, IntervalMeter
     from framework.telemetry.replica_clock import _Marks
 
     assert chunk_sizes(10, 8) == [2, 2, 2, 2, 2] and chunk_sizes(30, 7) == [5] * 6 and chunk_sizes(4, 3) == [2, 2]
@@ -160,7 +160,7 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
     cpu = torch.device("cpu")
     clock = ReplicaClock([cpu] * 8)
     sizes = chunk_sizes(10, 8)
-    meter = IntervalMeter(sizes, cpu, [], clock)
+    meter = IntervalMeter(MeterSources(sizes, cpu, clock=clock))
     for step in range(1, 3):
         clock.begin_micro_batch()
         for slot in range(len(sizes)):  # what time_replicas() marks on each replica that ran
@@ -171,9 +171,9 @@ def test_dp_slots_clock_and_meter_rows_agree_when_a_micro_batch_has_fewer_chunks
         meter.add(StepRecord(step, [torch.ones(10)]))
     rows = meter.rows()
     assert rows.shape == (5, len(COLUMNS))
-    assert rows[:, SAMPLES].tolist() == [4.0] * 5
+    assert rows[:, COLUMNS.index("samples")].tolist() == [4.0] * 5
     # per micro-batch, replica s waits (slowest forward 5 s) - its own (1 + s) s; two micro-batches
-    assert rows[:, WAIT_SECONDS].tolist() == pytest.approx([8.0, 6.0, 4.0, 2.0, 0.0])
+    assert rows[:, COLUMNS.index("wait_seconds")].tolist() == pytest.approx([8.0, 6.0, 4.0, 2.0, 0.0])
 
 
 def test_counting_flops_runs_the_model_without_its_prints_reaching_the_user(capsys):

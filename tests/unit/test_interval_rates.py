@@ -5,8 +5,8 @@ run's ranks summed to 349.9 samples/s against the job's 333.0, each rank's rate 
 import pytest
 import torch
 
-from framework.telemetry.meter import StepRecord
-from framework.telemetry.meters import SECONDS, IntervalMeter, IntervalSummary
+from framework.telemetry.meter import MeterSources, StepRecord
+from framework.telemetry.meters import COLUMNS, IntervalMeter, IntervalSummary
 from framework.telemetry.per_gpu import PerGpu, Slot
 from framework.telemetry.scalars import interval_scalars
 from framework.training.loop_state import RunTotals
@@ -21,32 +21,32 @@ def _pipeline_rows(windows=WINDOWS, tokens_per_sample=None) -> torch.Tensor:
     (IntervalMeter's share), each with its own window."""
     rows = []
     for _ in windows:
-        meter = IntervalMeter([BATCH // 2], torch.device("cpu"), [], share=0.5)
+        meter = IntervalMeter(MeterSources([BATCH // 2], torch.device("cpu"), share=0.5))
         micro_batches = 2  # the loop's
         tokens = [BATCH // 2 * tokens_per_sample if tokens_per_sample else None] * micro_batches
         meter.add(StepRecord(1, [torch.full((BATCH // 2,), 2.0)] * micro_batches, tokens))
         rows.append(meter.rows())
     rows = torch.cat(rows)
-    rows[:, SECONDS] = torch.tensor(windows, dtype=rows.dtype)
+    rows[:, COLUMNS.index("seconds")] = torch.tensor(windows, dtype=rows.dtype)
     return rows
 
 
 def test_the_ranks_rates_add_up_to_the_jobs_when_their_windows_differ():
     s = IntervalSummary.from_rows(_pipeline_rows())
     assert s.per_slot_samples == [BATCH / 2, BATCH / 2] and s.samples == BATCH, "each stage counts its share"
-    assert s.seconds == max(WINDOWS) and s.per_slot_seconds == list(WINDOWS)
-    own = [n / t for n, t in zip(s.per_slot_samples, s.per_slot_seconds)]
+    assert s.seconds == max(WINDOWS) and s.columns["seconds"] == list(WINDOWS)
+    own = [n / t for n, t in zip(s.per_slot_samples, s.columns["seconds"])]
     assert (s.samples_per_sec, sum(own)) == pytest.approx((333.0, 349.9)), "rates over their own windows: the failure"
     assert sum(s.per_slot_samples_per_sec) == pytest.approx(s.samples_per_sec, rel=1e-12)
     assert s.per_slot_samples_per_sec == pytest.approx([BATCH / 2 / max(WINDOWS)] * 2, rel=1e-12)
-    tags = interval_scalars(s, 0.1, cuda=False)
+    tags = interval_scalars(s, 0.1)
     assert tags["throughput/samples_per_sec/rank0"] + tags["throughput/samples_per_sec/rank1"] == pytest.approx(
         tags["throughput/samples_per_sec"], rel=1e-12)
 
 
 def test_tokens_and_tflops_per_rank_are_over_the_same_wall_time():
     s = IntervalSummary.from_rows(_pipeline_rows(tokens_per_sample=32))
-    tags = interval_scalars(s, 0.1, cuda=False)
+    tags = interval_scalars(s, 0.1)
     assert tags["throughput/tokens_per_sec/rank0"] + tags["throughput/tokens_per_sec/rank1"] == pytest.approx(
         tags["throughput/tokens_per_sec"], rel=1e-12)
     assert tags["throughput/tokens_per_sec"] == pytest.approx(BATCH * 32 / max(WINDOWS), rel=1e-12)

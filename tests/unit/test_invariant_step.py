@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from framework.telemetry.meter import StepRecord
+from framework.telemetry.meter import MeterSources, StepRecord
+from framework.telemetry.meter_registry import METERS
 from framework.telemetry.meters import IntervalMeter, IntervalSummary
+from framework.telemetry.scalars import interval_scalars
 from framework.training.engine import LocalGroup, Wrapped
 from framework.training.invariant import FixedPointSum, GatheredTreeSum, InvariantStep, shard_draws
 from framework.training.invariant.draws import augment_key
@@ -83,16 +85,18 @@ def test_each_shard_is_augmented_with_a_generator_keyed_by_epoch_step_and_shard(
 
 
 def test_the_interval_loss_is_the_global_sum_over_the_samples_and_each_slot_keeps_its_own():
-    meter = IntervalMeter([4], torch.device("cpu"), [])
+    """The mode's meter (InvariantStep.meters, added at assembly; not a registered one) gives loss/train."""
+    assert not set(InvariantStep.meters) & set(METERS)
+    meter = IntervalMeter(MeterSources([4], torch.device("cpu")), METERS + InvariantStep.meters)
     # the step's loss over both ranks' 8 samples
     meter.add(StepRecord(1, [torch.tensor([1.0, 1.0, 1.0, 1.0])], global_loss=torch.tensor(6.0, dtype=torch.float64)))
     rows = meter.rows()
-    summary = IntervalSummary.from_rows(torch.cat([rows, rows]))  # two ranks, each with the same global sum
-    assert summary.loss == 6.0 / 8
+    summary = IntervalSummary.from_rows(torch.cat([rows, rows]), meter.kinds)  # two ranks, the same global sum
+    assert summary.loss == 6.0 / 8 and interval_scalars(summary, 0.1)["loss/train"] == 6.0 / 8
     assert summary.per_slot_loss == [1.0, 1.0]
-    plain = IntervalMeter([4], torch.device("cpu"), [])
+    plain = IntervalMeter(MeterSources([4], torch.device("cpu")))
     plain.add(StepRecord(1, [torch.tensor([1.0, 1.0, 1.0, 3.0])]))
-    assert IntervalSummary.from_rows(plain.rows()).loss == 1.5, "without a global sum: the ranks' own sums"
+    assert IntervalSummary.from_rows(plain.rows()).loss == 1.5, "without the mode's meter: the ranks' own sums"
 
 
 @pytest.mark.parametrize("reducer", [FixedPointSum, GatheredTreeSum])
@@ -117,3 +121,29 @@ def test_a_channels_last_weights_summed_gradient_keeps_its_layout_and_a_fused_op
         stepped[fused] = [p.detach().clone() for p in twin.parameters()]
     for plain, fused in zip(stepped[False], stepped[True]):  # fused Adam rounds its own way; a misread element is
         torch.testing.assert_close(fused, plain, rtol=0, atol=1e-6)  # off by about 2 x lr
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_assembly_registers_the_modes_loss_meter_only_in_the_mode(tmp_path, invariant):
+    """The run's meters, as a worker assembles them (one process, single): the registered ones, and the invariant
+    mode's own where trainer.invariant is on (the runs' loss is bitwise equal across world sizes without it too:
+    float64 sums of float32 losses are exact there, so tests/runs/test_invariant.py cannot tell)."""
+    from support.driver import composed
+
+    from framework.assemble import RunContext, build_task, loop_telemetry, parallelize, seed_everything
+    from framework.config.settings import settings_of
+    from framework.config.targets import TargetAllowlist, allowing
+    from framework.strategies import choose_strategy
+    from framework.training.invariant.loss_meter import GlobalLossMeter
+
+    cfg = composed("dataset=synthetic", "strategy=single", "trainer.accelerator=cpu", f"trainer.invariant={invariant}")
+    with allowing(TargetAllowlist.of_command(cfg)):
+        strategy_class, _ = choose_strategy(cfg, None)
+        s = settings_of(cfg, strategy_class.Options)
+        seed_everything(s.trainer.seed)
+        task = build_task(s, torch.device("cpu"), "")
+        ctx = RunContext(settings=s, strategy=strategy_class(s.strategy, s.trainer.engine(), ranks=None),
+                         group=LocalGroup(torch.device("cpu")), ranks=None, run_dir=tmp_path, say=print, stop=None)
+        meter = loop_telemetry(ctx, parallelize(ctx, task), task, s.trainer.batch_size, "not counted").meter
+    assert meter.kinds == METERS + ((GlobalLossMeter,) if invariant else ())
+    assert ("global_loss_sum" in meter.columns) == invariant

@@ -23,9 +23,8 @@ from support.processes import FAULTS, TINY
 def _interval(busy_ms):
     n = len(busy_ms)
     return IntervalSummary(steps=8, samples=64.0 * n, seconds=1.0, loss=1.0, per_slot_samples_per_sec=[64.0] * n,
-                           per_slot_loss=[1.0] * n, per_slot_max_mem_gib=[0.0] * n, per_slot_max_reserved_gib=[0.0] * n,
-                           per_slot_optimizer_state_mib=[0.0] * n, step_ms=50.0, data_ms=1.0,
-                           per_slot_samples=[64.0] * n, per_slot_seconds=[1.0] * n, per_slot_busy_ms=list(busy_ms),
+                           per_slot_loss=[1.0] * n, step_ms=50.0, per_slot_samples=[64.0] * n,
+                           per_slot_busy_ms=list(busy_ms),
                            per_slot_wait_ms=[5.0] * n)
 
 

@@ -14,11 +14,11 @@ CPU = torch.device("cpu")
 def _logged(tmp_path, intervals: list[list[bool]]) -> dict[str, list[tuple[int, float]]]:
     """Each interval's steps (True: trained, False: skipped) through the meters and TensorBoard's writer; the
     scalars read back."""
-    from framework.telemetry.meter import StepRecord
+    from framework.telemetry.meter import MeterSources, StepRecord
     from framework.telemetry.meters import IntervalMeter, IntervalSummary
     from framework.telemetry.tensorboard_logger import TensorBoardLogger
 
-    meter, logger, step = IntervalMeter([4], CPU, []), TensorBoardLogger(tmp_path, cuda=False), 0
+    meter, logger, step = IntervalMeter(MeterSources([4], CPU)), TensorBoardLogger(tmp_path, cuda=False), 0
     for interval in intervals:
         for trained in interval:
             step += 1
@@ -42,11 +42,11 @@ def test_an_interval_of_skipped_steps_has_no_loss_or_throughput_point_and_says_i
 
 
 def test_an_interval_of_skipped_steps_leaves_the_runs_train_loss_as_it_was():
-    from framework.telemetry.meter import StepRecord
+    from framework.telemetry.meter import MeterSources, StepRecord
     from framework.telemetry.meters import IntervalMeter, IntervalSummary
     from framework.training.loop_state import RunTotals
 
-    meter, totals = IntervalMeter([4], CPU, []), RunTotals()
+    meter, totals = IntervalMeter(MeterSources([4], CPU)), RunTotals()
     for step, trained in enumerate([True, False], start=1):
         meter.add(StepRecord(step, [torch.full((4,), 0.25)] if trained else [], skipped=not trained))
         totals.add(IntervalSummary.from_rows(meter.rows()))

@@ -133,18 +133,18 @@ def test_bad_data_is_refused_in_the_driver_with_one_line(project, tmp_path, monk
 def test_tokens_are_metered_on_the_device_and_shared_over_a_processs_slots_by_their_size():
     """dp's replicas are one process's slots: a micro-batch's tokens (a device tensor: no sync) go to each slot by its
     share of the batch; a step that counts none leaves the column NaN and no tokens/s tag."""
-    from framework.telemetry.meter import StepRecord
-    from framework.telemetry.meters import TOKENS, IntervalMeter, IntervalSummary
+    from framework.telemetry.meter import MeterSources, StepRecord
+    from framework.telemetry.meters import COLUMNS, IntervalMeter, IntervalSummary
 
-    meter = IntervalMeter([3, 1], torch.device("cpu"), [])
+    meter, tokens = IntervalMeter(MeterSources([3, 1], torch.device("cpu"))), COLUMNS.index("tokens")
     meter.add(StepRecord(1, [torch.ones(4)], [None]))
     assert not any(tag.startswith("throughput/tokens") for tag in IntervalSummary.from_rows(meter.rows()).tags)
-    assert meter.rows()[:, TOKENS].isnan().all()
+    assert meter.rows()[:, tokens].isnan().all()
     meter.add(StepRecord(2, [torch.ones(4), torch.ones(4)], [torch.tensor(8), 4]))
     rows = meter.rows()
-    assert rows[:, TOKENS].tolist() == [9.0, 3.0]
+    assert rows[:, tokens].tolist() == [9.0, 3.0]
     tags = IntervalSummary.from_rows(rows).tags
-    seconds = float(rows[0, 1])
+    seconds = float(rows[0, COLUMNS.index("seconds")])
     assert tags["throughput/tokens_per_sec"] * seconds == pytest.approx(12)
     assert [tags[f"throughput/tokens_per_sec/rank{r}"] * seconds for r in (0, 1)] == pytest.approx([9, 3])
 

@@ -13,6 +13,7 @@ import torch
 
 from framework.training.engine import ProcessGroup, Weighting, Wrapped, forward_backward, gradient_sync
 from framework.training.invariant.draws import augment_key, shard_draws
+from framework.training.invariant.loss_meter import GlobalLossMeter
 from framework.training.invariant.shards import rank_shards
 from framework.training.invariant.tree_sum import tree_sum
 
@@ -28,6 +29,8 @@ class StepLosses:
 
 
 class InvariantStep:
+    meters = (GlobalLossMeter,)  # the mode's own telemetry (framework/telemetry/meter.py), added at assembly
+
     def __init__(self, shards: int, reducer, group: ProcessGroup, seed: int, prepare):
         """reducer: FixedPointSum or GatheredTreeSum; prepare(shard, generator) -> the shard as the model takes it
         (its own copy, augmented with the generator where the dataset augments)."""
