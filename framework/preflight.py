@@ -194,7 +194,9 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
                           "strategy.zero_stage) that wrote it, or trainer.resume=none")
-    _resume_world_size(s, strategy, checkpoint)
+    check_world_size(f"trainer.resume={resume}", checkpoint.path, checkpoint.manifest, strategy,
+                     "start over with trainer.resume=none (DeepSpeed's zero_to_fp32.py turns the shards into one fp32 "
+                     "state_dict of the weights, for use outside a resumed run)")
     _resume_stream(s, strategy, checkpoint, data.train)
     _resume_position(s, checkpoint, _steps_per_epoch(s, data.train))
     return checkpoint
@@ -218,12 +220,6 @@ def _schedule_length(s: Settings, train) -> None:
         raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
                           "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
                           "steps; set trainer.max_steps, or use lr_schedule=constant")
-
-
-def _resume_world_size(s: Settings, strategy: Strategy, checkpoint: Checkpoint) -> None:
-    check_world_size(f"trainer.resume={s.trainer.resume}", checkpoint.path, checkpoint.manifest, strategy,
-                     "start over with trainer.resume=none (DeepSpeed's zero_to_fp32.py turns the shards into one fp32 "
-                     "state_dict of the weights, for use outside a resumed run)")
 
 
 def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, otherwise: str) -> None:
