@@ -122,8 +122,6 @@ def report(overrides: list[str], config_dir: str | None, ranks: Ranks | None) ->
     return "\n".join(lines + strategy_plan(overrides, config_dir, ranks))
 
 
-
-
 def main() -> None:
     args = sys.argv[1:]
     if any(a in ("-h", "--help") for a in args):

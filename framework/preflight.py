@@ -15,9 +15,9 @@ from framework.checkpoints.state import signature_mismatch
 from framework.checkpoints.store import CHECKPOINT_DIR, Checkpoint, list_checkpoints
 from framework.config.invariant import check_invariant
 from framework.config.settings import Settings
-from framework.data.batches import describe, take
-from framework.data.build import Data, first_samples, is_class_ids
-from framework.data.loaders import BatchPipeline, prepare, split_tensors
+from framework.data.batches import describe
+from framework.data.build import Data, is_class_ids
+from framework.data.loaders import first_batch
 from framework.common.errors import ConfigError
 from framework.data.streams import shards_itself, split_length
 from framework.strategies.base import Strategy
@@ -124,12 +124,7 @@ def dry_run(s: Settings, task: Task) -> None:
     a model that cannot take the dataset's input, a loss that cannot score its outputs, a metric that does not fit
     the task, each is one line naming it, the batch's shapes and dtypes, and the error."""
     data, model, step, loss, metrics = task.data, task.model, task.step, task.loss, task.metrics
-    collate = data.collate["train"]
-    tensors = split_tensors(data.train, collate)
-    batch = (take(tensors[0], torch.arange(min(2, len(data.train)))),
-             take(tensors[1], torch.arange(min(2, len(data.train))))) if tensors is not None else \
-        collate.first_batch(first_samples(data.train, 2), "train")
-    batch = prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
+    batch = first_batch(data, 2)
     shapes = (f"{describe(batch[0], 'input')}; {describe(batch[1], 'target')}" if data.pairs
               else describe(batch, "batch"))
     model_name = f"model={s.model.get('_target_')}"
@@ -194,7 +189,9 @@ def _resume(s: Settings, strategy: Strategy, run_dir: Path, data: Data) -> Check
         raise ConfigError(f"trainer.resume={resume} is not allowed: checkpoint {checkpoint.path} has format {saved}, "
                           f"and strategy={strategy.name} reads {' or '.join(readable)}; use the strategy (and "
                           "strategy.zero_stage) that wrote it, or trainer.resume=none")
-    _resume_world_size(s, strategy, checkpoint)
+    check_world_size(f"trainer.resume={resume}", checkpoint.path, checkpoint.manifest, strategy,
+                     "start over with trainer.resume=none (DeepSpeed's zero_to_fp32.py turns the shards into one fp32 "
+                     "state_dict of the weights, for use outside a resumed run)")
     _resume_stream(s, strategy, checkpoint, data.train)
     _resume_position(s, checkpoint, _steps_per_epoch(s, data.train))
     return checkpoint
@@ -218,12 +215,6 @@ def _schedule_length(s: Settings, train) -> None:
         raise ConfigError(f"lr_schedule={s.lr_schedule.name} is not allowed without trainer.max_steps: dataset.train "
                           "is a stream (an IterableDataset) of unknown length, so the schedule has no total number of "
                           "steps; set trainer.max_steps, or use lr_schedule=constant")
-
-
-def _resume_world_size(s: Settings, strategy: Strategy, checkpoint: Checkpoint) -> None:
-    check_world_size(f"trainer.resume={s.trainer.resume}", checkpoint.path, checkpoint.manifest, strategy,
-                     "start over with trainer.resume=none (DeepSpeed's zero_to_fp32.py turns the shards into one fp32 "
-                     "state_dict of the weights, for use outside a resumed run)")
 
 
 def check_world_size(what: str, path: Path, manifest: dict, strategy: Strategy, otherwise: str) -> None:

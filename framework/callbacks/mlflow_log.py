@@ -8,15 +8,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from framework.callbacks.base import Callback
+from framework.results.result_file import RESOLVED_CONFIG, read_resolved_config
 from framework.results.mlflow_tracking import (client_for, experiment_id, flat_params, mlflow_api, parent_run_of,
                                                require_mlflow)
 from framework.telemetry.scalars import eval_scalars, report_scalars
 
 RUN_ID_FILE = "mlflow_run_id"
-ARTIFACT_FILES = ("resolved_config.yaml", "provenance.json", "result.json")
+ARTIFACT_FILES = (RESOLVED_CONFIG, "provenance.json", "result.json")
 BATCH = 100  # MLflow's log_batch takes at most 100 params and 1000 metrics per call
 
 
@@ -47,9 +46,7 @@ class MLflowLog(Callback):
 
     def _log_params(self, run_dir: Path) -> None:
         _, _, Param = mlflow_api()
-        config = run_dir / "resolved_config.yaml"
-        params = flat_params(OmegaConf.to_container(OmegaConf.load(config))) if config.is_file() else {}
-        items = [Param(k, v) for k, v in params.items()]
+        items = [Param(k, v) for k, v in flat_params(read_resolved_config(run_dir)).items()]
         for start in range(0, len(items), BATCH):
             self.client.log_batch(self.run_id, params=items[start:start + BATCH])
 

@@ -10,12 +10,9 @@ W&B's own settings apply (WANDB_MODE=offline, WANDB_API_KEY, ...); its files go 
 run folder. The console stays ours (W&B does not capture it: train.log holds it)."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from omegaconf import OmegaConf
-
 from framework.callbacks.base import Callback
 from framework.common.errors import ConfigError
+from framework.results.result_file import read_resolved_config
 from framework.results.wandb_tracking import files_dir, require_wandb, run_id, sweep_group, wandb_module
 from framework.telemetry.scalars import eval_scalars, report_scalars
 
@@ -50,8 +47,8 @@ class WandbLog(Callback):
         run_dir, sweep = state.run_dir, sweep_group(state.run_dir)
         name = run_dir.name if sweep is None else f"{sweep}/{run_dir.name}"
         group = self.group or (name if self.per_rank else sweep)
-        config = {**_resolved_config(run_dir), "hydra_dist": {"run_dir": str(run_dir), "sweep": sweep,
-                                                              "rank": state.rank}}
+        config = {**read_resolved_config(run_dir), "hydra_dist": {"run_dir": str(run_dir), "sweep": sweep,
+                                                                  "rank": state.rank}}
         self.started = True
         try:
             return wandb.init(
@@ -102,8 +99,3 @@ class WandbLog(Callback):
         if self.run is not None:
             self.run.finish(exit_code=exit_code)
             self.run = None
-
-
-def _resolved_config(run_dir: Path) -> dict:
-    config = run_dir / "resolved_config.yaml"
-    return OmegaConf.to_container(OmegaConf.load(config)) if config.is_file() else {}

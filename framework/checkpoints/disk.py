@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from framework.data.batches import leaves
+
 
 class CheckpointNotWritten(RuntimeError):
     """A checkpoint could not be written. Nothing of it is left behind; the message names the folder, the bytes
@@ -47,13 +49,7 @@ def remove_quietly(*paths: Path) -> None:
 
 
 def tensor_bytes(obj) -> int:
-    if torch.is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
+    return sum(t.numel() * t.element_size() for t in leaves(obj))
 
 
 def checkpoint_bytes(model: torch.nn.Module, make_optimizer) -> int:

@@ -71,6 +71,13 @@ def write_atomically(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def serialized(obj) -> bytes:
+    """torch.save's bytes, in memory: their size and sha256 go into the manifest, and write_atomically writes them."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def engine_folder(path: Path) -> Path:
     """Where the ranks' engine pieces of the checkpoint at `path` (a .pt or a shard folder) lie."""
     return path.with_suffix(".engine")
@@ -79,9 +86,7 @@ def engine_folder(path: Path) -> Path:
 def write_engine_piece(folder: Path, step: int, rank: int, piece: dict) -> tuple[str, dict]:
     """This rank's engine state beside checkpoint `step` (before the commit): its file name and its manifest entry.
     Raises CheckpointNotWritten (nothing of the piece left) when the folder cannot take it."""
-    buffer = io.BytesIO()
-    torch.save(piece, buffer)
-    data = buffer.getvalue()
+    data = serialized(piece)
     target = engine_folder(folder / f"step-{step:08d}.pt") / f"rank{rank}.pt"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,9 +106,7 @@ def load_engine_piece(checkpoint: Checkpoint, rank: int, world_size: int) -> dic
 
 def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Checkpoint:
     """Raises CheckpointNotWritten (with nothing of this checkpoint left on disk) when the folder cannot take it."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
+    data = serialized(state)
     stem = f"step-{manifest['step']:08d}"
     path, manifest_path = folder / f"{stem}.pt", folder / f"{stem}.json"
     manifest = {**manifest, "file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -152,9 +155,7 @@ def commit_shards(folder: Path, state: dict, manifest: dict, keep: int) -> Check
     then the manifest (each file's size; training_state.pt's sha256) and the pruning."""
     stem = f"step-{manifest['step']:08d}"
     shard_dir = folder / stem
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
+    data = serialized(state)
     write_atomically(shard_dir / TRAINING_STATE, data)
     ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
     committed = Checkpoint(shard_dir, {**manifest, "file": stem})

@@ -8,7 +8,6 @@ parameters stored under each of their keys), and the rest as string metadata (`m
 pickle at all), or framework/results/trained_model.py's load_model. Both written atomically by rank 0."""
 from __future__ import annotations
 
-import io
 import json
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from framework.checkpoints.store import write_atomically
+from framework.checkpoints.store import serialized, write_atomically
 
 WEIGHTS_DIR = "weights"
 SUFFIXES = (".safetensors", ".pt")  # a weights file's formats, the one read first first
@@ -37,9 +36,7 @@ def write_weights(run_dir: Path, name: str, state: dict, model: dict, step: int,
     except TypeError as exc:  # a module whose state_dict() holds extra state that is no tensor: the .pt keeps it
         warnings.warn(f"{folder / name}.safetensors not written: {exc} (the .pt holds it)", stacklevel=2)
     path = folder / f"{name}.pt"
-    buffer = io.BytesIO()
-    torch.save({"model": state, **record}, buffer)
-    write_atomically(path, buffer.getvalue())
+    write_atomically(path, serialized({"model": state, **record}))
     return path
 
 

@@ -83,9 +83,7 @@ def _override_setting(path: str, overrides) -> str | None:
         key = str(override.key_or_group)
         if override.is_delete() or not (path == key or path.startswith(f"{key}.")):
             continue
-        if path == key:
-            return override.input_line
-        if _has(override.value(), path[len(key) + 1:]):
+        if path == key or _has(override.value(), path[len(key) + 1:]):
             return override.input_line
     return None
 

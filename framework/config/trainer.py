@@ -2,7 +2,7 @@
 evaluate and checkpoint. `python train.py --cfg job` prints the values a run gets."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import List, Optional, Union
 
 from framework.config.choices import Accelerator, InvariantReduce, OnNonfinite, PrecisionChoice
@@ -91,11 +91,8 @@ class TrainerConfig(Checked):
     def engine(self) -> "EngineSettings":
         """What of the trainer's settings a strategy must agree with (its engine's own batch, accumulation,
         precision and clipping, a compile it may refuse, ...): the strategy gets only these."""
-        return EngineSettings(precision=self.precision, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                              grad_clip=self.grad_clip, compile=self.compile, compile_backend=self.compile_backend,
-                              activation_checkpointing=self.activation_checkpointing, on_nonfinite=self.on_nonfinite,
-                              stall_timeout=self.stall_timeout, log_all_ranks=self.log_all_ranks,
-                              cuda=self.cuda_wanted)
+        shared = {f.name: getattr(self, f.name) for f in fields(EngineSettings) if f.name != "cuda"}
+        return EngineSettings(**shared, cuda=self.cuda_wanted)
 
     def check(self) -> None:
         if self.resume is not None and not self.resume.strip():

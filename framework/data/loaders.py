@@ -25,10 +25,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from framework.checkpoints.position import Position
 from framework.data.augment import batch_generator, loader_generator
 from framework.data.batches import batch_size, leaves, take, to_device, tree_map
-from framework.data.build import tensors_of
+from framework.data.build import Data, first_samples, tensors_of
 from framework.data.collate import DEFAULT, Collate
 from framework.data.source import DataShare, EpochState, StepShare
-from framework.data.streams import StreamLoader, eval_stream, is_stream
+from framework.data.streams import StreamLoader, eval_stream, is_stream, split_length
 
 
 class BatchPipeline:
@@ -69,6 +69,19 @@ def split_tensors(dataset, collate: Collate):
     """The split's (inputs, targets) as whole tensors where batches may be taken from them (tensors_of), unless a
     collate_fn of the user's must see its samples; None: batches come through a DataLoader."""
     return tensors_of(dataset) if not collate.own else None
+
+
+def first_batch(data: Data, size: int):
+    """The training split's first `size` samples (fewer where it has fewer) as one batch on the CPU, prepared as the
+    loop gets them (normalized, not augmented): the driver's dry run and the plan's batch."""
+    collate = data.collate["train"]
+    tensors = split_tensors(data.train, collate)
+    if tensors is not None:
+        rows = torch.arange(min(size, split_length(data.train)))
+        batch = (take(tensors[0], rows), take(tensors[1], rows))
+    else:
+        batch = collate.first_batch(first_samples(data.train, size), "train")
+    return prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:

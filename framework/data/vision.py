@@ -48,6 +48,20 @@ def _no_data_error(kind: str, tried: list[str], note: str, root: str | None) -> 
     return ConfigError(f"{where}. Tried: {'; '.join(tried)}. {note} {hint}.")
 
 
+def _download(download: bool, folder: Path, tv_name: str, trains: tuple[bool, ...], fail) -> None:
+    """torchvision's `tv_name` downloaded into folder (its splits: train in `trains`) where dataset.download allows
+    it; else, or when the download fails, fail(note): the one line saying what was tried."""
+    if not download:
+        raise fail("dataset.download=false, so nothing was downloaded.")
+    try:
+        import torchvision.datasets as tvd  # slow to import, and needed only to download
+
+        for train in trains:
+            getattr(tvd, tv_name)(str(folder), train=train, download=True)
+    except Exception as exc:  # no network, proxy, disk full: the user needs the summary, not the stack
+        raise fail(f"torchvision's download into {folder} failed: {exc}.") from exc
+
+
 def locate_idx_files(kind: str, root: str | None, download: bool, download_dir: str | None) -> list[Path]:
     """The four IDX files (train images, train labels, test images, test labels), found or downloaded once."""
     tv_name, well_known = _IDX_SOURCES[kind]
@@ -60,15 +74,7 @@ def locate_idx_files(kind: str, root: str | None, download: bool, download_dir: 
         if all(files):
             return files
         tried.append(str(folder))
-    if not download:
-        raise _no_data_error(kind, tried, "dataset.download=false, so nothing was downloaded.", root)
-    try:
-        import torchvision.datasets as tvd  # slow to import, and needed only to download
-
-        for train in (True, False):
-            getattr(tvd, tv_name)(str(target), train=train, download=True)
-    except Exception as exc:  # no network, proxy, disk full: the user needs the summary, not the stack
-        raise _no_data_error(kind, tried, f"torchvision's download into {target} failed: {exc}.", root) from exc
+    _download(download, target, tv_name, (True, False), lambda note: _no_data_error(kind, tried, note, root))
     return [_idx_file(target / tv_name / "raw", stem) for stem in _IDX_FILES]
 
 
@@ -88,15 +94,7 @@ def locate_cifar10(root: str | None, download: bool, download_dir: str | None) -
     batches = folder / "cifar-10-batches-py"
     if all((batches / f).is_file() for f in _CIFAR_FILES):
         return folder
-    if not download:
-        raise _no_data_error("cifar10", [str(batches)], "dataset.download=false, so nothing was downloaded.", root)
-    try:
-        import torchvision.datasets as tvd  # slow to import, and needed only to download
-
-        tvd.CIFAR10(str(folder), train=True, download=True)
-    except Exception as exc:
-        raise _no_data_error("cifar10", [str(batches)], f"torchvision's download into {folder} failed: {exc}.",
-                             root) from exc
+    _download(download, folder, "CIFAR10", (True,), lambda note: _no_data_error("cifar10", [str(batches)], note, root))
     return folder
 
 

@@ -8,24 +8,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from framework.data.batches import batch_size, take
-from framework.data.build import Data, first_samples
-from framework.data.loaders import BatchPipeline, prepare, split_tensors
-from framework.data.streams import split_length
+from framework.data.build import Data
+from framework.data.loaders import first_batch
 from framework.plan.fake import fake_batch
 
 SAMPLES_READ = 64
-
-
-def first_batch(data: Data, size: int):
-    """The first `size` samples (fewer where the split has fewer) as one real batch."""
-    collate = data.collate["train"]
-    tensors = split_tensors(data.train, collate)
-    if tensors is not None:
-        rows = torch.arange(min(size, split_length(data.train)))
-        batch = (take(tensors[0], rows), take(tensors[1], rows))
-    else:
-        batch = collate.first_batch(first_samples(data.train, size), "train")
-    return prepare(batch, BatchPipeline(data.normalization, data.in_shape, torch.device("cpu")), data.pairs)
 
 
 def planned_batch(data: Data, size: int, mode: FakeTensorMode | None):

@@ -22,9 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from framework.results.result_file import format_rate
+from framework.results.result_file import format_rate, read_resolved_config
 from framework.results.run_scalars import run_scalars
 from framework.results.job_names import overrides_by_key
 from framework.results.seed_groups import Job, varying
@@ -33,7 +31,6 @@ SCALING_FILE = "scaling.md"
 # the keys that set how many workers a job has; the rest of a job's overrides say which jobs compare with which
 WORKER_KEYS = ("strategy", "strategy.nproc_per_node", "strategy.np", "strategy.nnodes", "strategy.dp_replicate",
                "strategy.dp_shard", "strategy.tp", "strategy.pp")
-RESOLVED_CONFIG = "resolved_config.yaml"
 
 
 @dataclass(kw_only=True)
@@ -140,11 +137,6 @@ def _table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def _config(row: Row) -> dict:
-    path = row.job_dir / RESOLVED_CONFIG
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
-
-
 def verdict(base: Row, top: Row) -> str:
     """The largest count against the smallest: which part of its step grew beyond the smaller count's part scaled to
     its share of the work, and what to try."""
@@ -171,7 +163,7 @@ def verdict(base: Row, top: Row) -> str:
 
 
 def _advice(part: str, row: Row) -> str:
-    config = _config(row)
+    config = read_resolved_config(row.job_dir)
     strategy, trainer, dataset = config.get("strategy", {}), config.get("trainer", {}), config.get("dataset", {})
     if part == "compute":
         return f"each worker computes less efficiently {_work_of_a_worker(row, strategy)}: " + (

@@ -15,9 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.common.errors import ConfigError
 from framework.config.legacy_targets import current_target
 from framework.config.schemas import NO_DEFAULT, schema_default
-from framework.results.result_file import read_result
-
-RESOLVED_CONFIG = "resolved_config.yaml"
+from framework.results.result_file import RESOLVED_CONFIG, read_result
 
 
 def changed_keys(before: dict, now: dict, prefix: str = "", default_of=lambda key: NO_DEFAULT) -> list[str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from framework.checkpoints.disk import CheckpointNotWritten
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
@@ -15,6 +13,7 @@ from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, c
                                          keep_apart, load_checkpoint, load_engine_piece, save_checkpoint,
                                          save_sharded_checkpoint, write_engine_piece)
 from framework.config.trainer import TrainerConfig
+from framework.data.batches import leaves
 from framework.training.async_save import CheckpointWrites, dcp_stager, pinned, staged
 from framework.training.dcp import DcpWrites
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
@@ -148,7 +147,7 @@ class Checkpointer:
         if not isinstance(wrapped, EngineState):
             return None, None
         mine, group = wrapped.engine_state(), self.group
-        if not _holds_tensors(mine):
+        if not leaves(mine):
             return group.gather_objects(mine), None
         problem, entry = None, None
         try:
@@ -215,14 +214,6 @@ def _engine_state(wrapped: Wrapped, checkpoint: Checkpoint, saved: list | None, 
     if isinstance(wrapped, EngineState):
         return wrapped.load_engine_state(mine, saved_world, group.world_size, step)
     return f"the checkpoint's {held} are not used by this engine" if held else ""
-
-
-def _holds_tensors(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_tensors(v) for v in value.values())
-    return isinstance(value, (list, tuple)) and any(_holds_tensors(v) for v in value)
 
 
 def _changes(manifest: dict, position: Position, world_size: int, batch_size: int) -> str:

@@ -121,15 +121,12 @@ class Verification:
         # its slots: ranks, or dp's replicas (one process on several GPUs)
         self.workers = len(result.get("per_rank_samples_per_sec") or []) or int(result.get("processes", 0))
         label = f"{self.name} x{self.workers}"
-        if baseline.verdict == EQUAL:
+        if baseline.verdict in (EQUAL, CANNOT_TELL):
+            if baseline.verdict == CANNOT_TELL:
+                print("\n".join(baseline.table(label)), flush=True)
             self._write(None, [])
             print(f"verify: {baseline.verdict_text()}", flush=True)
-            return True
-        if baseline.verdict == CANNOT_TELL:
-            print("\n".join(baseline.table(label)), flush=True)
-            self._write(None, [])
-            print(f"verify: {baseline.verdict_text()}", flush=True)
-            return False
+            return baseline.verdict == EQUAL
         print(f"verify: {baseline.difference_text(label)}", flush=True)
         print("\n".join(baseline.table(label)), flush=True)
         cause, tried = self._experiments(candidates(self.task.model, s.strategy, self.name, t.precision,
