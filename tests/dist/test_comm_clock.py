@@ -1,13 +1,14 @@
 """The mesh's own wait clock (framework/strategies/mesh/comm_clock.py) on gloo ranks: a micro-batch run as the loop
 runs it (under the engine's gradient_sync) times the collectives of tensor parallel and of FSDP2. Rank 1 starts its
 micro-batch LATE seconds after rank 0, so rank 0 blocks in the first collective until rank 1 gets there: its wait is
-at least that, whatever the machine's load; rank 1 finds rank 0 already there."""
+about that (less what rank 0 computes before it, or loses to a loaded core after the barrier: seen 27 ms short of
+0.2 s under load, hence half of LATE); rank 1 finds rank 0 already there."""
 import time
 
 import pytest
 import torch
 
-LATE = 0.2
+LATE = 0.4
 
 
 def _micro_batch_wait(rank: int, world: int, overrides: tuple) -> float:
@@ -41,5 +42,5 @@ def test_the_mesh_times_its_collectives_as_waits(world2, overrides):
     """Before the clock, tensor parallel and FSDP2 had none (wait_clock was None): time/wait_ms was not reported and
     scaling.md said "strategy=tp does not measure its waits"."""
     waits = world2.run(_micro_batch_wait, overrides)
-    assert waits[0] >= LATE * 0.9, f"rank 0 waited {waits[0]:.3f} s for a rank {LATE} s late"
+    assert waits[0] >= LATE / 2, f"rank 0 waited {waits[0]:.3f} s for a rank {LATE} s late"
     assert waits[1] < waits[0], waits

@@ -1,7 +1,6 @@
 """Per-GPU metrics' arithmetic in this process: the straggler rule, replica waits, dp replicas timing their backward,
 FLOPs counted by hand, the GPUs' peaks, the wait clock, the slow_rank fault's parsing, a bad straggler threshold.
 Real runs with one rank slowed: tests/runs/test_per_gpu_metrics.py."""
-import math
 from types import SimpleNamespace
 
 import pytest
