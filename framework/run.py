@@ -20,8 +20,6 @@ from framework.common.errors import ConfigError
 from framework.config.settings import Payload, refuse_dangling_interpolations, settings_of
 from framework.config.targets import TargetAllowlist, allowing
 from framework.launch.elastic import WorkersFailed
-from framework.plan.fit import check_fit
-from framework.plan.gpus import this_machines_gpu
 from framework.preflight import validate
 from framework.results.failure_note import note_failure
 from framework.results.provenance import record_start
@@ -93,6 +91,9 @@ def plan_run(cfg: DictConfig, run_dir: Path, outer: Ranks | None, warm_up: bool 
                 raise ConfigError(f"callbacks.{name} {refusal}")
         resume = validate(settings, strategy, run_dir)
         if settings.trainer.check_fit and strategy.trainer.cuda:  # a CPU run plans nothing: it starts sooner
+            from framework.plan.fit import check_fit  # the planner (every engine's rows) only where it plans
+            from framework.plan.gpus import this_machines_gpu  # (the same)
+
             check_fit(cfg, strategy.starter.processes(), this_machines_gpu(), say=print)
     return strategy, Payload(settings, str(run_dir), resume), note
 

@@ -9,12 +9,7 @@ import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from typing import TYPE_CHECKING, Any, Callable
 
 from framework.checkpoints.disk import free_bytes
 from framework.common.errors import ConfigError
@@ -23,6 +18,10 @@ from framework.training.interrupts import Interrupted
 from framework.session.detect import worker_ranks
 from framework.session.environment import Ranks, threads_per_worker
 from framework.session.lifeline import end_with
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 
 class WorkersFailed(RuntimeError):
@@ -50,6 +49,11 @@ def launch_elastic(entry: Callable[[Any, Ranks], Any], payload: Any, *, nproc_pe
     so rank 0 can draw its progress bar); the other ranks write to files under log_dir
     (<run_id>_*/attempt_<n>/<local rank>/stdout.log, stderr.log), and with log_all_ranks also to the
     console, each line prefixed [rank N]."""
+    # torch's agent (~26 ms of CPU) here, not with this module: a run that starts no workers (single, dp) skips it
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # (the same)
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # (the same)
+
     if "OMP_NUM_THREADS" not in os.environ:
         # Without this, each of N workers (CPU or GPU: both run CPU ops, e.g. the optimizer of small tensors and
         # the data path) starts one thread per core and they thrash. torchrun sets 1; we share the cores out.
@@ -117,6 +121,8 @@ def _quiet_agent():
 
 
 def _rank_logs(nproc_per_node: int, log_all_ranks: bool, log_dir: str | None) -> DefaultLogsSpecs:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std  # with the agent (launch_elastic)
+
     others = {local_rank: Std.ALL for local_rank in range(1, nproc_per_node)}
     if log_all_ranks:  # to a file and, through the agent, to the console with the line prefix
         return DefaultLogsSpecs(log_dir=log_dir, tee=others)
