@@ -39,7 +39,7 @@ class DDP:
     def __init__(self, options: MeshOptions, trainer: EngineSettings):
         self.options, self.trainer = options, trainer
 
-    def muon_steps(self, shape) -> str:
+    def muon_steps(self, dims) -> str:
         return "whole"  # tests/dist/test_muon.py
 
     def validate(self) -> None:
@@ -50,7 +50,10 @@ class DDP:
                               "GPUs: torch's PowerSGD hook synchronizes the bucket's device as a GPU whenever one "
                               "is visible; train on the GPUs, or hide them (CUDA_VISIBLE_DEVICES=)")
 
-    def join(self, ranks: Ranks, backend: str, timeout_s: float, shape) -> TorchGroup:
+    def check_model(self, model: nn.Module, dims) -> None:
+        """DDP takes any model: the plan, the shard units and the stages are the sharded side's."""
+
+    def join(self, ranks: Ranks, backend: str, timeout_s: float, dims) -> TorchGroup:
         """The default group: DDP needs no DeviceMesh."""
         return TorchGroup.join(ranks, backend, self.trainer.cuda, timeout_s)
 

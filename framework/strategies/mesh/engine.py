@@ -170,8 +170,7 @@ class MeshStrategy(ElasticStrategy):
                               f"the microbatches; use a multiple of {o.pp}")
 
     def check_model(self, model: nn.Module) -> None:
-        if not self.options.runs_ddp:  # DDP takes any model; the plan, units and stages are the sharded side's
-            self.data_parallel.check_model(model, self.dims)
+        self.data_parallel.check_model(model, self.dims)
 
     def check_task(self, model: nn.Module, example, train) -> None:
         self._check_stream(train)

@@ -104,9 +104,10 @@ class Sharded:
         return SpeedupModules(recomputed=units, compiled=units)
 
     def wrap(self, model: nn.Module, make_optimizer, group: MeshGroup) -> Wrapped:
-        """The pipeline cut and tensor parallel (mesh/parallelize.py), then FSDP2 on each of this rank's stages while they are still in CPU memory (fully_shard each unit as it
-        shards it, so no GPU ever holds a whole stage in fp32: a model.to(device) first would), then the rest moved,
-        the optimizer, the precision and the checkpoints over the whole mesh."""
+        """The pipeline cut and tensor parallel (mesh/parallelize.py), then FSDP2 on each of this rank's stages while
+        they are still in CPU memory (fully_shard each unit as it shards it, so no GPU ever holds a whole stage in
+        fp32: a model.to(device) first would), then the rest moved, the optimizer, the precision and the checkpoints
+        over the whole mesh."""
         o, dims, coords = self.options, group.dims, group.coords
         stages = parallelize(model, o, group)
         if dims.sharded:
