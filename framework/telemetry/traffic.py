@@ -5,7 +5,7 @@ dtype. Counted per rank and read at each log boundary (comm/bytes_sent/rank{r}, 
 "Sent" is the payload handed to the collective, not what its algorithm moves (a ring all-reduce moves about twice
 the payload; the ratio of the two is the same with or without compression). Counting is two integer additions per
 collective call, on the thread that makes the call; nothing synchronizes the device. GradientBytesMeter is the
-number's meter (framework/telemetry/meter.py)."""
+number's meter (framework/telemetry/meter.py), and its run totals: what result.json reports of the traffic."""
 from __future__ import annotations
 
 import math
@@ -80,6 +80,38 @@ class GradientBytesMeter:
         if sent > 0:
             tags["comm/compression_ratio"] = full / sent
         return tags
+
+    @staticmethod
+    def add_to_run(s, uncompressed: dict[str, float], compressed: dict[str, float]) -> None:
+        """One logged interval (s: framework/telemetry/meters.py's IntervalSummary) into the run's totals (RunTotals'
+        two checkpointed dicts), when all its steps sent uncompressed (a powersgd run's warm-up, or no compression) or
+        all compressed: steps, their wait (ms per step, mean over ranks, times steps), bytes sent and what they weigh
+        uncompressed (all ranks), ranks. An interval with both kinds of steps counts in neither."""
+        sent = s.columns.get("bytes_sent", [math.nan])
+        if not s.steps or any(b != b for b in sent):  # NaN: this engine's gradient bytes are not counted
+            return
+        compressed_steps = s.columns["compressed_steps"][0]
+        phase = compressed if compressed_steps == s.steps else (uncompressed if compressed_steps == 0 else None)
+        if phase is None:
+            return
+        waits = [w for w in s.per_slot_wait_ms if w == w]
+        counted = {"steps": s.steps, "wait_ms": sum(waits) / len(waits) * s.steps if waits else math.nan,
+                   "sent": sum(sent), "full": sum(s.columns["bytes_uncompressed"]), "ranks": len(sent)}
+        for key, value in counted.items():
+            phase[key] = value if key == "ranks" else phase.get(key, 0.0) + value
+
+    @staticmethod
+    def run_result(uncompressed: dict[str, float], compressed: dict[str, float]) -> dict[str, float]:
+        """What RunResult reports from the run's totals: the compression's ratio (over its compressed steps; without
+        any, over the run), gradient bytes per rank and step (likewise), and the wait per step without and with
+        compression; nothing where the engine counts no gradient bytes."""
+        main = compressed if compressed.get("steps") else uncompressed
+        if not main.get("steps"):
+            return {}
+        wait = (lambda phase: phase["wait_ms"] / phase["steps"] if phase.get("steps") else math.nan)
+        return {"compression_ratio": main["full"] / main["sent"] if main["sent"] else math.nan,
+                "gradient_bytes_per_step": main["sent"] / (main["steps"] * max(1, main["ranks"])),
+                "wait_ms_uncompressed": wait(uncompressed), "wait_ms_compressed": wait(compressed)}
 
 
 class CountedReduceScatter:

@@ -12,6 +12,7 @@ import torch
 
 from framework.config.trainer import TrainerConfig
 from framework.telemetry.meters import IntervalSummary
+from framework.telemetry.traffic import GradientBytesMeter
 from framework.training.callback import Callbacks
 from framework.training.checkpointing import Checkpointer
 from framework.training.engine import ProcessGroup, Wrapped
@@ -31,9 +32,8 @@ class RunTotals:
     val_loss: float = math.nan
     val_metrics: dict[str, float] = field(default_factory=dict)
     skipped_steps: int = 0
-    # gradient traffic (framework/telemetry/traffic.py), over the intervals whose steps all sent uncompressed (a
-    # powersgd run's warm-up, or no compression) and those whose steps all sent compressed: steps, their wait
-    # (ms per step, mean over ranks, times steps), bytes sent and what they weigh uncompressed (all ranks), ranks
+    # gradient traffic over the intervals whose steps all sent uncompressed and those whose steps all sent compressed:
+    # kept here (checkpointed), counted by framework/telemetry/traffic.py: GradientBytesMeter.add_to_run
     uncompressed: dict[str, float] = field(default_factory=dict)
     compressed: dict[str, float] = field(default_factory=dict)
 
@@ -53,35 +53,11 @@ class RunTotals:
                 self.slot_max_mem_gib[i] = max(self.slot_max_mem_gib[i], peaks[i])
         if s.trained:  # an interval of skipped steps has no loss
             self.train_loss = s.loss
-        self._add_traffic(s)
-
-    def _add_traffic(self, s: IntervalSummary) -> None:
-        """framework/telemetry/traffic.py's columns (GradientBytesMeter), by name."""
-        sent = s.columns.get("bytes_sent", [math.nan])
-        if not s.steps or any(b != b for b in sent):  # NaN: this engine's gradient bytes are not counted
-            return
-        compressed_steps = s.columns["compressed_steps"][0]
-        phase = self.compressed if compressed_steps == s.steps else (
-            self.uncompressed if compressed_steps == 0 else None)  # an interval with both counts in neither
-        if phase is None:
-            return
-        waits = [w for w in s.per_slot_wait_ms if w == w]
-        counted = {"steps": s.steps, "wait_ms": sum(waits) / len(waits) * s.steps if waits else math.nan,
-                   "sent": sum(sent), "full": sum(s.columns["bytes_uncompressed"]), "ranks": len(sent)}
-        for key, value in counted.items():
-            phase[key] = value if key == "ranks" else phase.get(key, 0.0) + value
+        GradientBytesMeter.add_to_run(s, self.uncompressed, self.compressed)
 
     def traffic(self) -> dict[str, float]:
-        """What RunResult reports: the compression's ratio (over its compressed steps; without any, over the run),
-        gradient bytes per rank and step (likewise), and the wait per step without and with compression."""
-        c, u = self.compressed, self.uncompressed
-        main = c if c.get("steps") else u
-        if not main.get("steps"):
-            return {}
-        wait = (lambda phase: phase["wait_ms"] / phase["steps"] if phase.get("steps") else math.nan)
-        return {"compression_ratio": main["full"] / main["sent"] if main["sent"] else math.nan,
-                "gradient_bytes_per_step": main["sent"] / (main["steps"] * max(1, main["ranks"])),
-                "wait_ms_uncompressed": wait(u), "wait_ms_compressed": wait(c)}
+        """What RunResult reports of the gradient traffic (framework/telemetry/traffic.py)."""
+        return GradientBytesMeter.run_result(self.uncompressed, self.compressed)
 
     def per_slot_samples_per_sec(self) -> list[float]:
         return [n / s if s > 0 else 0.0 for n, s in zip(self.slot_samples, self.slot_seconds)]

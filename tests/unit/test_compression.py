@@ -12,7 +12,7 @@ from framework.results.run_result import RunResult
 from framework.strategies.mesh.ddp_hooks import GradientHook
 from framework.telemetry.meter import MeterSources, StepRecord
 from framework.telemetry.meters import COLUMNS, IntervalMeter, IntervalSummary
-from framework.telemetry.traffic import Traffic
+from framework.telemetry.traffic import GradientBytesMeter, Traffic
 from framework.training.loop_state import RunTotals
 from support.driver import driver_says
 from support.fake_cuda import cuda_reported
@@ -144,6 +144,16 @@ def test_totals_compare_the_wait_of_plain_and_compressed_steps_and_skip_an_inter
     assert report["gradient_bytes_per_step"] == pytest.approx(25.0)  # 200 bytes over 8 steps of each of 2 ranks
     restored = RunTotals(**{**totals.__dict__})  # what a checkpoint gives back
     assert restored.traffic() == report
+
+
+def test_the_run_totals_of_the_traffic_are_the_meters_own():
+    """The meter's file holds the arithmetic; RunTotals only keeps the two phases (checkpointed) and asks it."""
+    uncompressed, compressed = {}, {}
+    for interval in (_interval(2, 0, 2000, 2000, (8.0, 8.0)), _interval(2, 2, 100, 2000, (1.0, 3.0))):
+        GradientBytesMeter.add_to_run(interval, uncompressed, compressed)
+    assert GradientBytesMeter.run_result(uncompressed, compressed) == pytest.approx(
+        {"compression_ratio": 20.0, "gradient_bytes_per_step": 50.0, "wait_ms_uncompressed": 8.0,
+         "wait_ms_compressed": 2.0})
 
 
 def test_uncounted_engines_report_no_traffic():
