@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
 from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
 from framework.config.settings import Settings, settings_of
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, on_one_line
 from framework.config.targets import TargetAllowlist, allowing
 from framework.assemble import RunContext, assemble_task, loop_data, parallelize
 from framework.launch.elastic import WorkersFailed
@@ -194,5 +194,5 @@ def _load(model, state: dict, source: Path) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        raise ConfigError(f"ckpt_path={source} does not fit the model: {' '.join(str(exc).split())[:400]}") from None
+        raise ConfigError(f"ckpt_path={source} does not fit the model: {on_one_line(exc)[:400]}") from None
 

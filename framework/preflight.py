@@ -18,7 +18,7 @@ from framework.config.settings import Settings
 from framework.data.batches import describe
 from framework.data.build import Data, is_class_ids
 from framework.data.loaders import first_batch
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 from framework.data.streams import shards_itself, split_length
 from framework.strategies.base import Strategy
 from framework.strategies.muon_engines import muon_refusal
@@ -160,8 +160,7 @@ def _one_line(call, what: str):
     except ConfigError:
         raise
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ConfigError(f"{what}: {type(exc).__name__}: {message}") from None
+        raise ConfigError(f"{what}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _objective(s: Settings, metrics: dict) -> None:

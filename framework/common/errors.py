@@ -1,6 +1,6 @@
 """The exceptions whose message is shown as-is, without a traceback: bad user input (ConfigError) and its carrier
 out of Hydra's callbacks (RefusedInHydra), and a run every rank stops on purpose (TrainingStopped), whichever layer
-finds out."""
+finds out; and the two ways a library's exception is quoted in such a one-line message."""
 import re
 
 
@@ -10,6 +10,17 @@ class ConfigError(ValueError):
 
     def __init__(self, message: object = "") -> None:
         super().__init__(re.sub(r"\s*\n\s*", " ", str(message)).strip())
+
+
+def first_line(exc: BaseException) -> str:
+    """The exception's first line of text ('' without any): where most libraries say what failed."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def on_one_line(exc: BaseException) -> str:
+    """All of the exception's text, every run of spaces and line breaks one space."""
+    return " ".join(str(exc).split())
 
 
 class RefusedInHydra(BaseException):

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from framework.config.rules import SettingError, allowed_text
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 
 T = TypeVar("T")
 
@@ -48,14 +48,15 @@ def omegaconf_error_line(exc: OmegaConfBaseException, prefix: str = "") -> str:
         return f"{full_key} is not allowed: {missing_key_reason(exc, prefix)}"
     if isinstance(exc, ValidationError) and dataclasses.is_dataclass(schema) and name is not None:
         return f"{full_key}={getattr(exc, 'value', None)!r} is not allowed: expected {allowed_text(schema, str(name))}"
-    return f"{full_key}: {_first_line(exc)}" if full_key else _first_line(exc)
+    line = first_line(exc) or type(exc).__name__
+    return f"{full_key}: {line}" if full_key else line
 
 
 def missing_key_reason(exc: ConfigKeyError | ConfigAttributeError, prefix: str = "") -> str:
     """Why a key OmegaConf did not find is refused: where it was looked for and, for a schema, the keys there are."""
     schema = getattr(exc, "object_type", None)
     if not dataclasses.is_dataclass(schema):
-        return _first_line(exc)
+        return first_line(exc) or type(exc).__name__
     where = _full_key(exc, prefix).rpartition(".")[0] or "the config"
     known = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
     return f"{where} has no key {getattr(exc, 'key', None)!r} (its keys: {known})"
@@ -63,7 +64,3 @@ def missing_key_reason(exc: ConfigKeyError | ConfigAttributeError, prefix: str =
 
 def _full_key(exc: OmegaConfBaseException, prefix: str) -> str:
     return ".".join(k for k in (prefix, str(getattr(exc, "full_key", "") or "")) if k)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]

@@ -12,7 +12,7 @@ from typing import Callable
 from torch.utils.data import default_collate
 
 from framework.config.components import build_component
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 
 KEY = "collate_fn"
 
@@ -35,9 +35,8 @@ class Collate:
         except Exception as exc:
             if not self.own:
                 raise
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ConfigError(f"{self.where} failed on the first batch (dataset.{which}[0:{len(samples)}]): "
-                              f"{type(exc).__name__}: {message}") from None
+                              f"{type(exc).__name__}: {first_line(exc)}") from None
 
 
 DEFAULT = Collate(default_collate)

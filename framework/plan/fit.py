@@ -9,7 +9,7 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 from framework.plan.gpus import Gpu
 from framework.plan.rows import plan_row
 
@@ -25,8 +25,7 @@ def check_fit(cfg: DictConfig, workers: int, gpu: Gpu, say: Callable[[str], None
         say(f"trainer.check_fit: not checked: {why}")
         return
     except Exception as exc:  # a plan that fails is no reason to stop a run the driver accepted: said, not hidden
-        first = (str(exc).splitlines() or [""])[0]
-        say(f"trainer.check_fit: not checked: planning failed ({type(exc).__name__}: {first}); "
+        say(f"trainer.check_fit: not checked: planning failed ({type(exc).__name__}: {first_line(exc)}); "
             "trainer.check_fit=false skips the plan")
         return
     if gpu.fits(row.peak, workers):

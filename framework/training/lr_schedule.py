@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from framework.config.components import build_component
 from framework.config.optimizer import LrScheduleConfig
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, on_one_line
 
 KEY = "lr_schedule.scheduler"
 _PER_GROUP_LRS = ("max_lr", "base_lr", "min_lr")  # absolute lrs a scheduler takes per group (a list) or for all
@@ -144,7 +144,7 @@ def build_scheduler(node: dict, optimizer: torch.optim.Optimizer, total_steps: i
         unknown_length = ("; this run's length is unknown (a stream): give trainer.max_steps, or "
                           f"{KEY}.total_steps" if not total_steps and _takes_the_runs_length(cls, given) else "")
         raise ConfigError(f"{KEY}._target_={target} refused its arguments ({shown}): {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())}{unknown_length}") from None
+                          f"{on_one_line(exc)}{unknown_length}") from None
 
 
 def _takes_the_runs_length(cls: type, given: dict) -> bool:

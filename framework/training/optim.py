@@ -14,7 +14,7 @@ from __future__ import annotations
 from hydra.errors import InstantiationException
 
 from framework.config.optimizer import OptimizerConfig
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, on_one_line
 from framework.config.targets import instantiate
 from framework.training.param_groups import ParamGroups
 
@@ -30,7 +30,7 @@ def build_optimizer(options: OptimizerConfig, params, workers: int, groups: Para
         cause = exc.__cause__ or exc
         what = "imported" if isinstance(cause, ImportError) else "built"
         raise ConfigError(f"optimizer._target_={options._target_} is not allowed: it cannot be {what} "
-                          f"({_one_line(cause)})") from None
+                          f"({on_one_line(cause) or type(cause).__name__})") from None
     if groups is not None:
         params = groups.split(params, arguments["lr"], names)
     try:
@@ -39,14 +39,10 @@ def build_optimizer(options: OptimizerConfig, params, workers: int, groups: Para
         given = ", ".join(f"optimizer.{name}={_text(value)}" for name, value in arguments.items()
                           if not name.startswith("_"))
         raise ConfigError(f"optimizer._target_={options._target_} refused its arguments ({given}): "
-                          f"{type(exc).__name__}: {_one_line(exc)}") from None
+                          f"{type(exc).__name__}: {on_one_line(exc) or type(exc).__name__}") from None
     if groups is not None:
         groups.check_settings(optimizer, options._target_)
     return optimizer
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _text(value) -> str:

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from framework.cli import composition_error_line
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line, on_one_line
 from framework.config.components import build_component
 from framework.config.targets import TargetAllowlist, allowing
 from framework.config.trainer import TrainerConfig
@@ -56,3 +56,13 @@ def test_an_override_that_cannot_be_parsed_is_named_in_one_line(override, says):
     except OverrideParseException as exc:
         line = composition_error_line(exc)
     assert line == f"{says} (the override grammar: https://hydra.cc/docs/advanced/override_grammar/basic)"
+
+
+@pytest.mark.parametrize("text,first,whole", [
+    ("shape mismatch\n  at layer fc1\n", "shape mismatch", "shape mismatch at layer fc1"),
+    ("\n\n  the reason\nmore", "the reason", "the reason more"),  # a library that starts with a blank line
+    ("", "", ""),
+    ("  \n ", "", ""),
+])
+def test_a_librarys_exception_is_quoted_by_its_first_line_or_all_of_it_on_one(text, first, whole):
+    assert (first_line(RuntimeError(text)), on_one_line(RuntimeError(text))) == (first, whole)
