@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from framework.checkpoints.store import Checkpoint, find_checkpoint, load_checkpoint
-from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
+from framework.checkpoints.weights import WEIGHTS_DIR, find_weights, read_weights
 from framework.config.settings import Settings, settings_of
 from framework.common.errors import ConfigError, on_one_line
 from framework.config.targets import TargetAllowlist, allowing
@@ -111,10 +111,9 @@ def resolve_source(ckpt_path) -> tuple[Path, str, Path | None]:
     if not path.exists():
         raise ConfigError(f"ckpt_path={path} is not allowed: no such file or folder")
     if path.is_dir() and (path / RESOLVED_CONFIG).is_file():  # a run folder
-        for name in ("best", "last"):
-            for suffix in SUFFIXES:  # safetensors first: no pickle at all
-                if (path / WEIGHTS_DIR / f"{name}{suffix}").is_file():
-                    return path / WEIGHTS_DIR / f"{name}{suffix}", "weights", path
+        weights = find_weights(path, ("best", "last"))  # safetensors first: no pickle at all
+        if weights is not None:
+            return weights, "weights", path
         checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
         return checkpoint.path, "checkpoint", path
     run = _run_folder_of(path)

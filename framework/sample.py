@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR
+from framework.checkpoints.weights import find_weights
 from framework.config.sample import SampleConfig
 from framework.config.targets import TargetAllowlist, allowing
 from framework.config.typed import typed
@@ -70,7 +70,7 @@ def _weights_file(options: SampleConfig) -> Path:
     which, path = str(options.weights), Path(options.ckpt_path)
     if not path.exists():
         raise ConfigError(f"ckpt_path={path} is not allowed: no such run folder or weights file")
-    if path.is_dir() and which == "best" and not any((path / WEIGHTS_DIR / f"best{s}").is_file() for s in SUFFIXES):
+    if path.is_dir() and which == "best" and find_weights(path, ("best",)) is None:
         which = "last"  # a run without an evaluation that improved its objective: its final weights
     return weights_path(path, which)
 

@@ -40,6 +40,12 @@ def write_weights(run_dir: Path, name: str, state: dict, model: dict, step: int,
     return path
 
 
+def find_weights(run_dir: Path, names: tuple[str, ...]) -> Path | None:
+    """The run folder's first weights file of `names` (in that order), each in SUFFIXES' order; None without any."""
+    found = (Path(run_dir) / WEIGHTS_DIR / f"{name}{suffix}" for name in names for suffix in SUFFIXES)
+    return next((path for path in found if path.is_file()), None)
+
+
 def as_safetensors(state: dict, record: dict) -> bytes:
     """The state dict as safetensors bytes: each tensor contiguous and its own (safetensors stores no shared or
     strided memory), the record as JSON strings in the metadata."""

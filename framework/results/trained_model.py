@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from framework.common.errors import ConfigError
-from framework.checkpoints.weights import SUFFIXES, WEIGHTS_DIR, read_weights
+from framework.checkpoints.weights import WEIGHTS_DIR, find_weights, read_weights
 from framework.config.targets import TargetAllowlist, allowing
 from framework.models.build import build_model
 
@@ -36,8 +36,7 @@ def weights_path(run_dir: str | Path, which: str = "best") -> Path:
     """A run folder's weights/<which>.safetensors (else .pt), or `run_dir` itself when it is a file."""
     path = Path(run_dir)
     if path.is_dir():
-        found = [path / WEIGHTS_DIR / f"{which}{suffix}" for suffix in SUFFIXES]
-        path = next((f for f in found if f.is_file()), found[-1])
+        path = find_weights(path, (which,)) or path / WEIGHTS_DIR / f"{which}.pt"
     if not path.is_file():
         raise ConfigError(f"{path} is not there: a run writes weights/best.safetensors and .pt after an evaluation "
                           "that improved its objective, and weights/last.* when it ends")

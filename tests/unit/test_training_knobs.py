@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from torch import nn
 
-from framework.checkpoints.weights import read_weights, write_weights
+from framework.checkpoints.weights import find_weights, read_weights, write_weights
 from framework.common.errors import ConfigError
 from framework.config.hydra_versions import version_base
 from framework.config.optimizer import LrScheduleConfig, SGDConfig
@@ -352,6 +352,18 @@ def test_load_model_reads_the_safetensors(tmp_path):
     (tmp_path / "weights" / "last.pt").unlink()  # only the safetensors: no pickle at all
     loaded = load_model(tmp_path, which="last")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_a_run_folders_weights_are_found_by_name_first_then_safetensors_before_pt(tmp_path):
+    """eval.py, sample.py and load_model find a run's weights file the same way (framework/checkpoints/weights.py)."""
+    record = {"model_config": {"_target_": "framework.models.lenet.LeNet"}, "in_shape": (1, 28, 28), "num_classes": 10}
+    assert find_weights(tmp_path, ("best", "last")) is None
+    write_weights(tmp_path, "last", lenet().state_dict(), record, 3, {"name": "loss", "value": 1.0})
+    assert find_weights(tmp_path, ("best", "last")) == tmp_path / "weights" / "last.safetensors"
+    write_weights(tmp_path, "best", lenet().state_dict(), record, 2, {"name": "loss", "value": 0.5})
+    (tmp_path / "weights" / "best.safetensors").unlink()
+    assert find_weights(tmp_path, ("best", "last")) == tmp_path / "weights" / "best.pt"
+    assert find_weights(tmp_path, ("last",)) == tmp_path / "weights" / "last.safetensors"
 
 
 # ---- the target allowlist -----------------------------------------------------------------------------------------
