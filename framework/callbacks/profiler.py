@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.tensorboard import SummaryWriter
 
 from framework.callbacks.base import Callback
 from framework.telemetry.trace_breakdown import Breakdown, breakdown_of
@@ -66,6 +65,9 @@ class StepProfiler(Callback):
         state.say(f"profile of steps {self.first}-{step} (traces: {folder}/rank<r>.trace.json), ms per step:")
         for rank, b in enumerate(every):
             state.say(f"  rank {rank}: {b.describe()}")
+        # slow to import (about 0.1 s): only a run that profiles pays for it here
+        from torch.utils.tensorboard import SummaryWriter
+
         with SummaryWriter(str(state.run_dir), filename_suffix=".profile") as writer:
             for rank, b in enumerate(every):
                 for name, value in b.per_step_ms().items():

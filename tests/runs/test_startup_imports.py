@@ -112,3 +112,13 @@ def test_a_ddp_worker_imports_no_sharded_engine_and_no_dcp(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {
         "joined": [], "model": "DistributedDataParallel", "wrapped": []}
+
+
+def test_the_driver_and_eval_py_leave_tensorboard_to_the_run_that_logs_or_profiles(tmp_path):
+    """torch.utils.tensorboard (about 0.1 s) is imported where a writer is made: the TensorBoard logger's callback
+    and the profiler's report (framework/callbacks/profiler.py), not by the driver's or eval.py's modules."""
+    probe = "import sys, framework.run, framework.evaluate; print('torch.utils.tensorboard' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                         env=python_path(REPO, REPO / "tests"), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
