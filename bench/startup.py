@@ -5,7 +5,9 @@ PyTorch program here (bench/baselines/torch_floor.py: import torch, one optimize
 
 Runs train 1 step with a progress line after it; this script stamps the output lines as they arrive:
 'training ...' (printed right before the loop) gives the time to the loop, 'step 1/1' the time to the
-first finished step. One untimed round first (warm file cache), then A, B, A, B; medians.
+first finished step. One untimed round first (warm file cache), then A, B, A, B; medians. A side's round that
+fails (a non-zero exit: the torchrun script can abort at teardown after its step) is run once more, then counted as
+failed; bench/results/startup.json is written after every round, so a later failure loses nothing before it.
 Targets: single <= 3 s, ddp-2 <= 6 s. --against DIR adds DIR's train.py (another checkout, e.g.
 `git archive <commit> | tar -x -C /tmp/before`) as a side of its own in the same alternation.
 
@@ -18,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from benchkit import commands
-from benchkit.alternation import alternate, median_of
+from benchkit.alternation import RoundFailed, alternate, measured, median_of
 from benchkit.arguments import names
 from benchkit.progress_lines import step_times, training_start_time
 from benchkit.report import print_table, write_results
@@ -55,34 +57,49 @@ def commands_for(mode: str, workers: int, against: Path | None = None) -> dict[s
 def timer(command: list[str], workdir: Path, timeout: float):
     def measure() -> dict:
         cwd = Path(tempfile.mkdtemp(dir=workdir))
-        out = run_timed(command, cwd, commands.environment(None), timeout).check()
+        out = run_timed(command, cwd, commands.environment(None), timeout)
         first_step = step_times(out.lines).get(1)
-        if first_step is None:
-            raise RuntimeError(f"no 'step 1/1' line in the output of {' '.join(command)}:\n{out.text()}")
+        problem = out.problem() or (None if first_step is not None else "no 'step 1/1' line")
+        if problem is not None:
+            print(out.text(12), flush=True)
+            after = ", after its first step" if first_step is not None else ""
+            raise RoundFailed(f"{problem}{after}")
         return {"to_loop": training_start_time(out.lines), "to_first_step": first_step, "whole_run": out.wall_seconds}
     return measure
 
 
+def summary_of(mode: str, samples: dict[str, list[dict]]) -> dict:
+    """results.json's entry of a mode: each side's medians over its rounds that did not fail, and every round."""
+    sides = {}
+    for name, side in samples.items():
+        medians = {key: median_of(side, key) for key in ("to_loop", "to_first_step", "whole_run")}
+        sides[name] = {**medians, "failed_rounds": sum("failed" in s for s in side), "samples": side}
+    return {"target_seconds": TARGETS.get(mode), "sides": sides}
+
+
 def main() -> None:
     args = parse_args()
-    results, rows = {}, []
+    settings = {**vars(args), "against": args.against and str(args.against)}
+    results = {}
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         for mode in args.modes.split(","):
             variants = {name: timer(cmd, Path(tmp), args.timeout)
                         for name, cmd in commands_for(mode, args.ddp_workers, args.against).items()}
             print(f"{mode}: warm-up round (not counted)", flush=True)
             for measure in variants.values():
-                measure()
-            samples = alternate(variants, args.repeats)
-            results[mode] = {"target_seconds": TARGETS.get(mode), "sides": {}}
-            for name, side in samples.items():
-                summary = {key: median_of(side, key) for key in ("to_loop", "to_first_step", "whole_run")}
-                results[mode]["sides"][name] = {**summary, "samples": side}
-                rows.append([mode, name, summary["to_loop"], summary["to_first_step"], summary["whole_run"],
-                             TARGETS.get(mode) if name == "train.py" else None])
+                measured(measure)  # a failure is said, and the counted rounds go on
+
+            def save(samples, mode=mode):
+                results[mode] = summary_of(mode, samples)
+                write_results("startup", settings, results)
+
+            alternate(variants, args.repeats, retries=1, after_each=save)
+    rows = [[mode, name, side["to_loop"], side["to_first_step"], side["whole_run"], side["failed_rounds"],
+             TARGETS.get(mode) if name == "train.py" else None]
+            for mode, m in results.items() for name, side in m["sides"].items()]
     print()
-    print_table(["mode", "command", "s to loop", "s to first step", "s whole run (1 step)", "target"], rows)
-    write_results("startup", {**vars(args), "against": args.against and str(args.against)}, results)
+    print_table(["mode", "command", "s to loop", "s to first step", "s whole run (1 step)", "failed rounds",
+                 "target"], rows)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,19 @@ class TimedOutput:
     def text(self, last: int = 40) -> str:
         return "\n".join(line for _, line in self.lines[-last:])
 
+    def problem(self) -> str | None:
+        """Why the command did not finish normally; None when it did (or was stopped on purpose)."""
+        if self.timed_out:
+            return "timed out"
+        if self.returncode != 0 and not self.stopped_early:
+            return f"exit code {self.returncode}"
+        return None
+
     def check(self) -> "TimedOutput":
         """Raise with the output's tail unless the command finished normally (or was stopped on purpose)."""
-        if self.timed_out or (self.returncode != 0 and not self.stopped_early):
-            reason = "timed out" if self.timed_out else f"exit code {self.returncode}"
-            raise RuntimeError(f"{' '.join(self.command)}: {reason}\n{self.text()}")
+        problem = self.problem()
+        if problem is not None:
+            raise RuntimeError(f"{' '.join(self.command)}: {problem}\n{self.text()}")
         return self
 
 
