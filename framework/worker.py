@@ -111,7 +111,7 @@ def _result(ctx: RunContext, trainer: Trainer, start: Position) -> RunResult:
     totals = state.totals
     return RunResult(
         test_metrics=dict(totals.val_metrics), objective=t.objective, test_loss=totals.val_loss,
-        train_loss=totals.train_loss, samples_per_sec=totals.samples / totals.seconds if totals.seconds else 0.0,
+        train_loss=totals.train_loss, samples_per_sec=totals.samples_per_sec,
         per_rank_samples_per_sec=totals.per_slot_samples_per_sec(), per_rank_max_memory_gib=totals.slot_max_mem_gib,
         train_seconds=totals.seconds, steps=state.step, skipped_steps=totals.skipped_steps,
         epochs=state.epoch + 1 if state.stop_reason else state.epochs, processes=group.world_size,

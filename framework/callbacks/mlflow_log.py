@@ -69,9 +69,7 @@ class MLflowLog(Callback):
     def on_fit_end(self, state) -> None:
         if self.run_id is None:
             return
-        totals = state.totals
-        self._log({**{f"test_{name}": value for name, value in totals.val_metrics.items()},
-                   "test_loss": totals.val_loss, "train_loss": totals.train_loss}, state.step)
+        self._log(state.totals.final_metrics(), state.step)
         self._finish(state.run_dir, "FINISHED")
 
     def on_exception(self, state, exc: BaseException) -> None:

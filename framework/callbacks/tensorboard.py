@@ -40,9 +40,8 @@ class TensorBoardLog(Callback):
             return
         totals = state.totals
         self.writer.log_hparams(state.hparams(), {
-            **{f"hparam/test_{name}": value for name, value in totals.val_metrics.items()},
-            "hparam/test_loss": totals.val_loss, "hparam/train_loss": totals.train_loss,
-            "hparam/samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0,
+            **{f"hparam/{name}": value for name, value in totals.final_metrics().items()},
+            "hparam/samples_per_sec": totals.samples_per_sec,
         })
 
     def close(self) -> None:

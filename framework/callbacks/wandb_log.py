@@ -78,10 +78,7 @@ class WandbLog(Callback):
             return
         if state.is_main:
             totals = state.totals
-            self.run.summary.update({
-                **{f"test_{name}": value for name, value in totals.val_metrics.items()},
-                "test_loss": totals.val_loss, "train_loss": totals.train_loss,
-                "samples_per_sec": totals.samples / totals.seconds if totals.seconds else 0.0})
+            self.run.summary.update({**totals.final_metrics(), "samples_per_sec": totals.samples_per_sec})
         self._finish(0)
 
     def on_exception(self, state, exc: BaseException) -> None:

@@ -59,6 +59,17 @@ class RunTotals:
         """What RunResult reports of the gradient traffic (framework/telemetry/traffic.py)."""
         return GradientBytesMeter.run_result(self.uncompressed, self.compressed)
 
+    @property
+    def samples_per_sec(self) -> float:
+        """The run's samples over the seconds of its logged intervals."""
+        return self.samples / self.seconds if self.seconds else 0.0
+
+    def final_metrics(self) -> dict[str, float]:
+        """What the loggers write at the run's end: each metric's last evaluation as test_<name>, test_loss and
+        train_loss."""
+        return {**{f"test_{name}": value for name, value in self.val_metrics.items()},
+                "test_loss": self.val_loss, "train_loss": self.train_loss}
+
     def per_slot_samples_per_sec(self) -> list[float]:
         return [n / s if s > 0 else 0.0 for n, s in zip(self.slot_samples, self.slot_seconds)]
 

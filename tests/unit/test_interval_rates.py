@@ -65,3 +65,10 @@ def test_the_runs_per_rank_rates_add_up_to_its_rate():
     for windows in (WINDOWS, WINDOWS[::-1], (0.05, 0.05)):
         totals.add(IntervalSummary.from_rows(_pipeline_rows(windows)))
     assert sum(totals.per_slot_samples_per_sec()) == pytest.approx(totals.samples / totals.seconds, rel=1e-12)
+
+
+def test_the_runs_final_metrics_are_what_every_logger_writes_at_its_end():
+    """TensorBoard's hparam/*, MLflow's and W&B's end-of-run metrics come from RunTotals, under these names."""
+    totals = RunTotals(samples=300.0, seconds=1.5, val_loss=0.25, train_loss=0.5, val_metrics={"acc": 0.9})
+    assert totals.final_metrics() == {"test_acc": 0.9, "test_loss": 0.25, "train_loss": 0.5}
+    assert (totals.samples_per_sec, RunTotals().samples_per_sec) == (200.0, 0.0)
