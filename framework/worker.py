@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 from pathlib import Path
 
@@ -67,9 +68,9 @@ def _worker(payload: Payload, s: Settings, strategy: Strategy, stop) -> RunResul
     except (TrainingStopped, CheckpointNotWritten) as exc:  # every rank stops here together: report it, and do
         finished = True  # not make the agent restart us into the same wall
         return Stopped(str(exc)) if group.is_main else None
-    except KeyboardInterrupt:
-        if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C
-            sys.exit(130)
+    except KeyboardInterrupt as exc:
+        if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C (SIGTERM)
+            sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
         raise
     finally:
         group.leave(wait_for_peers=finished and own_process)

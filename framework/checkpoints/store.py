@@ -117,9 +117,11 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Che
         write_atomically(path, data)
         replaced = True
         write_atomically(manifest_path, manifest_data)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, a read-only folder; Ctrl-C or SIGTERM (raised as it) in between
         if replaced:  # a .pt without its manifest is no checkpoint (and may not match an older manifest there)
             remove_quietly(manifest_path, path)
+        if not isinstance(exc, OSError):
+            raise
         raise CheckpointNotWritten(write_failure(path.name, folder, len(data) + len(manifest_data), exc,
                                                  newest_valid(folder, warn=lambda m: None))) from None
     _prune(folder, keep)
