@@ -140,6 +140,15 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
                                                                                                   "file": stem})
 
 
+def shards_not_written(folder: Path, step: int, exc: OSError, is_main: bool, needed: int) -> CheckpointNotWritten:
+    """Every rank, once the shard folder of `step` could not be written (a rank's shards: every rank learns it from
+    DCP once every write has ended; rank 0's commit: rank 0 alone): rank 0 takes what was written away; the error."""
+    stem = f"step-{step:08d}"
+    if is_main:
+        shutil.rmtree(folder / stem, ignore_errors=True)
+    return CheckpointNotWritten(write_failure(stem, folder, needed, exc, newest_valid(folder, warn=lambda m: None)))
+
+
 def clear_shard_folder(folder: Path, step: int, is_main: bool) -> str:
     """Rank 0, before any rank writes the shards of `step`: a folder of that step left uncommitted (or about to be
     replaced) is taken away, its manifest first. The folder's name (every rank)."""
