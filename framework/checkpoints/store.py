@@ -166,19 +166,24 @@ def commit_shards(folder: Path, state: dict, manifest: dict, keep: int) -> Check
     then the manifest (each file's size; training_state.pt's sha256) and the pruning."""
     stem = f"step-{manifest['step']:08d}"
     shard_dir = folder / stem
-    data = serialized(state)
-    write_atomically(shard_dir / TRAINING_STATE, data)
-    ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
-    committed = Checkpoint(shard_dir, {**manifest, "file": stem})
-    files = {}
-    for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
-        name = str(path.relative_to(shard_dir))
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-        files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
-    _fsync_dir(shard_dir)
-    committed.manifest["files"] = files
-    write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
+    try:
+        data = serialized(state)
+        write_atomically(shard_dir / TRAINING_STATE, data)
+        ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
+        committed = Checkpoint(shard_dir, {**manifest, "file": stem})
+        files = {}
+        for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
+            name = str(path.relative_to(shard_dir))
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
+        _fsync_dir(shard_dir)
+        committed.manifest["files"] = files
+        write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
+    except BaseException:  # a full disk, Ctrl-C, SIGTERM: every rank's shards are written, no rank writes there now
+        remove_quietly(folder / f"{stem}.json")
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        raise
     _prune(folder, keep)
     return committed
 

@@ -81,15 +81,20 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
     assert "done: test accuracy" in resumed
 
 
-@pytest.mark.parametrize("sig,held_file", [
-    (signal.SIGTERM, ".pt.tmp"),  # rank 0 with step 8's bytes in its temporary file, not yet renamed
-    (signal.SIGINT, ".json.tmp"),  # rank 0 between step 8's renamed .pt and its manifest
+@pytest.mark.parametrize("strategy,sig,held_file,kept", [
+    # rank 0 with step 8's bytes in its temporary file, not yet renamed
+    ("ddp", signal.SIGTERM, ".pt.tmp", "step-00000004.pt"),
+    # rank 0 between step 8's renamed .pt and its manifest
+    ("ddp", signal.SIGINT, ".json.tmp", "step-00000004.pt"),
+    # every rank's shards of step 8 written, rank 0 committing them
+    ("fsdp", signal.SIGTERM, "training_state.pt.tmp", "step-00000004"),
 ])
 def test_a_stop_while_a_checkpoint_is_written_leaves_nothing_of_it_and_resumes_onto_the_uninterrupted_losses(
-        runs, tmp_path, sig, held_file):
+        runs, tmp_path, strategy, sig, held_file, kept):
     """A run of its own (signalled while rank 0 is held in the write of step 8's checkpoint: tests/support/faults/
-    sitecustomize.py). A worker ended by SIGTERM vanished there, leaving step-00000008.pt.tmp: it unwinds now."""
-    args = ["strategy=ddp", *RUN]
+    sitecustomize.py). A worker ended by SIGTERM vanished there, leaving step-00000008.pt.tmp or the shard folder:
+    it unwinds now."""
+    args = [f"strategy={strategy}", *RUN]
     reference = runs.train(args).ok().run_dir  # uninterrupted
     code, out, err, seconds, left = _start_and_signal(
         tmp_path, args, sig, env={"HYDRA_DIST_TEST_HOLD_IN_CHECKPOINT": f"8:0:{held_file}"},
@@ -99,8 +104,8 @@ def test_a_stop_while_a_checkpoint_is_written_leaves_nothing_of_it_and_resumes_o
     assert f"stopped by {signal.Signals(sig).name}; all workers are stopped" in err and "Traceback" not in err, err
     [run_dir] = run_dirs(tmp_path)
     folder = run_dir / "checkpoints"
-    assert f"the last complete checkpoint is {folder / 'step-00000004.pt'}" in err, err
-    assert sorted(p.name for p in folder.iterdir()) == ["step-00000004.json", "step-00000004.pt"], "a part of step 8's"
+    assert f"the last complete checkpoint is {folder / kept}" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == sorted([kept, "step-00000004.json"]), "a part of step 8's"
 
     resumed = check_ok(run_train(_resume_command(err), tmp_path, env=faults_env()))
     assert_resumed_from(resumed, 4)
