@@ -68,6 +68,21 @@ def exit_at_end_of_finished_worker() -> None:
         atexit.register(exit_now, 0)
 
 
+# gloo's words for a collective whose peer's process is gone (SIGKILL, the OOM killer, a crash)
+_PEER_GONE = ("closed by peer", "reset by peer")
+PEER_GONE_WAIT_S = 2.0
+
+
+def after_a_peer_vanished(exc: BaseException) -> None:
+    """A worker whose collective failed because a peer's process vanished waits a moment before it fails itself:
+    torch's agent (it polls every 0.1 s) reports the first ended worker it finds, and this one's error, a consequence,
+    was often found before the dead rank, so the driver named the survivor. Its stop (the agent's SIGTERM) ends the
+    wait."""
+    if any(words in str(exc) for words in _PEER_GONE):
+        with contextlib.suppress(KeyboardInterrupt):  # the agent's stop: it has found the rank that died
+            time.sleep(PEER_GONE_WAIT_S)
+
+
 STOP_GRACE_S = 5.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _watching = False
