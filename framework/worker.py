@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from framework.checkpoints.manager import choose_checkpoint
 from framework.checkpoints.position import Position
 from framework.config.settings import Payload, Settings
 from framework.config.targets import allowing
-from framework.session.exit import end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
+from framework.session.exit import after_a_peer_vanished, end_soon_after_a_stop_signal, exit_at_end_of_finished_worker
 from framework.session.environment import Ranks, restart_attempt
 from framework.results.run_result import RunResult, Stopped
 from framework.strategies import build_strategy
@@ -67,9 +68,13 @@ def _worker(payload: Payload, s: Settings, strategy: Strategy, stop) -> RunResul
     except (TrainingStopped, CheckpointNotWritten) as exc:  # every rank stops here together: report it, and do
         finished = True  # not make the agent restart us into the same wall
         return Stopped(str(exc)) if group.is_main else None
-    except KeyboardInterrupt:
-        if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C
-            sys.exit(130)
+    except KeyboardInterrupt as exc:
+        if multiprocessing.parent_process() is not None:  # a spawned worker: the driver reports Ctrl-C (SIGTERM)
+            sys.exit(128 + getattr(exc, "signum", signal.SIGINT))
+        raise
+    except Exception as exc:
+        if own_process:  # the launcher names the rank that died, not this one
+            after_a_peer_vanished(exc)
         raise
     finally:
         group.leave(wait_for_peers=finished and own_process)

@@ -117,9 +117,11 @@ def save_checkpoint(folder: Path, state: dict, manifest: dict, keep: int) -> Che
         write_atomically(path, data)
         replaced = True
         write_atomically(manifest_path, manifest_data)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, a read-only folder; Ctrl-C or SIGTERM (raised as it) in between
         if replaced:  # a .pt without its manifest is no checkpoint (and may not match an older manifest there)
             remove_quietly(manifest_path, path)
+        if not isinstance(exc, OSError):
+            raise
         raise CheckpointNotWritten(write_failure(path.name, folder, len(data) + len(manifest_data), exc,
                                                  newest_valid(folder, warn=lambda m: None))) from None
     _prune(folder, keep)
@@ -136,6 +138,15 @@ def save_sharded_checkpoint(folder: Path, state: dict, manifest: dict, keep: int
     barrier()
     return commit_shards(folder, state, manifest, keep) if is_main else Checkpoint(folder / stem, {**manifest,
                                                                                                   "file": stem})
+
+
+def shards_not_written(folder: Path, step: int, exc: OSError, is_main: bool, needed: int) -> CheckpointNotWritten:
+    """Every rank, once the shard folder of `step` could not be written (a rank's shards: every rank learns it from
+    DCP once every write has ended; rank 0's commit: rank 0 alone): rank 0 takes what was written away; the error."""
+    stem = f"step-{step:08d}"
+    if is_main:
+        shutil.rmtree(folder / stem, ignore_errors=True)
+    return CheckpointNotWritten(write_failure(stem, folder, needed, exc, newest_valid(folder, warn=lambda m: None)))
 
 
 def clear_shard_folder(folder: Path, step: int, is_main: bool) -> str:
@@ -155,19 +166,24 @@ def commit_shards(folder: Path, state: dict, manifest: dict, keep: int) -> Check
     then the manifest (each file's size; training_state.pt's sha256) and the pruning."""
     stem = f"step-{manifest['step']:08d}"
     shard_dir = folder / stem
-    data = serialized(state)
-    write_atomically(shard_dir / TRAINING_STATE, data)
-    ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
-    committed = Checkpoint(shard_dir, {**manifest, "file": stem})
-    files = {}
-    for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
-        name = str(path.relative_to(shard_dir))
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-        files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
-    _fsync_dir(shard_dir)
-    committed.manifest["files"] = files
-    write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
+    try:
+        data = serialized(state)
+        write_atomically(shard_dir / TRAINING_STATE, data)
+        ours = {TRAINING_STATE: hashlib.sha256(data).hexdigest()}
+        committed = Checkpoint(shard_dir, {**manifest, "file": stem})
+        files = {}
+        for path in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
+            name = str(path.relative_to(shard_dir))
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            files[name] = {"bytes": path.stat().st_size, **({"sha256": ours[name]} if name in ours else {})}
+        _fsync_dir(shard_dir)
+        committed.manifest["files"] = files
+        write_atomically(folder / f"{stem}.json", json.dumps(committed.manifest, indent=2).encode())
+    except BaseException:  # a full disk, Ctrl-C, SIGTERM: every rank's shards are written, no rank writes there now
+        remove_quietly(folder / f"{stem}.json")
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        raise
     _prune(folder, keep)
     return committed
 

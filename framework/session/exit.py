@@ -68,14 +68,43 @@ def exit_at_end_of_finished_worker() -> None:
         atexit.register(exit_now, 0)
 
 
+# gloo's words for a collective whose peer's process is gone (SIGKILL, the OOM killer, a crash)
+_PEER_GONE = ("closed by peer", "reset by peer")
+PEER_GONE_WAIT_S = 2.0
+
+
+def after_a_peer_vanished(exc: BaseException) -> None:
+    """A worker whose collective failed because a peer's process vanished waits a moment before it fails itself:
+    torch's agent (it polls every 0.1 s) reports the first ended worker it finds, and this one's error, a consequence,
+    was often found before the dead rank, so the driver named the survivor. Its stop (the agent's SIGTERM) ends the
+    wait."""
+    if any(words in str(exc) for words in _PEER_GONE):
+        with contextlib.suppress(KeyboardInterrupt):  # the agent's stop: it has found the rank that died
+            time.sleep(PEER_GONE_WAIT_S)
+
+
 STOP_GRACE_S = 5.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _watching = False
 
 
+class StopSignal(KeyboardInterrupt):
+    """SIGTERM in a worker, raised where its main thread is, as Ctrl-C's KeyboardInterrupt is (and caught with it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum, frame) -> None:
+    raise StopSignal(signum)
+
+
 def end_soon_after_a_stop_signal(grace: float = STOP_GRACE_S) -> None:
-    """For a worker that a launcher stops by signal (torch's agent passes Ctrl-C on as SIGINT; a terminal sends it to
-    every process too). Python raises KeyboardInterrupt only when the main thread runs Python again: one blocked
+    """For a worker that a launcher stops by signal (torch's agent passes the driver's Ctrl-C or SIGTERM on; a
+    terminal sends SIGINT to every process too). SIGTERM is raised as SIGINT is, so a stopped worker unwinds
+    (a checkpoint's temporary file is taken away, a write behind the loop waited for) instead of vanishing halfway
+    through a write. Python raises only when the main thread runs Python again: one blocked
     in a collective whose peer already left, or in a teardown waiting for it, held the worker until the launcher's
     SIGKILL 30 s later. A thread woken by the signal itself (signal.set_wakeup_fd: written by the C-level handler
     whatever the main thread does) ends the process if it is still there `grace` seconds later."""
@@ -87,6 +116,8 @@ def end_soon_after_a_stop_signal(grace: float = STOP_GRACE_S) -> None:
         # inherited: a script's `train.py &` (no job control) starts the driver with SIGINT ignored, and the worker
         # template passes that on; the agent stops its workers with SIGINT all the same (then SIGKILL, 30 s later)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_stop)
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
@@ -97,6 +128,8 @@ def end_soon_after_a_stop_signal(grace: float = STOP_GRACE_S) -> None:
 def _forget_wakeup_fd() -> None:
     with contextlib.suppress(ValueError):  # forked from a thread other than the main one: nothing was inherited
         signal.set_wakeup_fd(-1)
+        if signal.getsignal(signal.SIGTERM) is _raise_stop:  # a DataLoader worker ends on SIGTERM as it always did
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _end_after_grace(read_end: int, grace: float) -> None:

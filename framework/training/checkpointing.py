@@ -6,16 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from framework.checkpoints.disk import CheckpointNotWritten
+from framework.checkpoints.disk import CheckpointNotWritten, tensor_bytes
 from framework.checkpoints.position import Position
 from framework.checkpoints.state import loop_state, rng_state
 from framework.checkpoints.store import (BEST_DIR, CHECKPOINT_DIR, Checkpoint, clear_shard_folder, commit_shards,
                                          keep_apart, load_checkpoint, load_engine_piece, save_checkpoint,
-                                         save_sharded_checkpoint, write_engine_piece)
+                                         save_sharded_checkpoint, shards_not_written, write_engine_piece)
 from framework.config.trainer import TrainerConfig
 from framework.data.batches import leaves
 from framework.training.async_save import CheckpointWrites, dcp_stager, pinned, staged
-from framework.training.dcp import DcpWrites
+from framework.training.dcp import DcpWrites, written
 from framework.training.engine import EngineState, ProcessGroup, Wrapped
 from framework.training.param_groups import group_settings
 
@@ -76,19 +76,35 @@ class Checkpointer:
             state = staged(state, pin) if is_main else None
 
             def sharded() -> Path | None:
-                shards.result()  # rank 0's returns once every rank's shards and DCP's metadata are written
-                return commit_shards(self.folder, state, manifest, self.keep).path if is_main else None
+                try:
+                    written(shards)  # rank 0's returns once every rank's shards and DCP's metadata are written
+                    return commit_shards(self.folder, state, manifest, self.keep).path if is_main else None
+                except OSError as exc:
+                    raise self._shards_not_written(wrapped, manifest["step"], exc) from None
             return sharded
         if io.format.sharded:
-            return lambda: save_sharded_checkpoint(
-                self.folder, state, manifest, self.keep,
-                lambda folder, tag: io.save_shards(folder, tag, wrapped.model, wrapped.optimizer),
-                self.barrier, is_main).path
+            def blocking() -> Path | None:
+                try:
+                    return save_sharded_checkpoint(
+                        self.folder, state, manifest, self.keep,
+                        lambda folder, tag: io.save_shards(folder, tag, wrapped.model, wrapped.optimizer),
+                        self.barrier, is_main).path
+                except OSError as exc:
+                    if io.format.name != "dcp":  # DeepSpeed's own writer: its error as it comes
+                        raise
+                    raise self._shards_not_written(wrapped, manifest["step"], exc) from None
+            return blocking
         if not is_main:
             return lambda: None
         whole = {**io.model_and_optimizer(wrapped.module, wrapped.optimizer), **state}
         whole = staged(whole, pin) if self.writes.behind else whole
         return lambda: save_checkpoint(self.folder, whole, manifest, self.keep).path
+
+    def _shards_not_written(self, wrapped: Wrapped, step: int, exc: OSError) -> CheckpointNotWritten:
+        """A DCP shard folder that could not be written (disk full, folder read-only): nothing of it stays; what it
+        needed is about the model's and the optimizer's state (DTensors count whole: no collective here)."""
+        needed = tensor_bytes(wrapped.model.state_dict()) + tensor_bytes(wrapped.optimizer.state_dict()["state"])
+        return shards_not_written(self.folder, step, exc, self.group.is_main, needed)
 
     def _dcp(self):
         """async_save's gloo group and stager, made once, by every rank together, at the first save."""

@@ -26,7 +26,26 @@ def sharded_state(model: nn.Module, optimizer) -> dict:
 def save_sharded(state: dict, path: Path) -> None:
     import torch.distributed.checkpoint as dcp  # slow: see _flat()
 
-    dcp.save(state, checkpoint_id=str(path))
+    _disk_error_as_itself(lambda: dcp.save(state, checkpoint_id=str(path)))
+
+
+def written(future) -> None:
+    """Waits for DcpWrites.async_save's future; a disk's error raised as in save_sharded."""
+    _disk_error_as_itself(future.result)
+
+
+def _disk_error_as_itself(save: Callable[[], object]) -> None:
+    """save(), a DCP save. DCP gathers every rank's failure into one CheckpointException, raised on every rank once
+    every rank's write has ended; the first rank's OSError there (disk full, a folder turned read-only) is raised as
+    itself, so a shard folder that does not fit fails as a single file does (framework/checkpoints/store.py)."""
+    try:
+        save()
+    except BaseException as exc:
+        failures = getattr(exc, "failures", None) or {}
+        errors = [failures[rank][0] for rank in sorted(failures) if isinstance(failures[rank][0], OSError)]
+        if not errors:
+            raise
+        raise errors[0] from None
 
 
 class DcpWrites:

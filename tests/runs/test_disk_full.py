@@ -1,6 +1,6 @@
 """A checkpoint that does not fit (disk full) or cannot be written (the folder turned read-only mid-run): one clear
 error naming the folder, the bytes needed and free, and the last complete checkpoint (still loadable); nothing
-half-written, exit code != 0, no worker left. And the driver's warning before training when the run folder cannot
+half-written, exit code != 0, no worker left; the same for fsdp's DCP shards, blocking and written behind the loop. And the driver's warning before training when the run folder cannot
 hold trainer.keep_checkpoints + 1 checkpoints. Real processes on a real small filesystem (a tmpfs: needs root)."""
 import io
 import os
@@ -191,6 +191,30 @@ def test_train_log_on_a_full_disk_warns_once_and_the_console_goes_on(tmp_path):
         assert lines.count(f"warning: {disk / 'train.log'} can no longer be written (No space left on device); "
                            "lines go to the console only") == 1
         assert lines[-1].startswith("line 1999 ") and len(lines) == 2002
+
+
+@pytest.mark.parametrize("behind", [False, True], ids=["blocking", "async_checkpoint"])
+def test_fsdp_shards_on_a_full_disk_stop_the_run_with_the_same_error_and_leave_nothing_of_them(tmp_path, behind):
+    """DCP's shards (every rank writes its own): the workers failed with DCP's CheckpointException, a traceback per
+    rank, and left the shard folder that did not fit. Now the one error of a single file, every rank together."""
+    with small_filesystem(tmp_path / "disk", "3m") as disk:
+        tag = uuid.uuid4().hex
+        args = ["strategy=fsdp", "strategy.nproc_per_node=2", *RUN, f"trainer.async_checkpoint={str(behind).lower()}"]
+        code, out, err, left = _finish(_start(disk / "run", args, tag), tag, disk / "run")
+        folder = disk / "run" / "checkpoints"
+        assert code == 1 and not left and "Traceback" not in out + err, out + err
+        behind_line = re.escape("rank 0, step 12 (written behind the loop, trainer.async_checkpoint): ") if behind else ""
+        found = re.search(rf"error: {behind_line}checkpoint step-00000012 could not be written to {re.escape(str(folder))}"
+                          r": No space left on device \(ENOSPC\); it needs ([\d,]+) bytes and the filesystem there has "
+                          r"([\d,]+) bytes free\. Nothing of it was left behind; the last complete checkpoint is "
+                          rf"{re.escape(str(folder / 'step-00000008'))} \(step 8\), intact and loadable", err)
+        assert found and err.count("error: ") == 1, err
+        needed, free = (int(found.group(i).replace(",", "")) for i in (1, 2))
+        assert free < needed
+        assert sorted(p.name for p in folder.iterdir() if p.name != "best") == [
+            "step-00000004", "step-00000004.json", "step-00000008", "step-00000008.json"], "a part of step 12's"
+        last = newest_valid(folder)
+        assert last.step == 8 and verify(last) is None
 
 
 def test_deepspeed_on_a_full_disk_fails_but_loses_nothing(tmp_path):

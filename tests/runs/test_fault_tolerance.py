@@ -3,11 +3,14 @@ NaN stops cleanly. Faults are real: a callback of the tests' (tests/support/faul
 itself at a named point
 (framework/callbacks/faults.py), tests/support/faults/ kills one halfway through a checkpoint; only the first attempt is hit."""
 import json
+import re
+import uuid
 
 import pytest
 import torch
 
-from support.processes import check_ok, kill_in_checkpoint, run_train
+from framework.checkpoints.store import list_checkpoints
+from support.processes import check_ok, gone_within, kill_in_checkpoint, run_train
 from support.run_files import losses_by_step, run_dirs
 
 # 16 steps per epoch, 2 epochs; a checkpoint every 4 steps and at each epoch end; a loss point every step.
@@ -62,6 +65,23 @@ def test_ddp_worker_death_restarts_the_group_from_the_last_checkpoint(tmp_path, 
     assert not list((run_dir / "checkpoints").glob("*.tmp")) or fault.startswith("kill_in_checkpoint")
     final = torch.load(result["checkpoint"], weights_only=True)
     assert final["position"]["step"] == TOTAL and "model" in final
+
+
+def test_a_killed_ddp_worker_is_named_and_the_other_ended_with_nothing_left(tmp_path):
+    """A run of its own (its processes are found by a tag of its own). No restarts: rank 1 SIGKILLed after step 6;
+    the driver says which rank died and how, in one line, ends rank 0 (waiting for rank 1 in the next step's
+    all-reduce) and leaves no process."""
+    tag = uuid.uuid4().hex
+    proc = run_train(["strategy=ddp", "strategy.nproc_per_node=2", *RUN], tmp_path, faults="kill_after_step:6:1",
+                     env={"HYDRA_DIST_TEST_TAG": tag})
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(r"^error: worker rank 1 failed \(exit code -9\): Signal 9 \(SIGKILL\) received by PID \d+$",
+                     proc.stderr, re.M), proc.stderr
+    assert proc.stderr.count("error: ") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "done: test accuracy" not in proc.stdout
+    assert gone_within(tag, 10) == [], "a worker outlived the run"
+    [run_dir] = run_dirs(tmp_path)
+    assert [c.step for c in list_checkpoints(run_dir / "checkpoints")] == [4]
 
 
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM (preemption): all workers stop within seconds, no process is left behind, the last
-complete checkpoint stays valid, the exit code is non-zero and the message says how to resume. A SIGKILLed driver
-leaves no process behind either."""
+complete checkpoint stays valid, the exit code is non-zero and the message says how to resume; a stop while a
+checkpoint is written leaves nothing of it. A SIGKILLed driver leaves no process behind either."""
 import contextlib
 import os
 import shlex
@@ -25,7 +25,7 @@ from support.processes import (
     user_code_env,
     wait_until_held,
 )
-from support.run_files import run_dirs
+from support.run_files import assert_continues, assert_resumed_from, run_dirs
 
 EXAMPLE = REPO / "examples" / "my_project"
 RUN = ["trainer.max_steps=16", "trainer.batch_size=32", "trainer.log_every_n_steps=1",  # waits at step 6: held_at
@@ -79,6 +79,37 @@ def test_signal_stops_everything_and_the_run_resumes(tmp_path, strategy, sig):
     resumed = check_ok(run_train(command, tmp_path, env=faults_env()))
     assert f"resumed from {checkpoint.path}" in resumed
     assert "done: test accuracy" in resumed
+
+
+@pytest.mark.parametrize("strategy,sig,held_file,kept", [
+    # rank 0 with step 8's bytes in its temporary file, not yet renamed
+    ("ddp", signal.SIGTERM, ".pt.tmp", "step-00000004.pt"),
+    # rank 0 between step 8's renamed .pt and its manifest
+    ("ddp", signal.SIGINT, ".json.tmp", "step-00000004.pt"),
+    # every rank's shards of step 8 written, rank 0 committing them
+    ("fsdp", signal.SIGTERM, "training_state.pt.tmp", "step-00000004"),
+])
+def test_a_stop_while_a_checkpoint_is_written_leaves_nothing_of_it_and_resumes_onto_the_uninterrupted_losses(
+        runs, tmp_path, strategy, sig, held_file, kept):
+    """A run of its own (signalled while rank 0 is held in the write of step 8's checkpoint: tests/support/faults/
+    sitecustomize.py). A worker ended by SIGTERM vanished there, leaving step-00000008.pt.tmp or the shard folder:
+    it unwinds now."""
+    args = [f"strategy={strategy}", *RUN]
+    reference = runs.train(args).ok().run_dir  # uninterrupted
+    code, out, err, seconds, left = _start_and_signal(
+        tmp_path, args, sig, env={"HYDRA_DIST_TEST_HOLD_IN_CHECKPOINT": f"8:0:{held_file}"},
+        marker="held_in_checkpoint_8")
+    assert code == 128 + sig, err
+    assert left == [], f"processes left behind: {left}"
+    assert f"stopped by {signal.Signals(sig).name}; all workers are stopped" in err and "Traceback" not in err, err
+    [run_dir] = run_dirs(tmp_path)
+    folder = run_dir / "checkpoints"
+    assert f"the last complete checkpoint is {folder / kept}" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == sorted([kept, "step-00000004.json"]), "a part of step 8's"
+
+    resumed = check_ok(run_train(_resume_command(err), tmp_path, env=faults_env()))
+    assert_resumed_from(resumed, 4)
+    assert_continues(reference, run_dir, 16, resumed_from=4)
 
 
 def test_sigint_stops_workers_whose_driver_was_started_ignoring_it(tmp_path):

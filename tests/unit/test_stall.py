@@ -61,13 +61,13 @@ def _thread(work):
         thread.join(30)
 
 
-def _compute(stop: threading.Event) -> None:  # torch's kernels, as a forward runs them (without the GIL)
+def _compute(stop: threading.Event, heartbeat=None) -> None:  # torch's kernels, as a forward runs them (no GIL)
     a = torch.randn(128, 128)
     while not stop.is_set():
         a = torch.tanh(a @ a)
 
 
-def _block(stop: threading.Event) -> None:  # a lock, a queue, a socket: asleep
+def _block(stop: threading.Event, heartbeat=None) -> None:  # a lock, a queue, a socket: asleep
     stop.wait()
 
 
@@ -183,7 +183,7 @@ def _watched_loop(tmp_path, work, device=None, seconds: float = 3.0):
         heartbeat.beat(1, "compute", torch.zeros(8, 3))
         timer = threading.Timer(seconds, ended.set)
         timer.start()
-        work(ended)  # in the thread the watchdog watches
+        work(ended, heartbeat)  # in the thread the watchdog watches
         timer.cancel()
         watchdogs[0].stop()
 
@@ -233,6 +233,24 @@ def test_a_waiting_loop_whose_gpu_has_work_in_flight_is_slow(tmp_path, monkeypat
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device: _Stream("in flight"))
     said, exits = _watched_loop(tmp_path, _block, device=torch.device("cuda", 1))
     assert not exits and any("GPU: a kernel in flight" in m for m in said), said
+
+
+def _slow_steps(stop: threading.Event, heartbeat) -> None:
+    """Steps of 1.2 s, asleep (a slow disk, a callback that waits), each phase moving on after 0.3 s."""
+    step = 1
+    while not stop.is_set():
+        for phase in ("data", "compute", "step_end", "log"):
+            heartbeat.beat(step, phase, torch.zeros(8, 3) if phase == "compute" else None)
+            stop.wait(0.3)
+        step += 1
+
+
+def test_steps_slower_than_the_timeout_whose_phases_move_on_are_neither_stalled_nor_slow(tmp_path):
+    """The watchdog's clock runs from the loop's last move, not from the step's start: a step longer than the
+    timeout that progresses is left alone, however little it computes."""
+    said, exits = _watched_loop(tmp_path, _slow_steps, seconds=4.0)
+    assert not exits and not said, said
+    assert not (tmp_path / "stall").exists()
 
 
 NOW = 1000.0  # time.time() when rank 0 reads the positions
