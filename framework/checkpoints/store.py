@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from framework.checkpoints.disk import CheckpointNotWritten, remove_quietly, write_failure
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"  # inside CHECKPOINT_DIR: the best checkpoint by the objective, apart from the rolling ones
@@ -326,5 +326,5 @@ def load_checkpoint(checkpoint: Checkpoint) -> dict:
     except pickle.UnpicklingError as exc:
         raise ConfigError(
             f"checkpoint {checkpoint.path} was refused: it holds objects that would run code when loaded "
-            f"(weights_only load failed: {str(exc).splitlines()[0]})"
+            f"(weights_only load failed: {first_line(exc)})"
         ) from exc

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from framework.common.errors import first_line
 from framework.data.batches import batch_size
 
 CPU_BUSY = 0.10  # of one core over the window: threads blocked in a wait use none
@@ -190,7 +191,7 @@ def work_in_flight(device: torch.device | None) -> str | None:
     try:
         return IDLE if torch.cuda.default_stream(device).query() else IN_FLIGHT
     except RuntimeError as exc:  # a device that faulted: said, and counted as not computing
-        return f"no answer: {str(exc).splitlines()[0]}"
+        return f"no answer: {first_line(exc)}"
 
 
 class BatchSpeed:

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from framework.checkpoints.disk import CheckpointNotWritten
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 
 # the checkpoint formats that can be written behind the loop: DeepSpeed's own (save_checkpoint) writes on its caller
 WRITTEN_BEHIND = ("file", "dcp")
@@ -109,7 +109,7 @@ class CheckpointWrites:
         except CheckpointNotWritten as exc:  # disk full: what it needed, and the newest complete checkpoint
             self._outcome = Outcome(step, problem=str(exc), explained=True)
         except BaseException as exc:  # said by the loop's thread at the next wait, on every rank
-            first = str(exc).splitlines()[0] if str(exc) else ""
+            first = first_line(exc)
             self._outcome = Outcome(step, problem=f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
 
     @property

@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from framework.data.batches import leaves, tree_map
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 from framework.models.blocks import has_forward
 from framework.telemetry.flops import silenced
 
@@ -170,7 +170,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
             try:
                 x = functional_call(stage, _on_meta(stage), (x,))
             except Exception as exc:
-                raise ConfigError(_refusal(model, key, index, stages, f"{type(exc).__name__}: {_first(exc)}")) from None
+                raise ConfigError(_refusal(model, key, index, stages, f"{type(exc).__name__}: {first_line(exc)}")) from None
             if index < len(stages) - 1 and not (torch.is_tensor(x) and x.is_floating_point()):
                 raise ConfigError(_refusal(model, key, index, stages, f"it returns {_describe(x)}, not one tensor of "
                                                                       "floats"))
@@ -198,8 +198,3 @@ def _shapes(x) -> list:
 def _describe(x) -> str:
     shapes = [f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in leaves(x)]
     return ", ".join(shapes) or type(x).__name__
-
-
-def _first(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""

@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from framework.config.strategy_options import MeshOptions
-from framework.common.errors import ConfigError
+from framework.common.errors import ConfigError, first_line
 from framework.strategies.mesh.pipeline_cut import blocks
 
 # style name -> (what it does, the ParallelStyle for a module). Sequence styles keep the residual stream split along
@@ -95,7 +95,7 @@ def check_plan(model: nn.Module, options: MeshOptions) -> None:
             function = get_method(str(target))
         except Exception as exc:  # hydra wraps the import error; its first line says what failed
             raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it cannot be imported "
-                              f"({str(exc).splitlines()[0]}); is its package on PYTHONPATH?") from None
+                              f"({first_line(exc)}); is its package on PYTHONPATH?") from None
         if not callable(function):
             raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it is not a function "
                               "(model, mesh)")
