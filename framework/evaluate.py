@@ -55,6 +55,9 @@ def evaluate_command(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         session = detect(hydra_cfg)
+        if OmegaConf.is_missing(cfg, "ckpt_path"):
+            raise ConfigError("ckpt_path is missing: name a run folder, weights file or checkpoint, e.g. "
+                              "python eval.py ckpt_path=outputs/runs/<run>")
         return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task), session.ranks)
     except (ConfigError, WorkersFailed) as exc:
         refuse(exc)
