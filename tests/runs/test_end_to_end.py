@@ -65,6 +65,17 @@ def test_ddp_progress_lines_come_from_rank_0_only(runs):
 
 
 @pytest.mark.core
+def test_a_ddp_run_leaves_no_multiprocessing_temp_folder(runs):
+    """The driver's multiprocessing temp folder (pymp-*, the worker template's socket) is gone when the command has
+    ended (every run whose driver started the template left one: checked). The run's own temp folder, its key."""
+    temp = runs.root / "temp_folder_of_a_ddp_run"
+    temp.mkdir(exist_ok=True)
+    runs.train(["strategy=ddp", "trainer.max_steps=2", "dataset.max_train_samples=256", "dataset.max_test_samples=64"],
+               env={"TMPDIR": str(temp)}).ok()
+    assert not list(temp.glob("pymp-*")), [p.name for p in temp.iterdir()]
+
+
+@pytest.mark.core
 def test_hparams_are_written_for_the_hparams_tab(runs):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
