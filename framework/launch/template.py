@@ -44,7 +44,8 @@ def starts_workers_from_template(strategy: DictConfig) -> bool:
     """Whether the composed strategy node alone says its workers fork from the template with nothing of the engine's
     own preloaded: the mesh's presets (ddp, fsdp, hsdp, tp, pp). strategy=auto, an engine with modules of its own to
     preload (deepspeed) and a user's engine start it after the driver typed the config (Starter.warm_up)."""
-    return strategy.get("_target_") == MESH_TARGET
+    # auto composes as ddp's node, _target_ and all, and chooses single without GPUs: no template then
+    return strategy.get("_target_") == MESH_TARGET and strategy.get("name") != "auto"
 
 
 class EarlyTemplate:
