@@ -118,12 +118,12 @@ def resolve_source(ckpt_path) -> tuple[Path, str, Path | None]:
             for suffix in SUFFIXES:  # safetensors first: no pickle at all
                 if (path / WEIGHTS_DIR / f"{name}{suffix}").is_file():
                     return path / WEIGHTS_DIR / f"{name}{suffix}", "weights", path
-        checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+        checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True), key="ckpt_path")
         return checkpoint.path, "checkpoint", path
     run = _run_folder_of(path)
     if path.is_file() and path.parent.name == WEIGHTS_DIR:
         return path, "weights", run
-    checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+    checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True), key="ckpt_path")
     return checkpoint.path, "checkpoint", run
 
 
