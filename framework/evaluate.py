@@ -26,6 +26,7 @@ from framework.common.errors import ConfigError
 from framework.config.targets import TargetAllowlist, allowing
 from framework.assemble import RunContext, assemble_task, loop_data, parallelize
 from framework.launch.elastic import WorkersFailed
+from framework.launch.template import stop_worker_template
 from framework.preflight import check_world_size
 from framework.results.sweep_resume import RESOLVED_CONFIG
 from framework.session.detect import detect
@@ -53,6 +54,7 @@ def evaluate_command(cfg: DictConfig) -> float | None:
     """Hydra's task function for eval.py: one process that starts the strategy's workers itself (a direct run)."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
+    session = None
     try:
         session = detect(hydra_cfg)
         if OmegaConf.is_missing(cfg, "ckpt_path"):
@@ -63,6 +65,9 @@ def evaluate_command(cfg: DictConfig) -> float | None:
         refuse(exc)
     except NoDeterministicKernel as exc:  # raised in this process (single, dp): one failure line, as a worker's is
         refuse(WorkersFailed(str(exc)))
+    finally:
+        if session is not None and session.ranks is None and not session.in_sweep:
+            stop_worker_template()  # the one its strategy's starter started: nothing of the command is left
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str], ranks: Ranks | None) -> float:
