@@ -4,6 +4,7 @@
 and -sc (shell completion)."""
 from __future__ import annotations
 
+import framework.session.exit  # noqa: F401  (first: its exit handler must come before multiprocessing's, see there)
 import os
 import re
 import signal
@@ -22,7 +23,7 @@ from framework.config.custom_entry import deletion_hint
 from framework.config.hydra_versions import main_options
 from framework.config.path_overrides import quoted_paths, quoting_hint
 from framework.config.typed import missing_key_reason, omegaconf_error_line
-from framework.launch.template import EarlyTemplate, starts_workers_from_template
+from framework.launch.template import EarlyTemplate, starts_workers_from_template, stop_worker_template
 from framework.session.detect import detect, sweep_driver
 from framework.session.environment import import_path_for_children, take_local_rank_argument
 from framework.session.exit import quick_exit
@@ -35,16 +36,16 @@ from framework.session.situations import refuse
 @hydra.main(config_path=str(CONF_DIR), config_name="config", **main_options())
 def train_app(cfg: DictConfig):
     session = detect(HydraConfig.get())
-    early = None
-    if session.ranks is None and not session.in_sweep and starts_workers_from_template(cfg.strategy):
-        early = EarlyTemplate(cfg.strategy)  # its ~4 s of imports run beside the driver's torch and checks
+    direct = session.ranks is None and not session.in_sweep
+    if direct and starts_workers_from_template(cfg.strategy):
+        EarlyTemplate(cfg.strategy)  # its ~4 s of imports run beside the driver's torch and checks
     try:
         from framework.run import run  # torch with it: after the template started
 
         return run(cfg, session)
     finally:
-        if early is not None:  # refused, stopped or done: this process ends, and nothing of the run is left
-            early.stop()
+        if direct:  # refused, stopped or done: this process ends, and nothing of the run is left
+            stop_worker_template()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", **main_options())

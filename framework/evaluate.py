@@ -26,6 +26,7 @@ from framework.common.errors import ConfigError, on_one_line
 from framework.config.targets import TargetAllowlist, allowing
 from framework.assemble import RunContext, assemble_task, loop_data, parallelize
 from framework.launch.elastic import WorkersFailed
+from framework.launch.template import stop_worker_template
 from framework.preflight import check_world_size
 from framework.results.sweep_resume import RESOLVED_CONFIG
 from framework.session.detect import detect
@@ -53,13 +54,20 @@ def evaluate_command(cfg: DictConfig) -> float | None:
     """Hydra's task function for eval.py: one process that starts the strategy's workers itself (a direct run)."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
+    session = None
     try:
         session = detect(hydra_cfg)
+        if OmegaConf.is_missing(cfg, "ckpt_path"):
+            raise ConfigError("ckpt_path is missing: name a run folder, weights file or checkpoint, e.g. "
+                              "python eval.py ckpt_path=outputs/runs/<run>")
         return _evaluate(cfg, out_dir, list(hydra_cfg.overrides.task), session.ranks)
     except (ConfigError, WorkersFailed) as exc:
         refuse(exc)
     except NoDeterministicKernel as exc:  # raised in this process (single, dp): one failure line, as a worker's is
         refuse(WorkersFailed(str(exc)))
+    finally:
+        if session is not None and session.ranks is None and not session.in_sweep:
+            stop_worker_template()  # the one its strategy's starter started: nothing of the command is left
 
 
 def _evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str], ranks: Ranks | None) -> float:
@@ -114,12 +122,12 @@ def resolve_source(ckpt_path) -> tuple[Path, str, Path | None]:
         weights = find_weights(path, ("best", "last"))  # safetensors first: no pickle at all
         if weights is not None:
             return weights, "weights", path
-        checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+        checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True), key="ckpt_path")
         return checkpoint.path, "checkpoint", path
     run = _run_folder_of(path)
     if path.is_file() and path.parent.name == WEIGHTS_DIR:
         return path, "weights", run
-    checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True))
+    checkpoint = find_checkpoint(path, warn=lambda m: print(f"warning: {m}", flush=True), key="ckpt_path")
     return checkpoint.path, "checkpoint", run
 
 

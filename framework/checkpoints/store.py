@@ -294,25 +294,26 @@ def newest_valid(folder: Path, warn: Callable[[str], None] = lambda m: warnings.
     return None
 
 
-def find_checkpoint(path: Path, warn: Callable[[str], None]) -> Checkpoint:
-    """trainer.resume=PATH: a .pt file (or a sharded checkpoint's folder), a checkpoints folder, or a run folder."""
-    if path.is_file() or (path.is_dir() and path.with_suffix(".json").is_file()):
+def find_checkpoint(path: Path, warn: Callable[[str], None], key: str = "trainer.resume") -> Checkpoint:
+    """trainer.resume=PATH: a .pt file (or a sharded checkpoint's folder), a checkpoints folder, or a run folder
+    (key: the command's key that named it, e.g. eval.py's ckpt_path)."""
+    if path.is_file() or (path.is_dir() and path.name and path.with_suffix(".json").is_file()):  # not . or /
         manifest_path = path.with_suffix(".json")
         if not manifest_path.is_file():
-            raise ConfigError(f"trainer.resume={path} is not allowed: it has no manifest {manifest_path.name} beside it, "
+            raise ConfigError(f"{key}={path} is not allowed: it has no manifest {manifest_path.name} beside it, "
                               "so it is not a complete checkpoint of this framework")
         checkpoint = Checkpoint(path, json.loads(manifest_path.read_text()))
         problem = verify(checkpoint)
         if problem:
-            raise ConfigError(f"trainer.resume={path} is not allowed: {problem}")
+            raise ConfigError(f"{key}={path} is not allowed: {problem}")
         return checkpoint
     folder = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
     if not folder.is_dir():
-        raise ConfigError(f"trainer.resume={path} is not allowed: no such file or folder; give a checkpoint .pt, "
+        raise ConfigError(f"{key}={path} is not allowed: no such file or folder; give a checkpoint .pt, "
                           "a run folder, or auto")
     checkpoint = newest_valid(folder, warn)
     if checkpoint is None:
-        raise ConfigError(f"trainer.resume={path} is not allowed: it holds no valid checkpoint")
+        raise ConfigError(f"{key}={path} is not allowed: it holds no valid checkpoint")
     return checkpoint
 
 

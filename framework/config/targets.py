@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import hydra.utils
-from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from framework.common.errors import ConfigError
+from framework.config.lookup import object_at
 
 KEY = "allowed_targets"
 # where every built-in component lives (conf/: models, datasets, losses, metrics, steps, callbacks, strategies), and
@@ -126,7 +126,7 @@ class TargetAllowlist:
         if not isinstance(target, str) or target in self.exact or target in self.allowed:
             return None
         try:
-            resolved = get_object(target)
+            resolved = object_at(target)
         except Exception:
             return None
         identity = _identity(resolved)
@@ -175,7 +175,7 @@ class TargetAllowlist:
 
 def _resolved_identity(name: str) -> str | None:
     try:
-        return _identity(get_object(name))
+        return _identity(object_at(name))
     except Exception:  # one that does not import is left to the builder, which says so
         return None
 

@@ -44,28 +44,31 @@ def starts_workers_from_template(strategy: DictConfig) -> bool:
     """Whether the composed strategy node alone says its workers fork from the template with nothing of the engine's
     own preloaded: the mesh's presets (ddp, fsdp, hsdp, tp, pp). strategy=auto, an engine with modules of its own to
     preload (deepspeed) and a user's engine start it after the driver typed the config (Starter.warm_up)."""
-    return strategy.get("_target_") == MESH_TARGET
+    # auto composes as ddp's node, _target_ and all, and chooses single without GPUs: no template then
+    return strategy.get("_target_") == MESH_TARGET and strategy.get("name") != "auto"
 
 
 class EarlyTemplate:
     """The template started before the driver checked the run, with the engine's module the strategy node names
-    (each worker imports it first: ~0.2-0.4 s less per worker after the launch); stopped when the run ends, however
-    it ends: after a refusal it would go on importing torch for seconds after the driver exited, and after the
-    workers finished it would spend a second or more unloading torch, holding the command's output open."""
+    (each worker imports it first: ~0.2-0.4 s less per worker after the launch); stopped with stop_worker_template."""
 
     def __init__(self, strategy: DictConfig) -> None:
-        before = _children()
         start_worker_template((str(strategy["_target_"]).rpartition(".")[0],))
-        self.pids = [pid for pid in _children() - before if b"forkserver" in _command_line(pid)]
 
-    def stop(self) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)  # it holds no file; the workers forked from it are the agent's
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        self.pids = []
+
+def stop_worker_template() -> None:
+    """The template this process started (EarlyTemplate's, or a starter's at warm_up: deepspeed, auto's ddp, a
+    user's engine), stopped when the run ends, however it ends: after a refusal it would go on importing torch for
+    seconds after the driver exited, and after the workers finished it would spend a second or more unloading torch,
+    a process of the run left behind that holds the command's output open."""
+    for pid in _children():
+        if b"forkserver" not in _command_line(pid):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)  # it holds no file; the workers forked from it are the agent's
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
 
 
 def _children() -> set[int]:

@@ -15,6 +15,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.config.hydra_versions import version_base
+from framework.config.lookup import quiet_lookup
 from framework.config.legacy_targets import current_target, modernized
 from framework.config.strategy_options import MESH_TARGET, MeshOptions
 from framework.config.targets import TargetAllowlist, allowing, current
@@ -70,7 +71,8 @@ def strategy_class(options) -> type[Strategy]:
     target = current_target(str(target))  # an earlier version's name (framework/config/legacy_targets.py)
     current().check_name(target, GROUP)  # the allowlist in force (framework/config/targets.py), before import
     try:
-        cls = get_class(str(target))
+        with quiet_lookup():
+            cls = get_class(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it cannot be imported "
                           f"({first_line(exc)}); is its package on PYTHONPATH?") from None

@@ -5,13 +5,15 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 
 import pytest
 import torch
 import yaml
 
-from support.processes import REPO, TINY, TRAIN, check_ok, run_in_own_session
+from support.processes import (EVAL, REPO, TINY, TRAIN, check_ok, command_of, pin_accelerator,
+                               processes_tagged, run_in_own_session)
 from support.run_files import read_scalars, run_dirs
 
 
@@ -62,6 +64,36 @@ def test_ddp_progress_lines_come_from_rank_0_only(runs):
     out = tiny(runs, "ddp").stdout
     assert out.count("training LeNet") == 1
     assert out.count("test accuracy") == 3  # each epoch's line (2 epochs) and the final line, once each
+
+
+@pytest.mark.core
+def test_a_ddp_run_leaves_no_multiprocessing_temp_folder(runs):
+    """The driver's multiprocessing temp folder (pymp-*, the worker template's socket) is gone when the command has
+    ended (every run whose driver started the template left one: checked). The run's own temp folder, its key."""
+    temp = runs.root / "temp_folder_of_a_ddp_run"
+    temp.mkdir(exist_ok=True)
+    runs.train(["strategy=ddp", "trainer.max_steps=2", "dataset.max_train_samples=256", "dataset.max_test_samples=64"],
+               env={"TMPDIR": str(temp)}).ok()
+    assert not list(temp.glob("pymp-*")), [p.name for p in temp.iterdir()]
+
+
+def test_eval_py_under_ddp_leaves_no_process_behind(runs, tmp_path):
+    """eval.py's workers' template (started by ddp's starter) is stopped before the command ends: it outlived it by
+    about 1.5 s, unloading torch (checked). The run read is the one above."""
+    temp = runs.root / "temp_folder_of_a_ddp_run"
+    temp.mkdir(exist_ok=True)
+    run = runs.train(["strategy=ddp", "trainer.max_steps=2", "dataset.max_train_samples=256",
+                      "dataset.max_test_samples=64"], env={"TMPDIR": str(temp)}).ok()
+    tag = f"eval-{os.getpid()}-{tmp_path.name}"
+    # its output in files: a pipe's reader would wait for every process holding it, the template too
+    with (tmp_path / "eval.out").open("w") as out, (tmp_path / "eval.err").open("w") as err:
+        proc = subprocess.Popen([sys.executable, str(EVAL), *pin_accelerator([f"ckpt_path={run.run_dir}",
+                                                                              "strategy=ddp"])],
+                                cwd=tmp_path, stdout=out, stderr=err,
+                                env={**os.environ, "HYDRA_DIST_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"})
+        assert proc.wait(timeout=240) == 0, (tmp_path / "eval.err").read_text()
+    left = processes_tagged(tag)
+    assert not left, [command_of(pid) for pid in left]
 
 
 @pytest.mark.core

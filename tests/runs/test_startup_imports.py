@@ -48,7 +48,7 @@ def noted(*modules):
     return started(*modules)
 
 template.start_worker_template = noted
-sys.argv = ["train.py", "strategy=ddp", "strategy.nproc_per_node=2", "trainer.accelerator=cpu", "trainer.max_steps=0"]
+sys.argv = ["train.py", *sys.argv[1:]]
 try:
     cli._main()
 except SystemExit as ended:
@@ -69,8 +69,9 @@ print(json.dumps({"code": code, "torch_loaded_at_start": torch_loaded_at_start,
 
 def test_a_ddp_runs_template_starts_before_the_driver_imports_torch_and_a_refusal_stops_it(tmp_path):
     """trainer.max_steps=0 is refused by the driver's typing, which comes after the template started."""
-    out = subprocess.run([sys.executable, "-c", ORDER_PROBE], cwd=tmp_path, capture_output=True, text=True,
-                         env=python_path(REPO, REPO / "tests"), timeout=300)
+    out = subprocess.run([sys.executable, "-c", ORDER_PROBE, "strategy=ddp", "strategy.nproc_per_node=2",
+                          "trainer.accelerator=cpu", "trainer.max_steps=0"], cwd=tmp_path, capture_output=True,
+                         text=True, env=python_path(REPO, REPO / "tests"), timeout=300)
     said = json.loads(out.stdout.strip().splitlines()[-1])
     assert said["code"] == 2, out.stderr[-3000:]
     assert "trainer.max_steps=0 is not allowed" in out.stderr
@@ -122,3 +123,17 @@ def test_the_driver_and_eval_py_leave_tensorboard_to_the_run_that_logs_or_profil
                          env=python_path(REPO, REPO / "tests"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_template_a_starter_started_at_warm_up_is_stopped_with_the_run(tmp_path):
+    """Not a mesh preset's _target_ (an earlier version's ddp class, as deepspeed's or a user's engine): the template
+    starts after the typing (Starter.warm_up); the checks after it refuse the missing checkpoint, and the template is
+    stopped with the run (it outlived the driver by 1.5 s, a process of the run left behind: checked)."""
+    out = subprocess.run([sys.executable, "-c", ORDER_PROBE, "strategy=ddp", "strategy.nproc_per_node=2",
+                          "strategy._target_=framework.strategies.ddp.DDPStrategy", "trainer.accelerator=cpu",
+                          "trainer.resume=/no/such/run"], cwd=tmp_path, capture_output=True, text=True,
+                         env=python_path(REPO, REPO / "tests"), timeout=300)
+    said = json.loads(out.stdout.strip().splitlines()[-1])
+    assert said["code"] == 2 and "trainer.resume=/no/such/run is not allowed" in out.stderr, out.stderr[-3000:]
+    assert said["torch_loaded_at_start"] == [True], said  # started at warm_up, after the typing
+    assert said["templates_left"] == [], said

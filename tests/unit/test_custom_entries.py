@@ -131,3 +131,16 @@ def test_the_ddp_tutorials_dataset_trains_from_the_command_line(user_code, tmp_p
     [run_dir] = run_dirs(tmp_path)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["steps"] == 32 if data[1] == TEST_SPLIT else 29  # 2048 samples, or 90% of them, in batches of 64
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["model=custom", "model._target_=mypkg.Nope"], "model._target_=mypkg.Nope"),
+    (["model._target_=torchvision.models.nosuch"], "model._target_=torchvision.models.nosuch"),
+    (["strategy=ddp", "strategy._target_=mypkg.Nope"], "strategy._target_=mypkg.Nope"),
+])
+def test_a_target_that_does_not_import_is_said_in_one_line(tmp_path, monkeypatch, capsys, overrides, key):
+    """Hydra's name lookups log an ERROR (three lines) before they raise: the driver's printed them above its line."""
+    code, out, err = command_in_process("main", ["train.py", *overrides], tmp_path, monkeypatch, capsys)
+    lines = f"{out}{err}".splitlines()
+    assert code == 2 and len(lines) == 1, out + err
+    assert lines[0].startswith(f"error: {key} is not allowed: it cannot be imported ("), lines

@@ -177,6 +177,10 @@ def test_every_documented_command_composes(page, line):
     config, overrides, config_dir = command_of(line)
     if config == "plan":
         return plan_composes(overrides, config_dir)
+    if not multirun(line):  # Hydra refuses a value list without -m ("Ambiguous value"), as the shell hands it over
+        listed = [text for text, override in zip(overrides, OverridesParser.create().parse_overrides(overrides))
+                  if override.is_sweep_override()]
+        assert not listed, f"{page.relative_to(REPO)}: {line}\n  a list without -m: {listed} (quote it for Hydra)"
     for overrides_now in compositions(overrides):
         composes(config, tuple(overrides_now), config_dir)
 
@@ -194,12 +198,16 @@ def plan_composes(overrides: list[str], config_dir: Path | None) -> None:
 TRAINING = [(page, line) for page, line in COMMANDS if command_of(line)[0] == "config"]
 
 
+def multirun(line: str) -> bool:
+    words = shlex.split(re.sub(r"<[^>]*>", "placeholder", line), comments=True)
+    return bool({"-m", "--multirun"} & set(words))
+
+
 def runs_of(line: str) -> list[list[str]]:
     """The overrides of each run a training command starts: its own, or with -m each job of its sweep (a value list
     without -m is Hydra's to refuse, as the command line would)."""
-    words = shlex.split(re.sub(r"<[^>]*>", "placeholder", line), comments=True)
     overrides = command_of(line)[1]
-    return compositions(overrides) if {"-m", "--multirun"} & set(words) else [overrides]
+    return compositions(overrides) if multirun(line) else [overrides]
 
 
 def python_path_of(line: str) -> list[Path]:

@@ -8,6 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework.common.errors import ConfigError
+from framework.launch.template import starts_workers_from_template
 from framework.session.environment import HOROVOD, Ranks, _ranks, take_local_rank_argument
 from support.driver import composed, driver_says
 from support.processes import TINY
@@ -101,3 +102,12 @@ def test_the_local_rank_argument_is_taken_out_in_every_spelling(monkeypatch):
     assert take_local_rank_argument(["a=1", "--local_rank", "0", "b=2"]) == ["a=1", "b=2"]
     with pytest.raises(ConfigError, match="--local_rank='x' is not allowed: expected a local rank"):
         take_local_rank_argument(["--local_rank=x"])
+
+
+@pytest.mark.parametrize("strategy,early", [("ddp", True), ("fsdp", True), ("hsdp", True), ("tp", True), ("pp", True),
+                                            ("auto", False), ("single", False), ("deepspeed", False)])
+def test_the_workers_template_starts_before_the_typing_for_a_mesh_preset_but_not_for_auto(strategy, early):
+    """strategy=auto composes as ddp's node (its _target_ too); without GPUs it chooses single, and the template
+    started for it imported torch beside the driver for nothing: the README's first run took 1.6x as long on 2 busy
+    cores (measured). auto's ddp starts it after the typing (Starter.warm_up), as deepspeed's does."""
+    assert starts_workers_from_template(composed(f"strategy={strategy}").strategy) is early

@@ -402,6 +402,9 @@ def test_an_output_folder_that_cannot_be_made_under_torchrun_is_said_once_and_to
 
 @pytest.mark.parametrize("command,argv,said", [
     ("eval_main", ["eval.py", "ckpt_path=no/such/run"], "error: ckpt_path=no/such/run is not allowed: no such file"),
+    ("eval_main", ["eval.py"], "error: ckpt_path is missing: name a run folder, weights file or checkpoint"),
+    ("eval_main", ["eval.py", "ckpt_path=."], "error: ckpt_path=. is not allowed: it holds no valid checkpoint"),
+    ("sample_main", ["sample.py"], "error: ckpt_path is missing: name a run folder or a weights file"),
     ("eval_main", ["eval.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),
     ("sample_main", ["sample.py", "ckpt_path=no/such/run"], "error: ckpt_path=no/such/run is not allowed: no such"),
     ("sample_main", ["sample.py", "ckpt_path=x", "no_such_key=1"], "error: Could not override 'no_such_key'"),

@@ -16,6 +16,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
+from framework.config.lookup import quiet_lookup
 from framework.config.strategy_options import MeshOptions
 from framework.common.errors import ConfigError, first_line
 from framework.strategies.mesh.pipeline_cut import blocks
@@ -92,7 +93,8 @@ def check_plan(model: nn.Module, options: MeshOptions) -> None:
     if options.parallelize:
         target = options.parallelize["_target_"]
         try:
-            function = get_method(str(target))
+            with quiet_lookup():
+                function = get_method(str(target))
         except Exception as exc:  # hydra wraps the import error; its first line says what failed
             raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it cannot be imported "
                               f"({first_line(exc)}); is its package on PYTHONPATH?") from None
