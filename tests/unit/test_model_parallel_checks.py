@@ -126,6 +126,15 @@ def test_bad_mesh_settings_fail_in_the_driver(tmp_path, name):
     assert message in line, line
 
 
+def test_a_plan_whose_split_output_the_next_module_changes_in_place_is_refused(tmp_path):
+    """LeNet's classifier.0 is followed by nn.ReLU(inplace=True): the plan passed every check and failed in a worker's
+    first step (autograd refuses an in-place change of DTensor's local view); the driver's meta forward sees it."""
+    line = driver_says(["model=lenet", "strategy=tp", "+strategy.plan={classifier.0:colwise}"], tmp_path)
+    assert line.startswith("strategy.plan: classifier.0=colwise is not allowed here: the module after classifier.0 "
+                           "changes its output in place (an inplace activation such as nn.ReLU(inplace=True))"), line
+    assert driver_says(["model=lenet", "strategy=tp", "+strategy.plan={classifier.2:colwise}"], tmp_path) == ""
+
+
 def test_good_meshes_pass_the_driver(tmp_path):
     for overrides in (["strategy=tp"], ["strategy=pp"],
                       ["strategy=pp", "strategy.schedule=Interleaved1F1B", "model.n_layer=4"],

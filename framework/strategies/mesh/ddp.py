@@ -53,6 +53,9 @@ class DDP:
     def check_model(self, model: nn.Module, dims) -> None:
         """DDP takes any model: the plan, the shard units and the stages are the sharded side's."""
 
+    def check_task(self, model: nn.Module, example) -> None:
+        """DDP runs any forward: the plan's split outputs are the sharded side's."""
+
     def join(self, ranks: Ranks, backend: str, timeout_s: float, dims) -> TorchGroup:
         """The default group: DDP needs no DeviceMesh."""
         return TorchGroup.join(ranks, backend, self.trainer.cuda, timeout_s)

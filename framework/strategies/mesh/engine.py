@@ -178,6 +178,7 @@ class MeshStrategy(ElasticStrategy):
         if o.pp > 1:
             key = f"strategy.split_points={list(o.split_points)}" if o.split_points else f"strategy.pp={o.pp}"
             check_stages(model, stage_pieces(model, o.pp * o.virtual_stages, o.split_points), example, key)
+        self.data_parallel.check_task(model, example)
 
     def _check_stream(self, train) -> None:
         o = self.options

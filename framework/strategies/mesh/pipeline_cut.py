@@ -158,7 +158,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
     with silenced():
         try:
             with torch.no_grad():
-                expected = functional_call(model, _on_meta(model), (x,))
+                expected = functional_call(model, on_meta(model), (x,))
         except Exception:  # the whole model cannot run on meta tensors: the real batch through the model decides
             return
         for index, names in enumerate(stages):
@@ -168,7 +168,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
                 if changes_its_input(model, names):
                     copy_input_first(stage)
             try:
-                x = functional_call(stage, _on_meta(stage), (x,))
+                x = functional_call(stage, on_meta(stage), (x,))
             except Exception as exc:
                 raise ConfigError(_refusal(model, key, index, stages, f"{type(exc).__name__}: {first_line(exc)}")) from None
             if index < len(stages) - 1 and not (torch.is_tensor(x) and x.is_floating_point()):
@@ -179,7 +179,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
                                                                         f"whole model {_describe(expected)}"))
 
 
-def _on_meta(module: nn.Module) -> dict[str, torch.Tensor]:
+def on_meta(module: nn.Module) -> dict[str, torch.Tensor]:
     """The module's parameters and buffers as meta tensors of their shapes (a tied one under one of its names)."""
     return {name: torch.empty_like(t, device="meta") for name, t in [*module.named_parameters(),
                                                                      *module.named_buffers()]}

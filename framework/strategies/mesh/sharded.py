@@ -26,7 +26,7 @@ from framework.strategies.mesh.parallelize import parallelize
 from framework.strategies.mesh.pipeline_cut import blocks, stage_pieces, stage_ranks
 from framework.strategies.mesh.pipeline_run import Pipeline, PipelineRunner, PipelineWrapped
 from framework.strategies.mesh.precision import MeshPrecision
-from framework.strategies.mesh.tensor_parallel import check_plan
+from framework.strategies.mesh.tensor_parallel import check_outputs_kept, check_plan
 from framework.strategies.mesh.tied import TiedGradients, tied_on_one_rank
 from framework.training.engine import ProcessGroup, Wrapped
 from framework.training.speedups import SpeedupModules
@@ -72,6 +72,10 @@ class Sharded:
             check_plan(model, o)
         if o.pp > 1 and dims.sharded:
             self._check_ties_on_one_rank(model, stage_pieces(model, o.pp * o.virtual_stages, o.split_points))
+
+    def check_task(self, model: nn.Module, example) -> None:
+        if self.options.tp > 1:
+            check_outputs_kept(model, self.options, example)
 
     def _check_ties_on_one_rank(self, model: nn.Module, stages: list[list[str]]) -> None:
         o = self.options

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+import torch
 from hydra.utils import get_method
 from torch import nn
+from torch.func import functional_call
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
@@ -19,7 +21,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from framework.config.lookup import quiet_lookup
 from framework.config.strategy_options import MeshOptions
 from framework.common.errors import ConfigError, first_line
-from framework.strategies.mesh.pipeline_cut import blocks
+from framework.data.batches import tree_map
+from framework.strategies.mesh.pipeline_cut import blocks, on_meta
+from framework.telemetry.flops import silenced
 
 # style name -> (what it does, the ParallelStyle for a module). Sequence styles keep the residual stream split along
 # dim 1. A rowwise nn.Embedding takes token ids whole on every rank (tensor-parallel peers read the same batch):
@@ -65,8 +69,9 @@ def plan_of(model: nn.Module, options: MeshOptions) -> dict[str, str] | None:
     if not plan:
         key = "strategy.sequence_parallel=true" if options.sequence_parallel else f"strategy.tp={options.tp}"
         raise ConfigError(f"{key} is not allowed for {type(model).__name__}: it has no {attribute}; give "
-                          "strategy.plan (module-name pattern -> colwise, rowwise, ...: docs/model-parallel.md) or "
-                          "strategy.parallelize={_target_: your function (model, mesh)}")
+                          "strategy.plan (module-name pattern -> colwise, rowwise, ...: docs/model-parallel.md; on the "
+                          "command line '+strategy.plan={pattern: style}') or strategy.parallelize "
+                          "('+strategy.parallelize={_target_: your function (model, mesh)}')")
     return dict(plan)
 
 
@@ -138,6 +143,42 @@ def _check_sequence_split_first(model: nn.Module, resolved: dict[str, str], key:
                               f"ranks, and no module before it splits it; add shard_sequence on the first block "
                               f"({first}: shard_sequence), or split the embedding's output along the sequence "
                               f"(rowwise_to_sequence on it)")
+
+
+def check_outputs_kept(model: nn.Module, options: MeshOptions, example) -> None:
+    """A split module's output is a view of its DTensor's local shard, which autograd does not let the next module
+    change in place: a plan on a model with nn.ReLU(inplace=True) after a split layer passed every check above and
+    failed in a worker's first step ("Output 0 of _ToTorchTensor is a view and is being modified inplace"). The
+    model's forward on meta tensors of `example` (a batch of one real input) shows it here: each split output's
+    version counter moves when something changes it in place. A model that cannot run on meta tensors is not checked."""
+    plan = plan_of(model, options)
+    if plan is None:
+        return
+    split = {name: style for name, style in resolve(model, plan).items() if style in SPLITS_OUTPUT + SPLITS_INPUT}
+    outputs = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            if torch.is_tensor(output):
+                outputs[name] = (output, output._version)
+        return hook
+
+    hooks = [model.get_submodule(name).register_forward_hook(keep(name)) for name in split]
+    try:
+        with silenced(), torch.no_grad():
+            functional_call(model, on_meta(model), (tree_map(lambda t: torch.empty_like(t, device="meta"), example),))
+    except Exception:  # the model cannot run on meta tensors: the worker's first step decides
+        return
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for name, (output, version) in outputs.items():
+        if output._version != version:
+            key = "strategy.plan" if options.plan else f"{type(model).__name__}.tensor_parallel_plan"
+            raise ConfigError(f"{key}: {name}={split[name]} is not allowed here: the module after {name} changes its "
+                              "output in place (an inplace activation such as nn.ReLU(inplace=True)), and a split "
+                              "output cannot be changed in place; make that module inplace=False, or leave "
+                              f"{name} out of the plan")
 
 
 def _check_divisible(name: str, module: nn.Module, style: str, tp: int) -> None:
