@@ -7,12 +7,11 @@ import inspect
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_object
 
 from framework.common.errors import ConfigError
 from framework.config.extras import missing_extra
 from framework.config.foreign_keys import foreign_key_line, foreign_keys
-from framework.config.targets import current, instantiate
+from framework.config.targets import current, instantiate, locate
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -67,6 +66,6 @@ def parameters_of(target: str, key: str = "") -> dict[str, inspect.Parameter]:
         return {}
     current().check_name(target, key or "component")
     try:
-        return dict(inspect.signature(get_object(str(target))).parameters)
+        return dict(inspect.signature(locate(str(target))).parameters)
     except Exception:
         return {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -33,6 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from framework.common.errors import ConfigError
 
 KEY = "allowed_targets"
+_HYDRA_UTILS_LOG = logging.getLogger("hydra.utils")
 # where every built-in component lives (conf/: models, datasets, losses, metrics, steps, callbacks, strategies), and
 # the libraries whose classes a config names directly
 BUILT_IN = ("framework.models.*", "framework.data.*", "framework.training.*", "framework.callbacks.*",
@@ -126,7 +128,7 @@ class TargetAllowlist:
         if not isinstance(target, str) or target in self.exact or target in self.allowed:
             return None
         try:
-            resolved = get_object(target)
+            resolved = locate(target)
         except Exception:
             return None
         identity = _identity(resolved)
@@ -175,9 +177,20 @@ class TargetAllowlist:
 
 def _resolved_identity(name: str) -> str | None:
     try:
-        return _identity(get_object(name))
+        return _identity(locate(name))
     except Exception:  # one that does not import is left to the builder, which says so
         return None
+
+
+def locate(name: str) -> Any:
+    """What a dotted name names (hydra.utils.get_object), without the ERROR that Hydra logs for each name that does
+    not import: the caller says so in its own one line, and Hydra's (three lines a lookup) printed above it."""
+    was = _HYDRA_UTILS_LOG.disabled
+    _HYDRA_UTILS_LOG.disabled = True
+    try:
+        return get_object(name)
+    finally:
+        _HYDRA_UTILS_LOG.disabled = was
 
 
 def _identity(obj: Any) -> str | None:

@@ -11,13 +11,12 @@ import inspect
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.utils import get_class
 from omegaconf import DictConfig, open_dict
 
 from framework.config.hydra_versions import version_base
 from framework.config.legacy_targets import current_target, modernized
 from framework.config.strategy_options import MESH_TARGET, MeshOptions
-from framework.config.targets import TargetAllowlist, allowing, current
+from framework.config.targets import TargetAllowlist, allowing, current, locate
 from framework.config.typed import typed
 from framework.common.errors import ConfigError
 from framework.common.paths import CONF_DIR
@@ -70,7 +69,7 @@ def strategy_class(options) -> type[Strategy]:
     target = current_target(str(target))  # an earlier version's name (framework/config/legacy_targets.py)
     current().check_name(target, GROUP)  # the allowlist in force (framework/config/targets.py), before import
     try:
-        cls = get_class(str(target))
+        cls = locate(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it cannot be imported "
                           f"({str(exc).splitlines()[0]}); is its package on PYTHONPATH?") from None
