@@ -72,7 +72,7 @@ def strategy_class(options) -> type[Strategy]:
         cls = locate(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it cannot be imported "
-                          f"({str(exc).splitlines()[0]}); is its package on PYTHONPATH?") from None
+                          f"({' '.join(str(exc).split())}); is its package on PYTHONPATH?") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it is not a subclass of "
                           f"{class_path(Strategy)} (a strategy answers that interface; see framework/strategies/base.py)")

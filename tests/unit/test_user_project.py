@@ -97,12 +97,13 @@ def test_bad_user_components_fail_in_the_driver_with_one_clear_message(project, 
 
 @pytest.mark.parametrize("name", ["not_importable", "strategy_not_importable"])
 def test_a_target_that_does_not_import_is_said_in_one_line_alone(project, tmp_path, monkeypatch, caplog, name):
-    """Hydra's get_object logs each failed lookup at ERROR (three lines a lookup, printed above ours): none is left."""
+    """Hydra's get_object logs each failed lookup at ERROR (three lines a lookup, printed above ours): none is left;
+    the line itself keeps the cause (the strategy's kept only Hydra's first line, "Error loading 'x':")."""
     args, message = BAD[name]
     monkeypatch.syspath_prepend(str(project))
     with caplog.at_level(logging.ERROR):
         line = driver_says(["strategy=ddp", *COMMON, *args], tmp_path, config_dir=project / "conf")
-    assert message in line, line
+    assert message in line and "No module named 'mypkg." in line, line
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
