@@ -4,7 +4,6 @@
 and -sc (shell completion)."""
 from __future__ import annotations
 
-import framework.session.exit  # noqa: F401  (first: its exit handler must come before multiprocessing's, see there)
 import os
 import re
 import signal

@@ -24,7 +24,8 @@ def read_text(path: str | None) -> str:
     source = Path(path) if path else DEFAULT_TEXT
     if not source.is_file():
         if path:
-            raise ConfigError(f"dataset.path={path} is not allowed: no such file")
+            found = "a folder, not a text file" if source.is_dir() else "no such file"
+            raise ConfigError(f"dataset.path={path} is not allowed: {found}")
         raise ConfigError(f"dataset.path=null is not allowed here: the built-in text ({DEFAULT_TEXT}, Debian's "
                           "dict-devil) is not installed; apt-get install dict-devil, or set dataset.path to a text "
                           "file of yours")
@@ -33,6 +34,8 @@ def read_text(path: str | None) -> str:
         text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise ConfigError(f"dataset.path={source} cannot be read as UTF-8 text ({exc})") from None
+    if not text:
+        raise ConfigError(f"dataset.path={source} is not allowed: the file is empty; give a UTF-8 text file")
     if source == DEFAULT_TEXT:  # dictfmt's bookkeeping lines ("00-database-...") are not the book
         text = "\n".join(line for line in text.splitlines() if not line.startswith("00-database")) + "\n"
     return text

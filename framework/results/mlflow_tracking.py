@@ -41,7 +41,12 @@ def store_uri(tracking_uri: str | None) -> str:
 
 def client_for(tracking_uri: str | None):
     client_class, _, _ = mlflow_api()
-    return client_class(tracking_uri=store_uri(tracking_uri))
+    try:
+        return client_class(tracking_uri=store_uri(tracking_uri))
+    except Exception as exc:  # MlflowException: a store it will not open (its file store since 3.x, a bad scheme)
+        reason = " ".join(str(exc).split()).split(". ")[0]
+        raise ConfigError(f"callbacks.mlflow.tracking_uri={tracking_uri} is not allowed: MLflow cannot open it "
+                          f"({reason}); give sqlite:///<path>.db, a server's http(s):// URI or null") from None
 
 
 def experiment_id(client, name: str) -> str:

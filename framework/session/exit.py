@@ -10,7 +10,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -31,10 +33,12 @@ _interpreter_exit: list[bool] = []  # set: the command ends through Python's own
 def quick_exit():
     """Around a command (train.py, eval.py): once it has ended, what is left of its exit is the interpreter's teardown
     of torch's modules, about 1 s on 2 cores (and there the same abort as in workers). Python ends as always (it
-    prints a SystemExit's message or a traceback, joins non-daemon threads, runs every exit handler: DataLoader
-    workers, the worker template and a joblib pool are stopped, multiprocessing's temp folder is removed, logging is
-    flushed); the last exit handler (registered at this module's import, before multiprocessing's) then ends the
-    process with the command's status. A KeyboardInterrupt keeps Python's own exit (it reports the signal)."""
+    prints a SystemExit's message or a traceback, joins non-daemon threads, runs the exit handlers registered after
+    this one: DataLoader workers, the worker template and a joblib pool are stopped, logging is flushed); the last
+    exit handler, registered here first, then ends the process with the command's status (and removes what
+    multiprocessing's own handler, registered before it, would have). A KeyboardInterrupt keeps Python's own exit (it
+    reports the signal)."""
+    atexit.register(_end_with_status)
     try:
         yield
         _command_status.append(0)
@@ -51,14 +55,15 @@ def quick_exit():
 
 def _end_with_status() -> None:
     if _command_status and not _interpreter_exit:
+        _remove_multiprocessing_folder()
         exit_now(_command_status[-1])
 
 
-# Registered when this module is first imported, before multiprocessing.util registers its own exit handler (the
-# commands import this module first: framework/cli.py), so that one runs before this one (atexit: last in, first
-# out): it removes the driver's multiprocessing temp folder (/tmp/pymp-*, the worker template's socket), which a
-# command ending here would otherwise leave behind on every run. A no-op until quick_exit() knows the status.
-atexit.register(_end_with_status)
+def _remove_multiprocessing_folder() -> None:
+    """multiprocessing's folder for its sockets (pymp-* in the temp folder: the workers' template's listener). Its own
+    exit handler removes it, but was registered before ours, so the quick exit skipped it: every ddp run and every
+    refusal after the template started left one behind."""
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 def end_through_the_interpreter() -> None:

@@ -20,7 +20,7 @@ from framework.config.legacy_targets import current_target, modernized
 from framework.config.strategy_options import MESH_TARGET, MeshOptions
 from framework.config.targets import TargetAllowlist, allowing, current
 from framework.config.typed import typed
-from framework.common.errors import ConfigError, first_line
+from framework.common.errors import ConfigError, on_one_line
 from framework.common.paths import CONF_DIR
 from framework.session.environment import HOROVOD, Ranks
 from framework.strategies.base import Strategy
@@ -75,7 +75,7 @@ def strategy_class(options) -> type[Strategy]:
             cls = get_class(str(target))
     except Exception as exc:  # hydra wraps the import error; its own text says what failed
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it cannot be imported "
-                          f"({first_line(exc)}); is its package on PYTHONPATH?") from None
+                          f"({on_one_line(exc)}); is its package on PYTHONPATH?") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ConfigError(f"{GROUP}._target_={target} is not allowed: it is not a subclass of "
                           f"{class_path(Strategy)} (a strategy answers that interface; see framework/strategies/base.py)")

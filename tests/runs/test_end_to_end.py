@@ -66,17 +66,6 @@ def test_ddp_progress_lines_come_from_rank_0_only(runs):
     assert out.count("test accuracy") == 3  # each epoch's line (2 epochs) and the final line, once each
 
 
-@pytest.mark.core
-def test_a_ddp_run_leaves_no_multiprocessing_temp_folder(runs):
-    """The driver's multiprocessing temp folder (pymp-*, the worker template's socket) is gone when the command has
-    ended (every run whose driver started the template left one: checked). The run's own temp folder, its key."""
-    temp = runs.root / "temp_folder_of_a_ddp_run"
-    temp.mkdir(exist_ok=True)
-    runs.train(["strategy=ddp", "trainer.max_steps=2", "dataset.max_train_samples=256", "dataset.max_test_samples=64"],
-               env={"TMPDIR": str(temp)}).ok()
-    assert not list(temp.glob("pymp-*")), [p.name for p in temp.iterdir()]
-
-
 def test_eval_py_under_ddp_leaves_no_process_behind(runs, tmp_path):
     """eval.py's workers' template (started by ddp's starter) is stopped before the command ends: it outlived it by
     about 1.5 s, unloading torch (checked). The run read is the one above."""

@@ -1,5 +1,5 @@
-"""The logger group in this process: logger=mlflow and logger=wandb without their extras are one line each; the
-logger list composes; W&B's run id and sweep group kept in the folders; a bad W&B mode refused by the driver. The
+"""The logger group in this process: logger=mlflow and logger=wandb without their extras are one line each, and so is
+a tracking store MLflow will not open; the logger list composes; W&B's run id and sweep group kept in the folders; a bad W&B mode refused by the driver. The
 loggers' real stores and files: tests/runs/test_loggers.py."""
 import csv
 import sys
@@ -22,6 +22,18 @@ def test_without_the_extra_a_logger_is_one_line_naming_its_install(monkeypatch, 
     with pytest.raises(ConfigError, match=rf"^logger={logger} needs {logger}, an optional extra that is not installed; "
                                           rf"install it with `pip install 'hydra-dist\[{logger}\]'` \(or `make setup`"):
         callback()
+
+
+def test_a_tracking_store_mlflow_will_not_open_is_one_line_naming_the_key():
+    """MLflow's own refusal of a store (its file store since 3.x, a scheme it does not know) was rank 0's traceback."""
+    pytest.importorskip("mlflow", reason="the mlflow extra (make test installs it)")
+    from framework.results.mlflow_tracking import client_for
+
+    with pytest.raises(ConfigError) as refused:
+        client_for("nosuchscheme://store")
+    assert str(refused.value).startswith("callbacks.mlflow.tracking_uri=nosuchscheme://store is not allowed: MLflow "
+                                         "cannot open it (")
+    assert "\n" not in str(refused.value)
 
 
 def test_a_list_of_loggers_composes_every_one_and_its_sweep_callback():

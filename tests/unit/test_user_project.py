@@ -1,6 +1,7 @@
 """A user's own experiment from outside this repository (examples/my_project), in this process: bad user components
 fail in the driver with one clear message (support.driver.driver_says, the project's package importable as a run has
 it), the default loss. As real runs: tests/runs/test_user_project.py."""
+import logging
 import shutil
 
 import pytest
@@ -92,6 +93,18 @@ def test_bad_user_components_fail_in_the_driver_with_one_clear_message(project, 
     monkeypatch.syspath_prepend(str(project))
     line = driver_says(["strategy=ddp", *COMMON, *args], tmp_path, config_dir=project / "conf")
     assert message in line, line
+
+
+@pytest.mark.parametrize("name", ["not_importable", "strategy_not_importable"])
+def test_a_target_that_does_not_import_is_said_in_one_line_alone(project, tmp_path, monkeypatch, caplog, name):
+    """Hydra's get_object logs each failed lookup at ERROR (three lines a lookup, printed above ours): none is left;
+    the line itself keeps the cause (the strategy's kept only Hydra's first line, "Error loading 'x':")."""
+    args, message = BAD[name]
+    monkeypatch.syspath_prepend(str(project))
+    with caplog.at_level(logging.ERROR):
+        line = driver_says(["strategy=ddp", *COMMON, *args], tmp_path, config_dir=project / "conf")
+    assert message in line and "No module named 'mypkg." in line, line
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_a_callback_that_is_not_a_callback_is_refused_in_the_driver(project, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from framework.config.lookup import quiet_lookup
 from framework.config.strategy_options import MeshOptions
-from framework.common.errors import ConfigError, first_line
+from framework.common.errors import ConfigError, on_one_line
 from framework.data.batches import tree_map
 from framework.strategies.mesh.pipeline_cut import blocks, on_meta
 from framework.telemetry.flops import silenced
@@ -102,7 +102,7 @@ def check_plan(model: nn.Module, options: MeshOptions) -> None:
                 function = get_method(str(target))
         except Exception as exc:  # hydra wraps the import error; its first line says what failed
             raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it cannot be imported "
-                              f"({first_line(exc)}); is its package on PYTHONPATH?") from None
+                              f"({on_one_line(exc)}); is its package on PYTHONPATH?") from None
         if not callable(function):
             raise ConfigError(f"strategy.parallelize._target_={target} is not allowed: it is not a function "
                               "(model, mesh)")
