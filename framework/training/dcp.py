@@ -6,6 +6,7 @@ write one key with different values. DCP reads each rank's share under the reade
 it."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,7 @@ def sharded_state(model: nn.Module, optimizer) -> dict:
 def save_sharded(state: dict, path: Path) -> None:
     import torch.distributed.checkpoint as dcp  # slow: see _flat()
 
-    _disk_error_as_itself(lambda: dcp.save(state, checkpoint_id=str(path)))
+    _disk_error_as_itself(lambda: dcp.save(state, storage_writer=_writer_class()(str(path))))
 
 
 def written(future) -> None:
@@ -48,6 +49,26 @@ def _disk_error_as_itself(save: Callable[[], object]) -> None:
         raise errors[0] from None
 
 
+@functools.cache
+def _writer_class():
+    """DCP's FileSystemWriter, with the disk's own error where torch.save's C++ writer hides it: a tensor that does not
+    fit raises RuntimeError('[enforce fail at inline_container.cc] unexpected pos ...') whose context is the OSError
+    (ENOSPC); DCP sends each rank's failure to the others pickled, which drops the context, so a full disk came out as
+    DCP's CheckpointException whenever a tensor, not a bytes item, was the write that did not fit."""
+    from torch.distributed.checkpoint import FileSystemWriter  # slow: see _flat()
+
+    class DiskErrorsWriter(FileSystemWriter):
+        def write_data(self, plan, planner):
+            try:
+                return super().write_data(plan, planner)
+            except RuntimeError as exc:
+                if isinstance(exc.__context__, OSError):
+                    raise exc.__context__ from None
+                raise
+
+    return DiskErrorsWriter
+
+
 class DcpWrites:
     """Sharded checkpoints written behind the loop (trainer.async_checkpoint, framework/training/async_save.py):
     torch.distributed.checkpoint.async_save stages this rank's state into CPU memory on the caller's thread, then
@@ -63,7 +84,8 @@ class DcpWrites:
         written."""
         import torch.distributed.checkpoint as dcp  # slow: see _flat()
 
-        return dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, async_stager=self.stager)
+        return dcp.async_save(state, storage_writer=_writer_class()(str(path)), process_group=self.group,
+                              async_stager=self.stager)
 
     def close(self) -> None:
         self.stager.close()

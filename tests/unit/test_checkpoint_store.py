@@ -1,4 +1,5 @@
 """Checkpoint files: atomic, verified, pruned, and loaded only through the safe (weights-only) path."""
+import errno
 import hashlib
 import json
 
@@ -114,3 +115,22 @@ def test_resume_path_errors_name_the_path(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no valid checkpoint"):
         find_checkpoint(tmp_path / "empty", print)
+
+
+def test_a_dcp_tensor_that_does_not_fit_fails_with_the_disks_own_error(tmp_path):
+    """A tensor's write goes through torch.save's C++ writer, whose RuntimeError ('unexpected pos') hides the OSError
+    as its context, and DCP hands each rank's failure on pickled, without it: fsdp's shards on a full disk came out as
+    DCP's CheckpointException (a run under load, tests/runs/test_disk_full.py). A file-size limit gives the same
+    failure in this process (EFBIG where a full disk gives ENOSPC)."""
+    import resource
+
+    from framework.training.dcp import save_sharded
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        with pytest.raises(OSError) as raised:
+            save_sharded({"w": torch.zeros(1 << 20)}, tmp_path / "step-00000001")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert raised.value.errno == errno.EFBIG
