@@ -80,7 +80,7 @@ def test_a_ddp_runs_template_starts_before_the_driver_imports_torch_and_a_refusa
 
 
 DDP_PARTS_PROBE = """
-import json, sys
+import json, os, sys
 import torch
 import torch.distributed as dist
 import framework.worker
@@ -99,7 +99,8 @@ wrapped.model(torch.randn(3, 4)).sum().backward()
 dist.destroy_process_group()
 not_dynamos = [m for m in SHARDED_SIDE if m not in ("torch.distributed.tensor", "torch.distributed.fsdp")]
 print(json.dumps({"joined": joined, "model": type(wrapped.model).__name__,
-                  "wrapped": [m for m in not_dynamos if m in sys.modules]}))
+                  "wrapped": [m for m in not_dynamos if m in sys.modules]}), flush=True)
+os._exit(0)  # as a finished worker ends (framework/session/exit.py): torch's teardown aborts now and then (SIGABRT)
 """
 
 
