@@ -154,7 +154,7 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
     one the tensor the stage before returned, as a leaf that requires grad (what the pipeline hands it: a stage that
     changes it in place fails as in a worker); the last must return what the whole model does. ConfigError (one
     line, with the contract) where that fails."""
-    x = tree_map(lambda t: torch.empty_like(t, device="meta"), example)
+    x = meta_batch(example)
     with silenced():
         try:
             with torch.no_grad():
@@ -177,6 +177,11 @@ def check_stages(model: nn.Module, stages: list[list[str]], example, key: str) -
     if _shapes(x) != _shapes(expected):
         raise ConfigError(_refusal(model, key, len(stages) - 1, stages, f"the last stage returns {_describe(x)}, the "
                                                                         f"whole model {_describe(expected)}"))
+
+
+def meta_batch(example):
+    """The batch as meta tensors of its shapes and dtypes (the driver's checks run the model on them)."""
+    return tree_map(lambda t: torch.empty_like(t, device="meta"), example)
 
 
 def on_meta(module: nn.Module) -> dict[str, torch.Tensor]:

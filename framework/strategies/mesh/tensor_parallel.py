@@ -21,8 +21,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from framework.config.lookup import quiet_lookup
 from framework.config.strategy_options import MeshOptions
 from framework.common.errors import ConfigError, on_one_line
-from framework.data.batches import tree_map
-from framework.strategies.mesh.pipeline_cut import blocks, on_meta
+from framework.strategies.mesh.pipeline_cut import blocks, meta_batch, on_meta
 from framework.telemetry.flops import silenced
 
 # style name -> (what it does, the ParallelStyle for a module). Sequence styles keep the residual stream split along
@@ -166,7 +165,7 @@ def check_outputs_kept(model: nn.Module, options: MeshOptions, example) -> None:
     hooks = [model.get_submodule(name).register_forward_hook(keep(name)) for name in split]
     try:
         with silenced(), torch.no_grad():
-            functional_call(model, on_meta(model), (tree_map(lambda t: torch.empty_like(t, device="meta"), example),))
+            functional_call(model, on_meta(model), (meta_batch(example),))
     except Exception:  # the model cannot run on meta tensors: the worker's first step decides
         return
     finally:
